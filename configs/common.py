@@ -1,0 +1,52 @@
+"""The training fields every named config shares; each config file states its model and overrides.
+
+Every field is declared here with a one-line comment, so a typo in a command-line override
+(`--config.train.stpes=10`) is an error instead of a silently ignored key.
+"""
+
+import ml_collections
+
+
+def base_config(model: dict) -> ml_collections.ConfigDict:
+    """A full config around a `model` dict (the fields of transformer.ModelConfig)."""
+    c = ml_collections.ConfigDict()
+    c.model = ml_collections.ConfigDict(model)
+
+    c.data = ml_collections.ConfigDict()
+    c.data.path = ""  # text file, folder or glob; "" = the bundled Shakespeare plays
+    c.data.tokenizer = "bytes"  # 'bytes' (vocab 256, no training) or 'bpe' (trained on the corpus)
+    c.data.vocab_size = c.model.get_ref("vocab_size")  # BPE vocabulary = the model's vocab_size
+    c.data.val_fraction = 0.05  # the last 5% of the token stream is the validation set
+    c.data.cache_dir = ".cache/tokens"  # memory-mapped token arrays, reused across runs
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.learning_rate = 1e-3  # peak learning rate after warm-up
+    c.optim.warmup_steps = 100  # linear warm-up from 0
+    c.optim.min_lr_ratio = 0.1  # cosine decay ends at this fraction of the peak
+    c.optim.b1 = 0.9  # AdamW first-moment decay
+    c.optim.b2 = 0.99  # AdamW second-moment decay
+    c.optim.eps = 1e-8  # AdamW epsilon
+    c.optim.weight_decay = 0.1  # decoupled weight decay on matrices
+    c.optim.decay_embeddings = False  # also decay embedding tables (norms and biases never are)
+    c.optim.grad_clip = 1.0  # global-norm clipping threshold (0 = off)
+
+    c.train = ml_collections.ConfigDict()
+    c.train.steps = 2000  # optimizer steps
+    c.train.batch_size = 32  # sequences per optimizer step (global, over all devices)
+    c.train.seq_len = 128  # tokens per sequence (<= model.max_seq_len)
+    c.train.grad_accum = 1  # micro-batches per step (batch_size must divide by it)
+    c.train.seed = 0  # parameters, data order and dropout all derive from it
+    c.train.log_every = 50  # steps between metric lines in metrics.jsonl / TensorBoard
+    c.train.eval_every = 250  # steps between validation evaluations
+    c.train.eval_batches = 8  # fixed validation batches per evaluation
+    c.train.checkpoint_every = 250  # steps between checkpoints
+    c.train.keep_checkpoints = 3  # most recent checkpoints kept (plus the best by validation loss)
+    c.train.sample_tokens = 200  # length of the sample printed at the end (0 = none)
+    c.train.peak_flops = 2e11  # FLOP/s of the hardware, for model FLOP utilisation in the log
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1  # data-parallel axis size; -1 = all devices not used by fsdp
+    c.mesh.fsdp = 1  # shard parameters and optimizer state over this many devices
+
+    c.init_from_hf = ""  # a local Hugging Face model directory to start from ("" = random init)
+    return c

@@ -1,0 +1,180 @@
+"""Self-attention modules: multi-head / grouped-query attention and multi-head latent attention.
+
+Both take one layer's view of the cache (or None) and return, beside their output, this call's new
+cache entries; the decoder writes those into the cache after the layer stack (see cache.py). The
+keys a query sees are the cached slots before this call's first position, then this call's tokens
+up to its own position: two segments that `ops.dot_product_attention` softmaxes together.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer import ops
+from transformer.cache import KVCache, LatentCache
+from transformer.config import ModelConfig
+from transformer.norm import Norm
+
+Array = jax.Array
+
+
+def dense_init(cfg: ModelConfig, output: bool = False) -> nn.initializers.Initializer:
+    """Normal(0.02) as GPT-2; projections into the residual stream are scaled by 1/sqrt(2L)."""
+    std = 0.02 / math.sqrt(2 * cfg.num_layers) if output else 0.02
+    return nn.initializers.normal(std)
+
+
+def segment_masks(positions: Array, cache_len: int | None) -> list[Array]:
+    """Masks for the keys a query sees: cached slots (if any), then this call's tokens.
+
+    Args:
+      positions: [B, T] positions of this call's tokens, contiguous in each row.
+      cache_len: S, the cache's number of slots, or None without a cache.
+    Returns:
+      [cache mask [B, 1, T, S],] new-token mask [B, 1, T, T].
+    """
+    masks = [ops.causal_mask(positions, positions)]
+    if cache_len is not None:
+        slots = jnp.broadcast_to(jnp.arange(cache_len), (positions.shape[0], cache_len))
+        # Slots at or after this call's first position are stale: this call rewrites them.
+        filled = slots < positions[:, :1]
+        masks.insert(0, ops.causal_mask(positions, slots, filled))
+    return masks
+
+
+class Attention(nn.Module):
+    """Multi-head attention with learned W_q, W_k, W_v, W_o; G < H key/value heads = grouped-query.
+
+    x [B, T, D] -> out [B, T, D]; new cache entries KVCache(k, v) with arrays [B, T, G, K];
+    attention weights [B, H, T, S_total] when asked for.
+    """
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        x: Array,
+        positions: Array,
+        cached: KVCache | None = None,
+        head_mask: Array | None = None,
+        return_weights: bool = False,
+    ) -> tuple[Array, KVCache, Array | None]:
+        cfg = self.cfg
+        dense = lambda heads, name: nn.DenseGeneral(  # noqa: E731
+            (heads, cfg.head_dim), use_bias=cfg.use_bias, dtype=cfg.dtype,
+            kernel_init=dense_init(cfg), name=name,
+        )
+        q = dense(cfg.num_heads, "q")(x)  # [B, T, H, K]
+        k = dense(cfg.num_kv_heads, "k")(x)  # [B, T, G, K]
+        v = dense(cfg.num_kv_heads, "v")(x)  # [B, T, G, K]
+        if cfg.position == "rope":
+            q = ops.rope(q, positions, cfg.rope_theta)
+            k = ops.rope(k, positions, cfg.rope_theta)
+
+        ks, vs = [k], [v]
+        if cached is not None:
+            ks.insert(0, cached.k.astype(k.dtype))
+            vs.insert(0, cached.v.astype(v.dtype))
+        masks = segment_masks(positions, None if cached is None else cached.k.shape[1])
+        out, weights = ops.dot_product_attention(
+            q, ks, vs, masks, return_weights=return_weights,
+            implementation="reference" if cached is not None else cfg.attention_impl,
+        )
+        out = output_projection(cfg, out, head_mask)
+        return out, KVCache(k=k, v=v), weights
+
+
+def output_projection(cfg: ModelConfig, heads: Array, head_mask: Array | None) -> Array:
+    """W_o: [B, T, H, Kv] -> [B, T, D]. head_mask [H] (1 keep, 0 ablate) scales each head first."""
+    if head_mask is not None:
+        heads = heads * head_mask.astype(heads.dtype)[:, None]
+    return nn.DenseGeneral(
+        cfg.d_model, axis=(-2, -1), use_bias=cfg.use_bias, dtype=cfg.dtype,
+        kernel_init=dense_init(cfg, output=True), name="o",
+    )(heads)
+
+
+class LatentAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-V2): keys and values come from a cached latent.
+
+    Per token: c = RMSNorm(W_DKV x) of width C; keys k_h = W_UK,h c and values v_h = W_UV,h c for
+    each head h. With RoPE, a rotary part of width R is added to each query (per head) and to one
+    key shared by all heads, so position never passes through W_UK. The cache holds [c, k_rope].
+
+    absorb: compute scores against the latent directly, q_h^T W_UK,h c = (W_UK,h^T q_h)^T c, and
+    apply W_UV after the weighted sum. Then nothing is up-projected per cached token: decoding
+    reads only C + R numbers per token and layer. None (default): absorbed when decoding from a
+    cache, naive (up-project every key and value) otherwise. Both compute the same function.
+
+    x [B, T, D] -> out [B, T, D]; new cache entries LatentCache(latent [B, T, C + R]).
+    """
+
+    cfg: ModelConfig
+    absorb: bool | None = None
+
+    @nn.compact
+    def __call__(
+        self,
+        x: Array,
+        positions: Array,
+        cached: LatentCache | None = None,
+        head_mask: Array | None = None,
+        return_weights: bool = False,
+    ) -> tuple[Array, LatentCache, Array | None]:
+        cfg = self.cfg
+        h, k_nope, k_v, c_kv = cfg.num_heads, cfg.head_dim, cfg.v_head_dim, cfg.kv_latent_dim
+        r = cfg.rope_head_dim or 0
+        norm = lambda name: Norm("rmsnorm", cfg.norm_scale, False, cfg.norm_eps, name=name)  # noqa: E731
+        dense = lambda features, name, bias=cfg.use_bias: nn.DenseGeneral(  # noqa: E731
+            features, use_bias=bias, dtype=cfg.dtype, kernel_init=dense_init(cfg), name=name
+        )
+
+        if cfg.q_latent_dim:
+            q = dense((h, k_nope + r), "q_up", bias=False)(norm("q_norm")(dense(cfg.q_latent_dim, "q_down")(x)))
+        else:
+            q = dense((h, k_nope + r), "q")(x)  # [B, T, H, K + R]
+        q_nope, q_rope = q[..., :k_nope], q[..., k_nope:]
+
+        kv = dense(c_kv + r, "kv_down")(x)  # [B, T, C + R]
+        latent = norm("kv_norm")(kv[..., :c_kv])
+        if r:
+            q_rope = ops.rope(q_rope, positions, cfg.rope_theta)
+            k_rope = ops.rope(kv[:, :, None, c_kv:], positions, cfg.rope_theta)[:, :, 0]
+            latent = jnp.concatenate([latent, k_rope], axis=-1)  # [B, T, C + R]
+
+        w_uk = self.param("k_up", dense_init(cfg), (c_kv, h, k_nope), jnp.float32).astype(cfg.dtype)
+        w_uv = self.param("v_up", dense_init(cfg), (c_kv, h, k_v), jnp.float32).astype(cfg.dtype)
+
+        segments = [latent] if cached is None else [cached.latent.astype(latent.dtype), latent]
+        masks = segment_masks(positions, None if cached is None else cached.latent.shape[1])
+        scale = (k_nope + r) ** -0.5  # the width of the original query/key dot product
+        absorb = cached is not None if self.absorb is None else self.absorb
+        if absorb:
+            # Scores against [c, k_rope] with the query [W_UK^T q_nope, q_rope]: one shared key
+            # head (G = 1) of width C + R, and the latent itself as the value.
+            q_abs = jnp.concatenate([jnp.einsum("bthk,chk->bthc", q_nope, w_uk), q_rope], axis=-1)
+            ks = [s[:, :, None, :] for s in segments]  # [B, S, 1, C + R]
+            vs = [s[:, :, None, :c_kv] for s in segments]  # [B, S, 1, C]
+            out_c, weights = ops.dot_product_attention(
+                q_abs, ks, vs, masks, scale=scale, return_weights=return_weights
+            )
+            out = jnp.einsum("bthc,chk->bthk", out_c, w_uv)  # [B, T, H, Kv]
+        else:
+            ks, vs = [], []
+            for s in segments:  # up-project every token's key and value for every head
+                k_n = jnp.einsum("bsc,chk->bshk", s[..., :c_kv], w_uk)
+                k_r = jnp.broadcast_to(s[:, :, None, c_kv:], (*s.shape[:2], h, r))
+                ks.append(jnp.concatenate([k_n, k_r], axis=-1))  # [B, S, H, K + R]
+                vs.append(jnp.einsum("bsc,chk->bshk", s[..., :c_kv], w_uv))  # [B, S, H, Kv]
+            out, weights = ops.dot_product_attention(
+                jnp.concatenate([q_nope, q_rope], axis=-1), ks, vs, masks, scale=scale,
+                return_weights=return_weights,
+                implementation="reference" if cached is not None else cfg.attention_impl,
+            )
+        out = output_projection(cfg, out, head_mask)
+        return out, LatentCache(latent=latent), weights

@@ -1,0 +1,106 @@
+"""The KV cache: a pytree passed into the decoder and returned updated, never a mutable collection.
+
+Layout: one stacked array per kind with a leading layer axis, [L, B, S, ...], slot s holding the
+token at position s. The decoder's layers only *read* their slice of the cache (through `nn.scan`)
+and return this call's new keys/values; `write` then scatters all layers' new entries into the
+stacked arrays at once. Inside a jitted `lax.scan` whose carry holds the cache, XLA does that
+scatter in place, so a decode step costs O(cache read) and never copies the cache.
+
+Because slot = position, a row's slots below its current position are always filled: rows of a
+ragged batch may sit at different positions, and stale slots (e.g. padding written during a
+prefill) are overwritten before any query can see them.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer.config import ModelConfig
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Keys and values of multi-head / grouped-query attention.
+
+    k: [L, B, S, G, K], v: [L, B, S, G, K]; one layer's view (inside the layer stack) drops the L axis.
+    """
+
+    k: Array
+    v: Array
+
+
+@flax.struct.dataclass
+class LatentCache:
+    """Multi-head latent attention caches only the latent and the shared rotary key.
+
+    latent: [L, B, S, C + R]: the normalised key/value latent c (C = kv_latent_dim) followed by the
+    rotated rotary key (R = rope_head_dim, 0 without RoPE).
+    """
+
+    latent: Array
+
+
+Cache = KVCache | LatentCache
+
+
+def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: str | None = None) -> Cache:
+    """An empty cache for `batch_size` rows of up to `max_len` positions (zeros; nothing is valid yet).
+
+    Size max_len to what a generation needs (prompt + new tokens), not to the model's context:
+    every decode step attends over all max_len slots.
+    """
+    if max_len > cfg.max_seq_len:
+        raise ValueError(
+            f"cache max_len={max_len} exceeds the model's context max_seq_len={cfg.max_seq_len}; "
+            "use a shorter cache (prompt length + new tokens)"
+        )
+    dtype = jnp.dtype(dtype or cfg.dtype)
+    lead = (cfg.num_layers, batch_size, max_len)
+    if cfg.attention == "mla":
+        return LatentCache(latent=jnp.zeros((*lead, cfg.kv_latent_dim + (cfg.rope_head_dim or 0)), dtype))
+    shape = (*lead, cfg.num_kv_heads, cfg.head_dim)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+
+def max_len(cache: Cache) -> int:
+    """S, the number of slots per row."""
+    return jax.tree.leaves(cache)[0].shape[2]
+
+
+def write(cache: Cache, new: Cache, positions: Array) -> Cache:
+    """Writes this call's entries into their slots.
+
+    Args:
+      cache: the cache, arrays [L, B, S, ...].
+      new: a cache of the same kind holding this call's entries, arrays [L, B, T, ...].
+      positions: [B, T] slot (= position) of each new entry. Out-of-range slots are dropped: the
+        decoder checks the range and reports it.
+    """
+    rows = jnp.arange(positions.shape[0])[:, None]  # [B, 1], broadcasts against positions [B, T]
+    return jax.tree.map(lambda c, n: c.at[:, rows, positions].set(n.astype(c.dtype)), cache, new)
+
+
+def bytes_per_token(cfg: ModelConfig, dtype: str | None = None) -> int:
+    """Cache bytes one token costs, from the formula.
+
+    MHA/GQA: L * 2 * G * K values (a key and a value per key/value head and layer).
+    MLA:     L * (C + R) values (one latent and one shared rotary key per layer).
+    """
+    itemsize = jnp.dtype(dtype or cfg.dtype).itemsize
+    if cfg.attention == "mla":
+        per_layer = cfg.kv_latent_dim + (cfg.rope_head_dim or 0)
+    else:
+        per_layer = 2 * cfg.num_kv_heads * cfg.head_dim
+    return cfg.num_layers * per_layer * itemsize
+
+
+def measured_bytes_per_token(cache: Cache) -> float:
+    """Cache bytes per token measured on the pytree: all its bytes / (B * S)."""
+    leaf = jax.tree.leaves(cache)[0]
+    total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
+    return total / float(np.prod(leaf.shape[1:3]))

@@ -1,0 +1,186 @@
+"""ModelConfig: every architectural choice of the decoder, in one frozen, validated dataclass.
+
+A config file's `model` field (an ml_collections ConfigDict) becomes a ModelConfig through
+`ModelConfig.from_dict`; a wrong field fails here, with a message naming the field and the fix,
+rather than as a shape error deep inside a jitted function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+CHOICES = {
+    "activation": ("gelu", "gelu_tanh", "relu", "swiglu"),
+    "position": ("learned", "sinusoidal", "rope", "none"),
+    "norm": ("layernorm", "rmsnorm"),
+    "attention": ("mha", "mla"),
+    "dtype": ("float32", "bfloat16", "float16"),
+    "attention_impl": ("reference", "xla", "cudnn"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of a decoder-only transformer.
+
+    Attention: H = num_heads query heads of width K = head_dim; G = num_kv_heads key/value heads
+    (G == H: multi-head, 1 < G < H: grouped-query, G == 1: multi-query). attention='mla' replaces
+    the key/value projections by a latent of width kv_latent_dim (DeepSeek-V2's multi-head latent
+    attention); its queries may go through a latent of width q_latent_dim; with RoPE, a separate
+    rotary part of width rope_head_dim is added to each query and to one key shared by all heads;
+    v_head_dim is the value width (defaults to head_dim).
+    """
+
+    vocab_size: int
+    max_seq_len: int
+    d_model: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int | None = None  # None: = num_heads (multi-head attention)
+    head_dim: int | None = None  # None: d_model // num_heads
+    mlp_dim: int | None = None  # None: 4 * d_model
+    activation: str = "gelu"
+    position: str = "learned"
+    rope_theta: float = 10000.0
+    norm: str = "layernorm"
+    norm_scale: bool = True  # learned gain in each norm
+    norm_bias: bool = True  # learned bias in each layer norm (RMSNorm has none)
+    norm_eps: float = 1e-5
+    prenorm: bool = True  # x + f(norm(x)); False: norm(x + f(x)) (post-norm)
+    use_bias: bool = True  # biases in the attention and MLP projections
+    tie_embeddings: bool = True  # logits use the token embedding matrix
+    attention: str = "mha"
+    kv_latent_dim: int | None = None  # MLA: width C of the cached key/value latent
+    q_latent_dim: int | None = None  # MLA: width of the query latent (None: no query latent)
+    rope_head_dim: int | None = None  # MLA with RoPE: width of the decoupled rotary part
+    v_head_dim: int | None = None  # MLA: value head width (None: head_dim)
+    dropout: float = 0.0
+    dtype: str = "float32"  # compute dtype; parameters stay float32
+    attention_impl: str = "reference"  # 'xla' / 'cudnn': jax.nn.dot_product_attention
+    scan_layers: bool = True  # stack the layers with nn.scan (fast compile for deep models)
+    remat: bool = False  # recompute each layer's activations in the backward pass
+
+    def __post_init__(self) -> None:
+        for name, choices in CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(
+                    f"ModelConfig.{name}={getattr(self, name)!r} is not a known choice; "
+                    f"use one of {', '.join(map(repr, choices))}"
+                )
+        for name in ("vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads"):
+            _positive(name, getattr(self, name))
+        # Fill the derived defaults (frozen, so through object.__setattr__).
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        if self.head_dim is None:
+            if self.d_model % self.num_heads:
+                raise ValueError(
+                    f"ModelConfig: d_model={self.d_model} is not divisible by "
+                    f"num_heads={self.num_heads}; choose num_heads dividing d_model or set head_dim"
+                )
+            object.__setattr__(self, "head_dim", self.d_model // self.num_heads)
+        if self.mlp_dim is None:
+            object.__setattr__(self, "mlp_dim", 4 * self.d_model)
+        for name in ("num_kv_heads", "head_dim", "mlp_dim"):
+            _positive(name, getattr(self, name))
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelConfig: num_heads={self.num_heads} is not divisible by "
+                f"num_kv_heads={self.num_kv_heads}; each key/value head serves the same number of "
+                "query heads, so choose num_kv_heads dividing num_heads"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"ModelConfig.dropout={self.dropout} must be in [0, 1)")
+        if self.norm_eps <= 0:
+            raise ValueError(f"ModelConfig.norm_eps={self.norm_eps} must be positive")
+        if self.rope_theta <= 0:
+            raise ValueError(f"ModelConfig.rope_theta={self.rope_theta} must be positive")
+        if self.position == "sinusoidal" and self.d_model % 2:
+            raise ValueError(
+                f"ModelConfig: sinusoidal positions need an even d_model, got {self.d_model}"
+            )
+        if self.attention == "mla":
+            self._validate_mla()
+        else:
+            for name in ("kv_latent_dim", "q_latent_dim", "rope_head_dim", "v_head_dim"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"ModelConfig.{name} is only used with attention='mla'; remove it or set "
+                        "attention='mla'"
+                    )
+            if self.position == "rope" and self.head_dim % 2:
+                raise ValueError(
+                    f"ModelConfig: RoPE rotates pairs of features, so head_dim must be even; got "
+                    f"head_dim={self.head_dim}"
+                )
+
+    def _validate_mla(self) -> None:
+        if self.kv_latent_dim is None:
+            raise ValueError("ModelConfig: attention='mla' needs kv_latent_dim (the cached latent width)")
+        _positive("kv_latent_dim", self.kv_latent_dim)
+        if self.q_latent_dim is not None:
+            _positive("q_latent_dim", self.q_latent_dim)
+        if self.num_kv_heads != self.num_heads:
+            raise ValueError(
+                "ModelConfig: MLA shares one latent across all heads, so num_kv_heads does not apply; "
+                f"leave it unset (got num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads})"
+            )
+        if self.v_head_dim is None:
+            object.__setattr__(self, "v_head_dim", self.head_dim)
+        _positive("v_head_dim", self.v_head_dim)
+        if self.position == "rope":
+            if self.rope_head_dim is None:
+                raise ValueError(
+                    "ModelConfig: MLA with position='rope' needs rope_head_dim, the width of the "
+                    "decoupled rotary part of queries and of the shared rotary key"
+                )
+            _positive("rope_head_dim", self.rope_head_dim)
+            if self.rope_head_dim % 2:
+                raise ValueError(
+                    f"ModelConfig: RoPE rotates pairs of features, so rope_head_dim must be even; "
+                    f"got {self.rope_head_dim}"
+                )
+        elif self.rope_head_dim is not None:
+            raise ValueError(
+                f"ModelConfig.rope_head_dim is only used with position='rope' (got position="
+                f"{self.position!r}); remove it"
+            )
+
+    @property
+    def kv_groups(self) -> int:
+        """Query heads per key/value head, R = H // G."""
+        return self.num_heads // self.num_kv_heads
+
+    @classmethod
+    def from_dict(cls, fields: Mapping[str, Any]) -> "ModelConfig":
+        """Builds a ModelConfig from a mapping (e.g. a config file's `model` ConfigDict)."""
+        fields = dict(fields)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown model config field(s) {unknown}; known fields are {sorted(known)}"
+            )
+        missing = sorted(
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.name not in fields
+        )
+        if missing:
+            raise ValueError(f"model config is missing required field(s) {missing}")
+        return cls(**fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields, with the derived defaults filled in (JSON-serialisable)."""
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy with some fields changed (derived defaults are recomputed only if unset)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _positive(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")

@@ -1,0 +1,207 @@
+"""The decoder: token embedding, positions, a stack of L blocks, a final norm, vocabulary logits.
+
+    x = embed(tokens) [+ positions]
+    for each of L blocks:                       pre-norm (default)       post-norm
+        x = x + attention(norm(x))    or        x = norm(x + attention(x))
+        x = x + mlp(norm(x))                    x = norm(x + mlp(x))
+    logits = head(norm(x))                      (the final norm only with pre-norm)
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer import cache as kv_cache
+from transformer import ops
+from transformer.attention import Attention, LatentAttention, dense_init
+from transformer.cache import Cache
+from transformer.config import ModelConfig
+from transformer.norm import Norm
+
+Array = jax.Array
+
+ACTIVATIONS = {
+    "gelu": lambda x: nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
+    "relu": nn.relu,
+    "swiglu": nn.silu,  # applied to the gate of a gated MLP
+}
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward network: [B, T, D] -> [B, T, F] -> [B, T, D].
+
+    activation='swiglu' is gated: W_down (silu(W_gate x) * W_up x); otherwise W_out act(W_in x).
+    """
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.cfg
+        dense = lambda features, name, output=False: nn.Dense(  # noqa: E731
+            features, use_bias=cfg.use_bias, dtype=cfg.dtype,
+            kernel_init=dense_init(cfg, output), name=name,
+        )
+        act = ACTIVATIONS[cfg.activation]
+        if cfg.activation == "swiglu":
+            h = act(dense(cfg.mlp_dim, "gate")(x)) * dense(cfg.mlp_dim, "up")(x)
+        else:
+            h = act(dense(cfg.mlp_dim, "fc_in")(x))
+        return dense(cfg.d_model, "fc_out", output=True)(h)
+
+
+class Block(nn.Module):
+    """One decoder layer: attention and MLP, each with a residual add and a norm.
+
+    x [B, T, D] -> x [B, T, D], plus this layer's new cache entries and (optionally) its attention
+    weights [B, H, T, S_total]. The signature (carry, inputs) -> (carry, outputs) lets `nn.scan`
+    stack the layers.
+    """
+
+    cfg: ModelConfig
+    deterministic: bool = True
+    return_weights: bool = False
+
+    @nn.compact
+    def __call__(
+        self, x: Array, positions: Array, cached: Cache | None, head_mask: Array | None
+    ) -> tuple[Array, tuple[Cache | None, Array | None]]:
+        cfg = self.cfg
+        norm = lambda name: Norm(cfg.norm, cfg.norm_scale, cfg.norm_bias, cfg.norm_eps, name=name)  # noqa: E731
+        drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
+        attention = (LatentAttention if cfg.attention == "mla" else Attention)(cfg, name="attn")
+        mlp = MLP(cfg, name="mlp")
+        if cfg.prenorm:
+            a, new, weights = attention(norm("attn_norm")(x), positions, cached, head_mask, self.return_weights)
+            x = x + drop(a)
+            x = x + drop(mlp(norm("mlp_norm")(x)))
+        else:
+            a, new, weights = attention(x, positions, cached, head_mask, self.return_weights)
+            x = norm("attn_norm")(x + drop(a))
+            x = norm("mlp_norm")(x + drop(mlp(x)))
+        return x, (new if cached is not None else None, weights)
+
+
+class Decoder(nn.Module):
+    """A decoder-only transformer language model.
+
+    __call__(tokens [B, T], positions [B, T] = None, cache = None, head_mask [L, H] = None,
+             return_attention = False, deterministic = True)
+      -> (logits [B, T, V] float32, updated cache or None)
+      -> (logits, cache, attention [L, B, H, T, S_total]) when return_attention.
+
+    positions default to 0..T-1 (the cache-free forward). With a cache, this call's keys/values are
+    written at slots `positions`, and each token attends to the cached slots before its row's first
+    position plus this call's tokens up to itself: the same code serves prefill (T tokens) and
+    decoding (T = 1), and rows may sit at different positions. S_total is T without a cache and
+    S + T with one (cached slots first).
+    """
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        tokens: Array,
+        positions: Array | None = None,
+        cache: Cache | None = None,
+        head_mask: Array | None = None,
+        return_attention: bool = False,
+        deterministic: bool = True,
+    ):
+        cfg = self.cfg
+        b, t = tokens.shape
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(t), (b, t))
+        check_positions(cfg, positions, cache)
+
+        embed = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=nn.initializers.normal(0.02),
+                         dtype=cfg.dtype, name="embed")
+        x = embed(tokens)  # [B, T, D]
+        if cfg.position == "learned":
+            pos_embed = self.param("pos_embed", nn.initializers.normal(0.01), (cfg.max_seq_len, cfg.d_model))
+            x = x + jnp.take(pos_embed, positions, axis=0, mode="clip").astype(cfg.dtype)
+        elif cfg.position == "sinusoidal":
+            x = x + ops.sinusoidal_positions(positions, cfg.d_model).astype(cfg.dtype)
+        x = nn.Dropout(cfg.dropout, deterministic=deterministic)(x)
+
+        block = nn.remat(Block) if cfg.remat else Block
+        if cfg.scan_layers:
+            layers = nn.scan(
+                block,
+                variable_axes={"params": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=(nn.broadcast, 0, 0),
+                length=cfg.num_layers,
+            )(cfg, deterministic, return_attention, name="layers")
+            x, (new, weights) = layers(x, positions, cache, head_mask)
+        else:
+            outputs = []
+            for i in range(cfg.num_layers):
+                layer_view = lambda a: None if a is None else a[i]  # noqa: E731
+                x, out = block(cfg, deterministic, return_attention, name=f"layers_{i}")(
+                    x, positions, jax.tree.map(layer_view, cache), layer_view(head_mask)
+                )
+                outputs.append(out)
+            new, weights = jax.tree.map(lambda *a: jnp.stack(a), *outputs) if outputs else (None, None)
+
+        if cfg.prenorm:
+            x = Norm(cfg.norm, cfg.norm_scale, cfg.norm_bias, cfg.norm_eps, name="final_norm")(x)
+        if cfg.tie_embeddings:
+            logits = embed.attend(x)
+        else:
+            logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype,
+                              kernel_init=nn.initializers.normal(0.02), name="head")(x)
+        logits = logits.astype(jnp.float32)
+
+        if cache is not None:
+            cache = kv_cache.write(cache, new, positions)
+            # Under jit the range check in check_positions cannot run; a row that wrote past the
+            # cache gets NaN logits instead of silently attending to a truncated history.
+            overflow = positions.max(axis=1) >= kv_cache.max_len(cache)
+            logits = jnp.where(overflow[:, None, None], jnp.nan, logits)
+        if return_attention:
+            return logits, cache, weights
+        return logits, cache
+
+
+def check_positions(cfg: ModelConfig, positions: Array, cache: Cache | None) -> None:
+    """Raises a clear error for positions past the context or the cache, when they are known."""
+    if isinstance(positions, jax.core.Tracer):
+        return
+    top = int(positions.max()) if positions.size else -1
+    if top >= cfg.max_seq_len:
+        raise ValueError(
+            f"position {top} is past the model's context (max_seq_len={cfg.max_seq_len}); "
+            "shorten the input or use a model with a longer context"
+        )
+    if cache is not None and top >= kv_cache.max_len(cache):
+        raise ValueError(
+            f"position {top} does not fit in the cache of {kv_cache.max_len(cache)} slots; "
+            "init_cache with a larger max_len (prompt length + new tokens)"
+        )
+
+
+def count_params(params) -> int:
+    """Total number of parameters in a pytree."""
+    return sum(x.size for x in jax.tree.leaves(params))
+
+
+def stack_layers(params: dict, num_layers: int) -> dict:
+    """Unscanned params (layers_0 ... layers_{L-1}) -> scanned params (one `layers` with an L axis)."""
+    params = dict(params)
+    per_layer = [params.pop(f"layers_{i}") for i in range(num_layers)]
+    params["layers"] = jax.tree.map(lambda *a: jnp.stack(a), *per_layer)
+    return params
+
+
+def unstack_layers(params: dict, num_layers: int) -> dict:
+    """Scanned params (`layers` with a leading L axis) -> unscanned (layers_0 ... layers_{L-1})."""
+    params = dict(params)
+    stacked = params.pop("layers")
+    for i in range(num_layers):
+        params[f"layers_{i}"] = jax.tree.map(lambda a: a[i], stacked)
+    return params

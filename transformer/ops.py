@@ -1,0 +1,215 @@
+"""Pure functions of the transformer: masks, attention, norms and positions.
+
+Nothing here holds parameters or state: every function takes arrays and returns arrays, so each
+can be called, tested and plotted on its own (the notebooks do). The Flax modules in
+`attention.py` and `model.py` own the parameters and call these.
+
+Axis letters (see DESIGN.md): B batch, T query length, S key length, D model width, H query heads,
+G key/value heads, K head width (d_h), R = H // G query heads per key/value head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+# A large *finite* negative logit. -inf would turn a fully masked row into 0/0 = NaN; a finite
+# value gives that row a uniform (and ignorable) distribution instead. Masks are added to float32
+# scores; `mask_value` gives the right size for a narrower dtype.
+MASK_VALUE = -1e9
+
+
+def mask_value(dtype: jnp.dtype = jnp.float32) -> float:
+    """A finite, very negative logit that is representable in `dtype` (half of its lowest value)."""
+    return float(jnp.finfo(dtype).min) / 2 if jnp.finfo(dtype).min > MASK_VALUE else MASK_VALUE
+
+
+def causal_mask(
+    q_positions: Array,
+    k_positions: Array,
+    k_valid: Array | None = None,
+    dtype: jnp.dtype = jnp.float32,
+) -> Array:
+    """Additive causal mask from explicit positions: key s is visible to query t iff pos_s <= pos_t.
+
+    Args:
+      q_positions: [B, T] integer position of each query token.
+      k_positions: [B, S] integer position of each key (for a cache: of each slot).
+      k_valid: optional [B, S] bool, False for keys that hold nothing yet (cache occupancy).
+      dtype: dtype of the returned mask.
+
+    Returns:
+      [B, 1, T, S] mask: 0 where attention is allowed, a large finite negative value elsewhere.
+      The singleton axis broadcasts over heads.
+    """
+    allowed = k_positions[:, None, :] <= q_positions[:, :, None]  # [B, T, S]
+    if k_valid is not None:
+        allowed = allowed & k_valid[:, None, :]
+    return jnp.where(allowed, 0.0, mask_value(dtype)).astype(dtype)[:, None, :, :]
+
+
+def dot_product_attention(
+    q: Array,
+    k: Array | Sequence[Array],
+    v: Array | Sequence[Array],
+    mask: Array | Sequence[Array] | None = None,
+    *,
+    scale: float | None = None,
+    return_weights: bool = False,
+    implementation: str = "reference",
+) -> tuple[Array, Array | None]:
+    """Scaled dot-product attention with grouped keys/values: softmax(q k^T * scale + mask) v.
+
+    The H query heads are split into G groups of R = H // G heads; group g attends with key/value
+    head g. Multi-head (G = H), grouped-query (1 < G < H) and multi-query (G = 1) attention are all
+    this one function, and the keys are never repeated R times in memory: q is reshaped instead.
+
+    Keys, values and masks may come in several segments (for decoding: the cache, then this call's
+    new tokens). Each segment is scored separately and one softmax runs over all of them, which is
+    the same as attending over their concatenation but never copies the cache to append to it.
+
+    Args:
+      q: [B, T, H, K] queries.
+      k: [B, S, G, K] keys, or a sequence of such arrays with different S.
+      v: [B, S, G, Kv] values (Kv may differ from K), matching k segment by segment.
+      mask: additive [B, 1 or H, T, S] mask (or one per segment), or None for no mask.
+      scale: score scale; default 1 / sqrt(K), the lecture's 1/sqrt(d_h).
+      return_weights: also return the attention weights.
+      implementation: 'reference' (einsum + float32 softmax, runs everywhere), or 'xla' / 'cudnn'
+        to call `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU). The fused paths take
+        a single segment and cannot return weights.
+
+    Returns:
+      (out, weights): out [B, T, H, Kv] in q's dtype; weights [B, H, T, S_total] float32 or None.
+    """
+    ks = [k] if isinstance(k, jax.Array) else list(k)
+    vs = [v] if isinstance(v, jax.Array) else list(v)
+    masks = [mask] * len(ks) if mask is None or isinstance(mask, jax.Array) else list(mask)
+    if not len(ks) == len(vs) == len(masks):
+        raise ValueError(f"got {len(ks)} key, {len(vs)} value and {len(masks)} mask segments")
+    b, t, h, d_h = q.shape
+    g = ks[0].shape[2]
+    if h % g:
+        raise ValueError(f"{h} query heads cannot be grouped over {g} key/value heads")
+    scale = d_h**-0.5 if scale is None else scale
+
+    if implementation != "reference":
+        if return_weights or len(ks) != 1:
+            raise ValueError(
+                f"implementation={implementation!r} takes one key segment and returns no weights; "
+                "use implementation='reference' to look at attention maps or to decode from a cache"
+            )
+        bias = None if masks[0] is None else masks[0].astype(q.dtype)
+        out = jax.nn.dot_product_attention(
+            q, ks[0], vs[0], bias=bias, scale=scale, implementation=implementation
+        )
+        return out, None
+
+    r = h // g
+    qg = q.reshape(b, t, g, r, d_h)
+    # Scores in float32 whatever the compute dtype: softmax of bfloat16 logits loses too much.
+    scores = [
+        jnp.einsum("btgrk,bsgk->bgrts", qg, k_i, preferred_element_type=jnp.float32) * scale
+        for k_i in ks
+    ]
+    scores = [s if m is None else s + _group_heads(m, g).astype(jnp.float32) for s, m in zip(scores, masks)]
+    sizes = [s.shape[-1] for s in scores]
+    weights = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)  # [B, G, R, T, S_total]
+    out = 0.0
+    start = 0
+    for v_i, size in zip(vs, sizes):
+        w_i = weights[..., start : start + size].astype(v_i.dtype)
+        out = out + jnp.einsum("bgrts,bsgk->btgrk", w_i, v_i)
+        start += size
+    out = out.reshape(b, t, h, vs[0].shape[-1]).astype(q.dtype)
+    return out, weights.reshape(b, h, t, -1) if return_weights else None
+
+
+def _group_heads(mask: Array, g: int) -> Array:
+    """[B, 1 or H, T, S] -> [B, 1 or G, 1 or R, T, S], to line up with grouped scores."""
+    b, h, t, s = mask.shape
+    return mask[:, :, None] if h == 1 else mask.reshape(b, g, h // g, t, s)
+
+
+def layer_norm(
+    x: Array, scale: Array | None = None, bias: Array | None = None, eps: float = 1e-5
+) -> Array:
+    """Layer norm over the last axis: (x - mean) / sqrt(var + eps), then optional gain and bias.
+
+    The lecture's layer norm has neither gain nor bias; GPT-2's has both. Statistics are taken in
+    float32 and the result is cast back to x's dtype.
+
+    Args:
+      x: [..., D]. scale, bias: [D] or None.
+    Returns:
+      [..., D]
+    """
+    x32 = x.astype(jnp.float32)
+    mean = x32.mean(-1, keepdims=True)
+    var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + eps)
+    if scale is not None:
+        y = y * scale.astype(jnp.float32)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def rms_norm(x: Array, scale: Array | None = None, eps: float = 1e-5) -> Array:
+    """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps), then an optional gain.
+
+    Args:
+      x: [..., D]. scale: [D] or None.
+    Returns:
+      [..., D]
+    """
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + eps)
+    if scale is not None:
+        y = y * scale.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def sinusoidal_positions(positions: Array, d: int, base: float = 10000.0) -> Array:
+    """The fixed sine/cosine position encoding of "Attention is all you need".
+
+    Dimension 2i holds sin(p / base^(2i/d)), dimension 2i+1 holds cos(p / base^(2i/d)).
+
+    Args:
+      positions: [B, T] integer positions. d: encoding width (even).
+    Returns:
+      [B, T, d] float32.
+    """
+    if d % 2:
+        raise ValueError(f"sinusoidal positions need an even width, got d={d}")
+    inv_freq = base ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)  # [d/2]
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, d/2]
+    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d)
+
+
+def rope(x: Array, positions: Array, theta: float = 10000.0) -> Array:
+    """Rotary position embedding, half-split layout (as Hugging Face Llama).
+
+    Feature i of the first half and feature i of the second half form a pair that is rotated by
+    the angle p * theta^(-2i/K). A dot product of two rotated vectors then depends only on the
+    difference of their positions.
+
+    Args:
+      x: [B, T, N, K] queries or keys (N heads; K even). positions: [B, T] integer positions.
+    Returns:
+      [B, T, N, K] in x's dtype.
+    """
+    d_h = x.shape[-1]
+    if d_h % 2:
+        raise ValueError(f"RoPE needs an even head width, got {d_h}")
+    inv_freq = theta ** (-jnp.arange(0, d_h, 2, dtype=jnp.float32) / d_h)  # [K/2]
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, K/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return rotated.astype(x.dtype)

@@ -31,7 +31,8 @@ def base_config(model: dict) -> ml_collections.ConfigDict:
     c.optim.grad_clip = 1.0  # global-norm clipping threshold (0 = off)
 
     c.train = ml_collections.ConfigDict()
-    c.train.steps = 2000  # optimizer steps
+    c.train.steps = 2000  # optimizer steps (the learning-rate schedule spans them)
+    c.train.run_steps = 0  # stop (with a checkpoint) after this many steps of this invocation; 0 = all
     c.train.batch_size = 32  # sequences per optimizer step (global, over all devices)
     c.train.seq_len = 128  # tokens per sequence (<= model.max_seq_len)
     c.train.grad_accum = 1  # micro-batches per step (batch_size must divide by it)

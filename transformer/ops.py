@@ -25,7 +25,8 @@ MASK_VALUE = -1e9
 
 def mask_value(dtype: jnp.dtype = jnp.float32) -> float:
     """A finite, very negative logit that is representable in `dtype` (half of its lowest value)."""
-    return float(jnp.finfo(dtype).min) / 2 if jnp.finfo(dtype).min > MASK_VALUE else MASK_VALUE
+    lowest = float(jnp.finfo(dtype).min)  # compare as Python floats: -1e9 overflows float16
+    return lowest / 2 if lowest > MASK_VALUE else MASK_VALUE
 
 
 def causal_mask(
@@ -86,9 +87,10 @@ def dot_product_attention(
     Returns:
       (out, weights): out [B, T, H, Kv] in q's dtype; weights [B, H, T, S_total] float32 or None.
     """
-    ks = [k] if isinstance(k, jax.Array) else list(k)
-    vs = [v] if isinstance(v, jax.Array) else list(v)
-    masks = [mask] * len(ks) if mask is None or isinstance(mask, jax.Array) else list(mask)
+    # Only a list or tuple is a sequence of segments: a NumPy array must not be split along its batch axis.
+    ks = list(k) if isinstance(k, (list, tuple)) else [k]
+    vs = list(v) if isinstance(v, (list, tuple)) else [v]
+    masks = list(mask) if isinstance(mask, (list, tuple)) else [mask] * len(ks)
     if not len(ks) == len(vs) == len(masks):
         raise ValueError(f"got {len(ks)} key, {len(vs)} value and {len(masks)} mask segments")
     b, t, h, d_h = q.shape
@@ -103,7 +105,8 @@ def dot_product_attention(
                 f"implementation={implementation!r} takes one key segment and returns no weights; "
                 "use implementation='reference' to look at attention maps or to decode from a cache"
             )
-        bias = None if masks[0] is None else masks[0].astype(q.dtype)
+        # Clip before the cast: a float32 mask value (-1e9) would become -inf in float16.
+        bias = None if masks[0] is None else jnp.maximum(masks[0], mask_value(q.dtype)).astype(q.dtype)
         out = jax.nn.dot_product_attention(
             q, ks[0], vs[0], bias=bias, scale=scale, implementation=implementation
         )

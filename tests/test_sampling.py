@@ -1,0 +1,245 @@
+"""Tests of transformer/sampling.py: the logit filters, then generation against a cache-free loop."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import sampling
+from transformer.config import ModelConfig
+from transformer.model import Decoder
+from transformer.ops import MASK_VALUE
+
+# ---------------------------------------------------------------------------------------------
+# Filters
+# ---------------------------------------------------------------------------------------------
+
+
+def kept(logits: jax.Array) -> np.ndarray:
+    """[B, V] bool: the tokens a filter left unmasked."""
+    return np.asarray(logits) > MASK_VALUE / 2
+
+
+def test_apply_temperature_divides_logits():
+    logits = jnp.array([[1.0, -2.0, 4.0]])
+    np.testing.assert_allclose(sampling.apply_temperature(logits, 0.5), [[2.0, -4.0, 8.0]])
+    with pytest.raises(ValueError, match="temperature=0"):
+        sampling.apply_temperature(logits, 0.0)
+
+
+def test_top_k_keeps_exactly_k_even_with_ties():
+    logits = jnp.array([[0.0, 3.0, 1.0, 3.0, 2.0, 3.0], [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]])
+    out = sampling.top_k_filter(logits, 2)
+    assert kept(out).sum(axis=1).tolist() == [2, 2]
+    assert set(np.flatnonzero(kept(out)[1])) == {0, 1}
+    assert set(np.flatnonzero(kept(out)[0])) <= {1, 3, 5}  # two of the three tied maxima
+    np.testing.assert_array_equal(np.asarray(out)[kept(out)], np.asarray(logits)[kept(out)])
+    assert kept(sampling.top_k_filter(logits, 100)).all()  # k >= V keeps everything
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = np.array([[0.1, 0.5, 0.05, 0.25, 0.1]])
+    logits = jnp.log(jnp.asarray(probs, jnp.float32))
+    # Sorted: 0.5, 0.25, 0.1, 0.1, 0.05 -> cumulative 0.5, 0.75, 0.85, ...
+    assert set(np.flatnonzero(kept(sampling.top_p_filter(logits, 0.5))[0])) == {1}
+    assert set(np.flatnonzero(kept(sampling.top_p_filter(logits, 0.6))[0])) == {1, 3}
+    assert set(np.flatnonzero(kept(sampling.top_p_filter(logits, 0.75))[0])) == {1, 3}
+    assert kept(sampling.top_p_filter(logits, 0.8)).sum() == 3
+    assert kept(sampling.top_p_filter(logits, 1.0)).all()
+
+
+def test_top_p_always_keeps_the_most_likely_token():
+    logits = jax.random.normal(jax.random.key(0), (8, 50))
+    out = sampling.top_p_filter(logits, 1e-6)
+    assert kept(out).sum(axis=1).tolist() == [1] * 8
+    np.testing.assert_array_equal(kept(out).argmax(axis=1), np.asarray(logits).argmax(axis=1))
+
+
+def test_sample_token_with_temperature_zero_is_argmax():
+    logits = jax.random.normal(jax.random.key(1), (16, 64))
+    tokens = sampling.sample_token(logits, jax.random.key(2), temperature=0.0, top_k=3, top_p=0.5)
+    np.testing.assert_array_equal(tokens, np.asarray(logits).argmax(axis=1))
+    assert tokens.dtype == jnp.int32
+
+
+def test_sample_token_draws_from_the_filtered_distribution():
+    logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
+    keys = jax.random.split(jax.random.key(3), 4000)
+
+    def draw(**options) -> np.ndarray:
+        return np.asarray(jax.vmap(lambda k: sampling.sample_token(logits, k, **options)[0])(keys))
+
+    freq = np.bincount(draw(), minlength=4) / len(keys)
+    np.testing.assert_allclose(freq, [0.5, 0.3, 0.15, 0.05], atol=0.03)
+    # top_k=2 renormalises over the two most likely tokens: 0.5 / 0.8 and 0.3 / 0.8.
+    freq_k = np.bincount(draw(top_k=2), minlength=4) / len(keys)
+    np.testing.assert_allclose(freq_k, [0.625, 0.375, 0.0, 0.0], atol=0.03)
+    # temperature 0.5 squares the probabilities before renormalising.
+    sharp = np.array([0.5, 0.3, 0.15, 0.05]) ** 2
+    freq_t = np.bincount(draw(temperature=0.5), minlength=4) / len(keys)
+    np.testing.assert_allclose(freq_t, sharp / sharp.sum(), atol=0.03)
+
+
+def test_sample_token_rows_do_not_depend_on_the_batch():
+    logits = jax.random.normal(jax.random.key(4), (5, 64))
+    keys = sampling.row_keys(jax.random.key(5), 5)
+    together = sampling.sample_token(logits, keys)
+    alone = [int(sampling.sample_token(logits[b : b + 1], keys[b : b + 1])[0]) for b in range(5)]
+    assert together.tolist() == alone
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(temperature=-1.0), "temperature must be >= 0"),
+        (dict(top_k=0), "top_k must be at least 1"),
+        (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+        (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+    ],
+)
+def test_bad_sampling_options_are_named(options, message):
+    with pytest.raises(ValueError, match=message):
+        sampling.sample_token(jnp.zeros((1, 8)), jax.random.key(0), **options)
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation
+# ---------------------------------------------------------------------------------------------
+
+TINY = dict(vocab_size=64, max_seq_len=64, d_model=32, num_layers=2, num_heads=4, tie_embeddings=False)
+VARIANTS = {
+    "mha": ModelConfig(**TINY),
+    "gqa": ModelConfig(**TINY, num_kv_heads=2, position="rope", scan_layers=False),
+    "mqa": ModelConfig(**TINY, num_kv_heads=1, position="sinusoidal", norm="rmsnorm", activation="swiglu"),
+    "mla": ModelConfig(
+        **TINY, attention="mla", head_dim=8, kv_latent_dim=16, q_latent_dim=24, rope_head_dim=8,
+        position="rope",
+    ),
+}
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
+
+
+def make_params(cfg: ModelConfig) -> dict:
+    """Random parameters, scaled up so the tiny model's next tokens vary and argmaxes are clear."""
+    params = Decoder(cfg).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
+    return jax.tree.map(lambda p: 5 * p, params)
+
+
+@pytest.fixture(scope="module")
+def mha():
+    cfg = VARIANTS["mha"]
+    return cfg, make_params(cfg)
+
+
+def greedy_without_cache(params: dict, cfg: ModelConfig, prompt: list[int], steps: int) -> list[int]:
+    """The reference: re-run the full cache-free forward on the growing sequence, take the argmax.
+
+    The sequence sits in a fixed-length buffer so that one compilation serves every step; the
+    forward is causal, so the tokens after position n - 1 do not change its logits.
+    """
+    forward = jax.jit(lambda p, x: Decoder(cfg).apply({"params": p}, x)[0])
+    buffer = np.zeros((1, cfg.max_seq_len), np.int32)
+    buffer[0, : len(prompt)] = prompt
+    n = len(prompt)
+    for _ in range(steps):
+        buffer[0, n] = int(jnp.argmax(forward(params, buffer)[0, n - 1]))
+        n += 1
+    return buffer[0, len(prompt) : n].tolist()
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_greedy_generate_equals_argmax_loop_without_cache(variant):
+    cfg = VARIANTS[variant]
+    params = make_params(cfg)
+    out = sampling.generate(params, cfg, PROMPTS, jax.random.key(0), max_new_tokens=10, temperature=0.0)
+    assert out.tokens.shape == (3, 10) and out.tokens.dtype == np.int32
+    assert out.lengths.tolist() == [10, 10, 10]
+    for row, prompt in zip(out.tokens, PROMPTS):
+        assert row.tolist() == greedy_without_cache(params, cfg, prompt, 10)
+
+
+@pytest.mark.parametrize("variant", ["mha", "mla"])
+def test_ragged_batch_equals_one_prompt_at_a_time(variant):
+    cfg = VARIANTS[variant]
+    params = make_params(cfg)
+    key = jax.random.key(7)
+    batch = sampling.generate(params, cfg, PROMPTS, key, max_new_tokens=12, temperature=1.0)
+    keys = sampling.row_keys(key, len(PROMPTS))
+    for b, prompt in enumerate(PROMPTS):
+        alone = sampling.generate(params, cfg, [prompt], keys[b : b + 1], max_new_tokens=12, temperature=1.0)
+        np.testing.assert_array_equal(alone.tokens[0], batch.tokens[b])
+
+
+def test_stop_tokens_end_a_row_with_padding_after(mha):
+    cfg, params = mha
+    greedy = sampling.generate(params, cfg, PROMPTS, jax.random.key(0), 12, temperature=0.0).tokens
+    stop = int(greedy[1, 3])  # a token greedy decoding is known to emit in row 1
+    out = sampling.generate(
+        params, cfg, PROMPTS, jax.random.key(0), 12, temperature=0.0, stop_tokens=[stop], pad_id=-1
+    )
+    for b in range(len(PROMPTS)):
+        hits = np.flatnonzero(greedy[b] == stop)
+        length = int(hits[0]) + 1 if hits.size else 12
+        assert out.lengths[b] == length
+        np.testing.assert_array_equal(out.tokens[b, :length], greedy[b, :length])
+        assert (out.tokens[b, length:] == -1).all()
+    assert out.lengths[1] <= 4
+
+
+def test_same_seed_same_output_and_another_seed_differs(mha):
+    cfg, params = mha
+    run = lambda seed: sampling.generate(  # noqa: E731
+        params, cfg, PROMPTS, jax.random.key(seed), 12, temperature=1.0, top_k=20, top_p=0.95
+    ).tokens
+    np.testing.assert_array_equal(run(1), run(1))
+    assert not np.array_equal(run(1), run(2))
+
+
+def test_second_call_with_the_same_shapes_does_not_recompile(mha):
+    cfg, params = mha
+    call = lambda prompts, seed: sampling.generate(  # noqa: E731
+        params, cfg, prompts, jax.random.key(seed), 9, temperature=0.7, top_k=5
+    )
+    call(PROMPTS, 0)
+    compiled = sampling.prefill._cache_size(), sampling.decode._cache_size()
+    call(PROMPTS, 1)
+    # Different prompt lengths that round up to the same buckets reuse the compiled functions too.
+    call([[5, 6], [7] * 11, [8, 9, 10]], 2)
+    assert (sampling.prefill._cache_size(), sampling.decode._cache_size()) == compiled
+
+
+def test_prompt_past_the_context_is_an_error_naming_both_numbers(mha):
+    cfg, params = mha
+    with pytest.raises(ValueError, match=r"50 tokens and max_new_tokens is 20.*max_seq_len=64"):
+        sampling.generate(params, cfg, [[1] * 50], jax.random.key(0), max_new_tokens=20)
+
+
+@pytest.mark.parametrize(
+    "prompts, message",
+    [([[1, 2], []], "prompt 1 is empty"), ([], "no prompts"), ([[1, 64]], r"outside \[0, 64\)")],
+)
+def test_bad_prompts_are_named(mha, prompts, message):
+    cfg, params = mha
+    with pytest.raises(ValueError, match=message):
+        sampling.generate(params, cfg, prompts, jax.random.key(0), max_new_tokens=4)
+
+
+def test_stream_equals_one_shot_generate(mha):
+    cfg, params = mha
+    options = dict(max_new_tokens=11, temperature=1.0, top_k=30, top_p=0.9)
+    one_shot = sampling.generate(params, cfg, PROMPTS, jax.random.key(3), **options)
+    chunks = list(sampling.generate_stream(params, cfg, PROMPTS, jax.random.key(3), chunk_size=4, **options))
+    assert [c.shape[1] for c in chunks] == [1, 4, 4, 2]
+    np.testing.assert_array_equal(np.concatenate(chunks, axis=1), one_shot.tokens)
+
+
+def test_stream_stops_once_every_row_is_done(mha):
+    cfg, params = mha
+    prompt = [PROMPTS[0]]
+    first = int(sampling.generate(params, cfg, prompt, jax.random.key(0), 1, temperature=0.0).tokens[0, 0])
+    chunks = list(sampling.generate_stream(
+        params, cfg, prompt, jax.random.key(0), 12, temperature=0.0, stop_tokens=[first], chunk_size=4
+    ))
+    assert len(chunks) == 1 and chunks[0].tolist() == [[first]]

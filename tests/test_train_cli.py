@@ -1,0 +1,145 @@
+"""train.py end to end, in subprocesses, on configs/tiny.py and the bundled corpus."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from transformer.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def train_cmd(workdir, *overrides):
+    return [sys.executable, os.path.join(ROOT, "train.py"), "--config", os.path.join(ROOT, "configs/tiny.py"),
+            "--workdir", str(workdir), f"--config.data.cache_dir={workdir.parent / 'tokens'}", *overrides]
+
+
+def run(workdir, *overrides, timeout=300):
+    return subprocess.run(train_cmd(workdir, *overrides), capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout)
+
+
+def losses(workdir):
+    return {r["step"]: r["loss"] for r in read_metrics(os.path.join(workdir, "metrics.jsonl")) if "loss" in r}
+
+
+def test_loss_goes_down_and_run_leaves_checkpoints_and_sample(tmp_path):
+    out = run(tmp_path / "run", "--config.train.log_every=1", "--config.train.steps=40")
+    assert out.returncode == 0, out.stderr[-3000:]
+    loss = losses(tmp_path / "run")
+    assert sorted(loss) == list(range(1, 41))
+    assert sum(loss[s] for s in range(36, 41)) < 0.8 * sum(loss[s] for s in range(1, 6))
+    rows = read_metrics(os.path.join(tmp_path / "run", "metrics.jsonl"))
+    evals = [r for r in rows if "val_loss" in r]
+    assert {r["step"] for r in evals} == {20, 40}
+    assert all(r["val_bits_per_byte"] > 0 and r["val_perplexity"] > 1 for r in evals)
+    assert all(r["tokens_per_sec"] > 0 and 0 < r["mfu"] for r in rows if "loss" in r)
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["20", "40"]
+    assert os.listdir(tmp_path / "run" / "tb")  # TensorBoard event files
+    assert "--- sample ---" in out.stdout
+
+
+def test_resume_is_exact(tmp_path):
+    """20 steps straight == 10 steps, stop, resume, 10 more (bitwise on CPU)."""
+    common = ["--config.train.log_every=1", "--config.train.steps=20", "--config.train.checkpoint_every=10",
+              "--config.train.sample_tokens=0"]
+    straight = run(tmp_path / "a", *common)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    first = run(tmp_path / "b", *common, "--config.train.run_steps=10")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert max(losses(tmp_path / "b")) == 10
+    second = run(tmp_path / "b", *common)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from the checkpoint at step 10" in second.stdout
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")  # exact float equality, every step
+
+
+def wait_for_step(workdir, step, timeout=180):
+    """Blocks until metrics.jsonl records `step` (training is running)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (workdir / "metrics.jsonl").exists() and max(losses(workdir), default=0) >= step:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"training did not reach step {step} in {timeout} s")
+
+
+def test_kill_9_at_any_moment_then_resume(tmp_path):
+    """SIGKILL while training and saving (a checkpoint every step) loses nothing already saved."""
+    workdir = tmp_path / "k"
+    args = ["--config.train.steps=400", "--config.train.checkpoint_every=1", "--config.train.log_every=1",
+            "--config.train.sample_tokens=0", "--config.train.keep_checkpoints=2"]
+    for delay in (0.0, 0.13, 0.29):  # kill at different moments of the step/save cycle
+        before = max(losses(workdir), default=0) if (workdir / "metrics.jsonl").exists() else 0
+        proc = subprocess.Popen(train_cmd(workdir, *args), cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        wait_for_step(workdir, before + 3)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    complete = max(int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit())
+    out = run(workdir, *args, "--config.train.run_steps=2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"resumed from the checkpoint at step {complete}" in out.stdout
+    assert complete + 2 in losses(workdir)
+
+
+def test_sigterm_saves_and_exits(tmp_path):
+    workdir = tmp_path / "t"
+    proc = subprocess.Popen(train_cmd(workdir, "--config.train.steps=100000", "--config.train.log_every=1",
+                                      "--config.train.checkpoint_every=100000"),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 180
+    while time.time() < deadline and not ((workdir / "metrics.jsonl").exists() and losses(workdir)):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "stop requested" in stdout
+    saved = [int(s) for s in os.listdir(workdir / "checkpoints")]
+    assert len(saved) == 1 and saved[0] >= 1
+
+
+def test_bad_override_fails_clearly(tmp_path):
+    out = run(tmp_path / "bad", "--config.model.num_heads=5")
+    assert out.returncode != 0
+    assert "num_heads=5" in out.stderr and "d_model=64" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = run(tmp_path / "bad2", "--config.train.stpes=3")
+    assert out.returncode != 0 and "stpes" in out.stderr
+
+
+def test_diverged_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+    workdir = tmp_path / "nan"
+    ok = run(workdir, "--config.train.steps=4", "--config.train.checkpoint_every=4", "--config.train.sample_tokens=0")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    bad = run(workdir, "--config.train.steps=8", "--config.optim.learning_rate=nan")
+    assert bad.returncode == 1
+    assert "at step 5" in bad.stderr and "Traceback" not in bad.stderr
+    assert os.listdir(workdir / "checkpoints") == ["4"]
+
+
+def test_checkpoint_of_another_model_is_refused(tmp_path):
+    workdir = tmp_path / "other"
+    ok = run(workdir, "--config.train.steps=2", "--config.train.sample_tokens=0")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    out = run(workdir, "--config.train.steps=4", "--config.model.d_model=32")
+    assert out.returncode == 1
+    assert "d_model: checkpoint 64, config 32" in out.stderr and "--workdir" in out.stderr
+
+
+def test_bpe_run_saves_its_tokenizer(tmp_path):
+    workdir = tmp_path / "bpe"
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("To be, or not to be, that is the question.\n" * 400)
+    out = run(workdir, "--config.data.tokenizer=bpe", "--config.model.vocab_size=300",
+              f"--config.data.path={corpus}", "--config.train.steps=3", "--config.train.sample_tokens=0")
+    assert out.returncode == 0, out.stderr[-3000:]
+    kind = json.loads((workdir / "tokenizer" / "tokenizer_kind.json").read_text())
+    assert kind == {"kind": "bpe"}

@@ -25,7 +25,7 @@ bench: $(STAMP)
 	$(PY) bench/run_all.py --out bench/results.md
 
 plot: $(STAMP)
-	$(PY) scripts/plot_metrics.py runs/shakespeare/metrics.jsonl docs/loss_curve.png
+	$(PY) scripts/plot_metrics.py runs/shakespeare/metrics.jsonl docs/loss_curve.png --target 1.88
 
 notebooks: $(STAMP)
 	$(PY) -m pip install -q -e '.[notebooks]'

@@ -1,0 +1,50 @@
+"""Plot a run's training and validation loss from its metrics.jsonl.
+
+    python scripts/plot_metrics.py runs/shakespeare/metrics.jsonl docs/loss_curve.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from transformer.metrics import read_metrics  # noqa: E402
+
+
+def plot(metrics_path: str, out_path: str, target: float | None = None) -> None:
+    rows = read_metrics(metrics_path)
+    train = {r["step"]: r["loss"] for r in rows if "loss" in r}  # a resumed run overwrites its repeats
+    val = {r["step"]: r["val_loss"] for r in rows if "val_loss" in r}
+    if not train:
+        raise SystemExit(f"{metrics_path} holds no training rows yet")
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+    ax.plot(sorted(train), [train[s] for s in sorted(train)], label="train (batch)", lw=1)
+    ax.plot(sorted(val), [val[s] for s in sorted(val)], "o-", label="validation", lw=1.5)
+    if target is not None:
+        ax.axhline(target, color="gray", ls="--", lw=1, label=f"target {target}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats per token)")
+    ax.set_title(os.path.basename(os.path.dirname(os.path.abspath(metrics_path))))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    fig.savefig(out_path)
+    print(f"wrote {out_path}")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("metrics")
+    p.add_argument("out")
+    p.add_argument("--target", type=float, default=None, help="draw a horizontal line at this loss")
+    a = p.parse_args()
+    plot(a.metrics, a.out, a.target)

@@ -1,0 +1,108 @@
+"""Which KV-cache layout and update scheme decodes fastest? (the choice behind transformer/cache.py)
+
+Times one decode step of L layers of attention (GPT-2 small's shapes: 12 layers, 12 heads of 64)
+over a cache of S slots, inside a jitted `lax.scan` over decode steps whose carry holds the cache,
+as the sampler runs it. Four variants:
+
+  write-per-layer [L,B,S,G,K]  each layer writes its new key/value into its cache slice and the
+                               layer scan returns the updated slices (the textbook way)
+  write-per-layer [L,B,G,S,K]  the same with heads before the sequence axis
+  read-then-write [L,B,S,G,K]  layers only read the cache; the new entries are written once after
+                               the layer scan (what transformer/cache.py does)
+  read-then-write [L,B,G,S,K]  the same, heads first
+
+    python bench/cache_layout.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+
+from transformer import ops
+
+L, H, K = 12, 12, 64
+
+
+def make_decode(layout: str, scheme: str, steps: int):
+    heads_first = layout == "BGSK"
+
+    def attend(q, k_cache, v_cache, k_new, v_new, pos):
+        if heads_first:  # [B, G, S, K] -> the [B, S, G, K] that ops expects (XLA fuses the transpose)
+            k_cache, v_cache = k_cache.transpose(0, 2, 1, 3), v_cache.transpose(0, 2, 1, 3)
+        s = k_cache.shape[1]
+        slots = jnp.broadcast_to(jnp.arange(s), (q.shape[0], s))
+        masks = [ops.causal_mask(pos, slots, slots < pos), ops.causal_mask(pos, pos)]
+        out, _ = ops.dot_product_attention(q, [k_cache, k_new], [v_cache, v_new], masks)
+        return out
+
+    def write(c, new, pos):
+        """c [(L,) B, S, G, K] or [(L,) B, G, S, K]; new [(L,) B, 1, G, K]; pos [B, 1]."""
+        rows = jnp.arange(pos.shape[0])
+        if not heads_first:
+            return c.at[..., rows[:, None], pos, :, :].set(new)
+        values = new[..., 0, :, :]  # [(L,) B, G, K]
+        if values.ndim == 4:  # indices split by a slice put their axis first: [B, L, G, K]
+            values = jnp.moveaxis(values, 1, 0)
+        return c.at[..., rows, :, pos[:, 0], :].set(values)
+
+    def step(carry, _):
+        (k_c, v_c), x, pos = carry  # x [B, 1, H, K] stands in for the residual stream
+
+        def layer(x, kv):
+            k_l, v_l = kv
+            k_new, v_new = x * 0.5, x * 0.25  # stand-ins for the projections
+            out = attend(x, k_l, v_l, k_new, v_new, pos)
+            if scheme == "write-per-layer":
+                k_l, v_l = write(k_l, k_new, pos), write(v_l, v_new, pos)
+                return out, (k_l, v_l)
+            return out, (k_new, v_new)
+
+        x, ys = jax.lax.scan(layer, x, (k_c, v_c))
+        if scheme == "write-per-layer":
+            k_c, v_c = ys
+        else:
+            k_c, v_c = write(k_c, ys[0], pos), write(v_c, ys[1], pos)
+        return ((k_c, v_c), x, pos + 1), None
+
+    @jax.jit
+    def run(cache, x, pos):
+        carry, _ = jax.lax.scan(step, (cache, x, pos), None, length=steps)
+        return carry
+
+    return run
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true")
+    a = p.parse_args()
+    steps = 8 if a.quick else 32
+    print("| batch | slots S | variant | ms per decode step | vs best |")
+    print("| --- | --- | --- | --- | --- |")
+    for b, s in ((1, 256), (8, 256)) if a.quick else ((1, 1024), (8, 1024)):
+        times = {}
+        for layout in ("BSGK", "BGSK"):
+            for scheme in ("write-per-layer", "read-then-write"):
+                shape = (L, b, s, H, K) if layout == "BSGK" else (L, b, H, s, K)
+                cache = (jnp.zeros(shape), jnp.zeros(shape))
+                x = jnp.ones((b, 1, H, K))
+                pos = jnp.full((b, 1), 3)
+                run = make_decode(layout, scheme, steps)
+                jax.block_until_ready(run(cache, x, pos))  # compile
+                best = float("inf")
+                for _ in range(3):
+                    t = time.perf_counter()
+                    jax.block_until_ready(run(cache, x, pos))
+                    best = min(best, time.perf_counter() - t)
+                times[f"{scheme} [L,B,{'S,G' if layout == 'BSGK' else 'G,S'},K]"] = best / steps * 1e3
+        fastest = min(times.values())
+        for name, ms in times.items():
+            print(f"| {b} | {s} | {name} | {ms:.2f} | {ms / fastest:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

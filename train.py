@@ -73,8 +73,12 @@ def train(config, workdir: str) -> dict:
 
     # The tokenizer is saved with the run, so a resumed run and sample.py encode the same way.
     tok_dir = os.path.join(workdir, "tokenizer")
+    hf_tokenizer = config.init_from_hf and os.path.isfile(os.path.join(config.init_from_hf, "tokenizer.json"))
     if os.path.isdir(tok_dir):
         tokenizer = load_tokenizer(tok_dir)
+    elif hf_tokenizer:  # imported weights only make sense with the ids they were trained on
+        tokenizer = load_tokenizer(config.init_from_hf)
+        save_tokenizer(tokenizer, tok_dir)
     else:
         texts = [] if config.data.tokenizer == "bytes" else data.load_texts(config.data.path or None)
         tokenizer = make_tokenizer(config.data.tokenizer, texts, config.data.vocab_size)
@@ -90,15 +94,16 @@ def train(config, workdir: str) -> dict:
 
     mesh = training.make_mesh(config.mesh.data, config.mesh.fsdp)
     tx, schedule = training.make_optimizer(config.optim, t.steps)
-    params = None
-    if config.init_from_hf:
-        from transformer.hf import from_hf
-
-        hf_cfg, params = from_hf(config.init_from_hf)
-        training.check_same_architecture(hf_cfg, cfg)
-    state = training.create_state(cfg, tx, t.seed, mesh, params)
     ckpt = Checkpointer(workdir, keep=t.keep_checkpoints)
-    if ckpt.latest_step() is not None:
+    resuming = ckpt.latest_step() is not None
+    params = None
+    if config.init_from_hf and not resuming:
+        from transformer.hf import check_same_architecture, from_hf
+
+        hf_cfg, params = from_hf(config.init_from_hf, scan_layers=cfg.scan_layers)
+        check_same_architecture(hf_cfg, cfg)
+    state = training.create_state(cfg, tx, t.seed, mesh, params)
+    if resuming:
         state = ckpt.restore_state(state, config.model)
         print(f"resumed from the checkpoint at step {int(state.step)} in {ckpt.directory}")
     start = int(state.step)

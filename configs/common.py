@@ -4,13 +4,36 @@ Every field is declared here with a one-line comment, so a typo in a command-lin
 (`--config.train.stpes=10`) is an error instead of a silently ignored key.
 """
 
+import dataclasses
+
 import ml_collections
+from ml_collections.config_dict import placeholder
+
+from transformer.config import ModelConfig
+
+
+def model_config(fields: dict) -> ml_collections.ConfigDict:
+    """Every ModelConfig field: the given values, ModelConfig's defaults for the rest.
+
+    All fields are present so that any of them can be overridden on the command line; fields whose
+    default is None (derived, e.g. num_kv_heads = num_heads) become typed placeholders.
+    """
+    unknown = set(fields) - {f.name for f in dataclasses.fields(ModelConfig)}
+    if unknown:
+        raise ValueError(f"unknown model field(s) {sorted(unknown)}; see transformer/config.py")
+    model = ml_collections.ConfigDict()
+    for f in dataclasses.fields(ModelConfig):
+        value = fields.get(f.name, f.default)
+        if value is dataclasses.MISSING:
+            raise ValueError(f"the model config needs {f.name}")
+        model[f.name] = placeholder(int) if value is None else value
+    return model
 
 
 def base_config(model: dict) -> ml_collections.ConfigDict:
-    """A full config around a `model` dict (the fields of transformer.ModelConfig)."""
+    """A full config around a `model` dict (fields of transformer.ModelConfig; the rest default)."""
     c = ml_collections.ConfigDict()
-    c.model = ml_collections.ConfigDict(model)
+    c.model = model_config(model)
 
     c.data = ml_collections.ConfigDict()
     c.data.path = ""  # text file, folder or glob; "" = the bundled Shakespeare plays

@@ -34,26 +34,41 @@ def maybe_initialize_distributed() -> None:
         jax.distributed.initialize()
 
 
-class Stop:
-    """Set by SIGTERM / SIGINT: the loop saves a checkpoint and exits at the next step boundary."""
+class StopOnSignal:
+    """While active, SIGTERM / SIGINT set `requested`: the loop saves and exits at the next step.
 
-    requested = False
+    A context manager, so the previous handlers come back afterwards (Ctrl-C in a notebook kernel
+    works again once train() returns).
+    """
 
-    @classmethod
-    def install(cls) -> None:
-        def handler(signum, frame):
-            cls.requested = True
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+    def __init__(self):
+        self.requested = False
+        self.previous = {}
+
+    def __enter__(self) -> "StopOnSignal":
+        for sig in self.SIGNALS:
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def __exit__(self, *exc_info) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 class Diverged(RuntimeError):
     """The loss became NaN or infinite."""
 
 
-def train(config, workdir: str) -> dict:
-    """Runs (or resumes) training; returns the last evaluation's metrics."""
+def train(config, workdir: str, progress: bool = True) -> dict:
+    """Runs (or resumes) training; returns the last evaluation's metrics.
+
+    progress=False hides the progress bar (e.g. in a notebook); metrics still go to the workdir.
+    """
     import jax
     import numpy as np
     from tqdm import tqdm
@@ -136,54 +151,55 @@ def train(config, workdir: str) -> dict:
                                 seq_len=t.seq_len, host_index=host, host_count=hosts),
         start,
     )
-    Stop.install()
     last_eval: dict = {}
     pending = None  # the previous step's metrics: read one step late so the host never stalls
     tokens_per_step = t.batch_size * t.seq_len
     clock, clock_step = time.perf_counter(), start
-    bar = tqdm(total=t.steps, initial=start, disable=host != 0, dynamic_ncols=True, file=sys.stdout)
+    bar = tqdm(total=t.steps, initial=start, disable=host != 0 or not progress, dynamic_ncols=True,
+               file=sys.stdout)
     end = t.steps if t.run_steps <= 0 else min(t.steps, start + t.run_steps)
     done = start
-    try:
-        for step in range(start, end):
-            inputs, targets = next(batches)
-            state, metrics = train_step(state, put(inputs), put(targets))
-            done = step + 1
-            if pending is not None:
-                check_finite(*pending)
-            pending = (done, metrics)
-            stopping = Stop.requested  # read once: a signal arriving mid-iteration waits a step
-            last = done == end or stopping
-            if last or done % t.log_every == 0 or done % t.eval_every == 0 or done % t.checkpoint_every == 0:
-                check_finite(*pending)  # never log, evaluate or save a diverged state
-            if done % t.log_every == 0 or last:
-                elapsed = time.perf_counter() - clock
-                tps = (done - clock_step) * tokens_per_step / max(elapsed, 1e-9)
-                row = {"step": done, **{k: float(v) for k, v in metrics.items()},
-                       "tokens_per_sec": tps, "mfu": tps * flops_per_token / t.peak_flops}
-                writer.write(row)
-                bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['learning_rate']:.2e}",
-                                tok_s=f"{tps:,.0f}", mfu=f"{row['mfu']:.2f}")
-                clock, clock_step = time.perf_counter(), done
-            if done % t.eval_every == 0 or done == t.steps:
-                last_eval = evaluate(done)
-                writer.write(last_eval)
-                bar.write(f"step {done}: val loss {last_eval['val_loss']:.4f} nats/token, "
-                          f"{last_eval['val_bits_per_byte']:.3f} bits/byte")
-            if done % t.checkpoint_every == 0 or last:
-                if last_eval.get("step") != done:
+    with StopOnSignal() as stop:
+        try:
+            for step in range(start, end):
+                inputs, targets = next(batches)
+                state, metrics = train_step(state, put(inputs), put(targets))
+                done = step + 1
+                if pending is not None:
+                    check_finite(*pending)
+                pending = (done, metrics)
+                stopping = stop.requested  # read once: a signal arriving mid-iteration waits a step
+                last = done == end or stopping
+                if last or done % t.log_every == 0 or done % t.eval_every == 0 or done % t.checkpoint_every == 0:
+                    check_finite(*pending)  # never log, evaluate or save a diverged state
+                if done % t.log_every == 0 or last:
+                    elapsed = time.perf_counter() - clock
+                    tps = (done - clock_step) * tokens_per_step / max(elapsed, 1e-9)
+                    row = {"step": done, **{k: float(v) for k, v in metrics.items()},
+                           "tokens_per_sec": tps, "mfu": tps * flops_per_token / t.peak_flops}
+                    writer.write(row)
+                    bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['learning_rate']:.2e}",
+                                    tok_s=f"{tps:,.0f}", mfu=f"{row['mfu']:.2f}")
+                    clock, clock_step = time.perf_counter(), done
+                if done % t.eval_every == 0 or done == t.steps:
                     last_eval = evaluate(done)
                     writer.write(last_eval)
-                save(done, last_eval)
-            bar.update(1)
-            if stopping:
-                bar.write(f"stop requested: saved the checkpoint at step {done}; rerun to resume")
-                break
-    finally:
-        bar.close()
-        batches.close()
-        ckpt.wait()
-        writer.close()
+                    bar.write(f"step {done}: val loss {last_eval['val_loss']:.4f} nats/token, "
+                              f"{last_eval['val_bits_per_byte']:.3f} bits/byte")
+                if done % t.checkpoint_every == 0 or last:
+                    if last_eval.get("step") != done:
+                        last_eval = evaluate(done)
+                        writer.write(last_eval)
+                    save(done, last_eval)
+                bar.update(1)
+                if stopping:
+                    bar.write(f"stop requested: saved the checkpoint at step {done}; rerun to resume")
+                    break
+        finally:
+            bar.close()
+            batches.close()
+            ckpt.wait()
+            writer.close()
 
     if done == t.steps and t.sample_tokens and host == 0:
         print_sample(cfg, state.params, tokenizer, t.sample_tokens, t.seed)

@@ -11,6 +11,7 @@ axes. Everything is `jax.jit` with shardings; XLA inserts the collectives.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -146,6 +147,7 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 # --- state and steps -------------------------------------------------------------------------
 
 
+@functools.partial(jax.jit, static_argnums=0)  # eager Flax init is slow; cfg is hashable
 def init_params(cfg: ModelConfig, key: Array) -> Any:
     """Fresh float32 parameters for `cfg`."""
     return Decoder(cfg).init(key, jnp.zeros((1, min(8, cfg.max_seq_len)), jnp.int32))["params"]

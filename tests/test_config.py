@@ -130,4 +130,4 @@ def test_every_config_file_builds_a_model_config(name):
     config = importlib.import_module(f"configs.{name}").get_config()
     cfg = ModelConfig.from_dict(config.model)
     assert isinstance(cfg, ModelConfig)
-    assert cfg.d_model % 2 == 0 and cfg.num_layers >= 1
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg

@@ -1,0 +1,129 @@
+"""Tests of transformer/cache.py: shapes, bytes per token, errors, pytree behaviour, writes."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import gpt2
+from transformer import KVCache, LatentCache, ModelConfig, init_cache
+from transformer import cache as kv_cache
+
+BASE = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)  # K = 8
+CFGS = {
+    "mha": ModelConfig(**BASE),
+    "gqa": ModelConfig(**BASE, num_kv_heads=2),
+    "mqa": ModelConfig(**BASE, num_kv_heads=1),
+    "mla": ModelConfig(**BASE, attention="mla", kv_latent_dim=12, position="rope", rope_head_dim=4),
+    "mla_nope": ModelConfig(**BASE, attention="mla", kv_latent_dim=12),
+}
+
+
+@pytest.mark.parametrize(
+    "name,shape",
+    [
+        ("mha", (2, 3, 10, 4, 8)),  # [L, B, S, G, K]
+        ("gqa", (2, 3, 10, 2, 8)),
+        ("mqa", (2, 3, 10, 1, 8)),
+        ("mla", (2, 3, 10, 12 + 4)),  # [L, B, S, C + R]
+        ("mla_nope", (2, 3, 10, 12)),
+    ],
+)
+def test_init_cache_shapes(name, shape):
+    cache = init_cache(CFGS[name], batch_size=3, max_len=10)
+    if name.startswith("mla"):
+        assert isinstance(cache, LatentCache)
+        chex.assert_shape(cache.latent, shape)
+    else:
+        assert isinstance(cache, KVCache)
+        chex.assert_shape([cache.k, cache.v], shape)
+    assert all(x.dtype == jnp.float32 and not np.any(np.asarray(x)) for x in jax.tree.leaves(cache))
+    assert kv_cache.max_len(cache) == 10
+    assert {x.dtype for x in jax.tree.leaves(init_cache(CFGS[name], 1, 4, dtype="bfloat16"))} == {
+        jnp.dtype(jnp.bfloat16)
+    }
+    bf16_cfg = CFGS[name].replace(dtype="bfloat16")
+    assert {x.dtype for x in jax.tree.leaves(init_cache(bf16_cfg, 1, 4))} == {jnp.dtype(jnp.bfloat16)}
+
+
+# Expected bytes per token, by hand. L = 2 layers, K = 8, float32 = 4 bytes.
+#   MHA/GQA/MQA: L * 2 (key and value) * G * K * itemsize;  MLA: L * (C + R) * itemsize.
+EXPECTED_BYTES = {
+    "mha": 2 * 2 * 4 * 8 * 4,  # 512
+    "gqa": 2 * 2 * 2 * 8 * 4,  # 256
+    "mqa": 2 * 2 * 1 * 8 * 4,  # 128
+    "mla": 2 * (12 + 4) * 4,  # 128
+    "mla_nope": 2 * 12 * 4,  # 96
+}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED_BYTES))
+def test_bytes_per_token_formula_and_measured(name):
+    cfg = CFGS[name]
+    expected = EXPECTED_BYTES[name]
+    assert kv_cache.bytes_per_token(cfg) == expected
+    assert kv_cache.bytes_per_token(cfg, "bfloat16") == expected // 2
+    assert kv_cache.measured_bytes_per_token(init_cache(cfg, 3, 10)) == expected
+    assert kv_cache.measured_bytes_per_token(init_cache(cfg, 2, 5, dtype="bfloat16")) == expected // 2
+
+
+def test_gqa_and_mla_caches_are_smaller_than_mha():
+    mha = kv_cache.bytes_per_token(CFGS["mha"])
+    assert kv_cache.bytes_per_token(CFGS["gqa"]) == mha // 2
+    assert kv_cache.bytes_per_token(CFGS["mqa"]) == mha // 4
+    assert kv_cache.bytes_per_token(CFGS["mla"]) < mha
+    # GPT-2 small: 12 layers * 2 * 12 heads * 64 * 4 bytes = 73,728 bytes (72 KiB) per token.
+    assert kv_cache.bytes_per_token(ModelConfig.from_dict(gpt2.get_config().model)) == 73_728
+
+
+def test_init_cache_longer_than_context_raises():
+    cfg = CFGS["gqa"]
+    init_cache(cfg, 1, cfg.max_seq_len)  # exactly the context is fine
+    with pytest.raises(ValueError, match="max_seq_len"):
+        init_cache(cfg, 1, cfg.max_seq_len + 1)
+
+
+@pytest.mark.parametrize("name", ["gqa", "mla"])
+def test_cache_is_a_pytree_through_jit_and_scan(name):
+    cfg = CFGS[name]
+    cache = init_cache(cfg, 2, 6)
+    leaves, treedef = jax.tree.flatten(cache)
+    assert len(leaves) == (1 if name == "mla" else 2)
+    assert type(jax.tree.unflatten(treedef, leaves)) is type(cache)
+
+    plus_one = jax.jit(lambda c: jax.tree.map(lambda x: x + 1, c))(cache)
+    assert type(plus_one) is type(cache)
+    assert all(np.all(np.asarray(x) == 1) for x in jax.tree.leaves(plus_one))
+
+    # Carried by lax.scan: step t writes the value t + 1 at slot t of every row.
+    def step(c, t):
+        new = jax.tree.map(lambda x: jnp.full((x.shape[0], 2, 1, *x.shape[3:]), t + 1.0, x.dtype), c)
+        return kv_cache.write(c, new, jnp.full((2, 1), t)), None
+
+    filled, _ = jax.jit(lambda c: jax.lax.scan(step, c, jnp.arange(4)))(cache)
+    assert type(filled) is type(cache)
+    for x in jax.tree.leaves(filled):
+        per_slot = np.asarray(x).reshape(*x.shape[:3], -1)
+        np.testing.assert_array_equal(per_slot[:, :, :4], np.broadcast_to(np.arange(1.0, 5.0)[:, None], per_slot[:, :, :4].shape))
+        assert not np.any(per_slot[:, :, 4:])
+
+
+def test_write_puts_each_row_at_its_own_positions():
+    cfg = CFGS["gqa"]
+    cache = init_cache(cfg, 2, 8)
+    L, G, K = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+    new_k = jnp.arange(1.0, 1 + L * 2 * 3 * G * K).reshape(L, 2, 3, G, K)
+    new = KVCache(k=new_k, v=-new_k)
+    positions = jnp.array([[0, 1, 2], [4, 5, 6]])
+    out = kv_cache.write(cache, new, positions)
+    k = np.asarray(out.k)
+    np.testing.assert_array_equal(k[:, 0, 0:3], new_k[:, 0])
+    np.testing.assert_array_equal(k[:, 1, 4:7], new_k[:, 1])
+    np.testing.assert_array_equal(np.asarray(out.v), -k)
+    assert not np.any(k[:, 0, 3:]) and not np.any(k[:, 1, :4]) and not np.any(k[:, 1, 7:])
+    # Out-of-range slots are dropped, not clipped onto the last slot.
+    dropped = kv_cache.write(cache, KVCache(k=new_k[:, :, :1], v=new_k[:, :, :1]), jnp.array([[8], [9]]))
+    assert not np.any(np.asarray(dropped.k))

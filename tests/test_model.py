@@ -1,0 +1,421 @@
+"""Tests of the decoder (transformer/model.py, attention.py) on tiny configs.
+
+Every attention variant (MHA, GQA, MQA, MLA with a query latent and RoPE, MLA without RoPE) runs
+with every position scheme it allows, each variant at least once post-norm, through four
+properties: causality, (relative or absolute) position dependence, cached decoding == the
+cache-free forward, and a ragged batch == each row alone. Parameters are drawn at a larger scale than the initialiser's (std 0.25 instead of 0.02),
+so attention is far from uniform and a wrong mask or a wrong cache slot changes the logits.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+
+import chex
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import ModelConfig, init_cache
+from transformer.attention import LatentAttention
+from transformer.cache import LatentCache
+from transformer.model import Decoder, check_positions, stack_layers, unstack_layers
+
+BASE = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)
+ATTENTION = {
+    "mha": {},
+    "gqa": dict(num_kv_heads=2),
+    "mqa": dict(num_kv_heads=1),
+    "mla": dict(attention="mla", kv_latent_dim=16),
+    "mla_q_rope": dict(attention="mla", kv_latent_dim=16, q_latent_dim=24, rope_head_dim=4, v_head_dim=6),
+}
+# Other choices ride along with the position scheme, so the matrix also covers both norms, all
+# activations, biases on/off and tied/untied heads without growing.
+POSITION = {
+    "learned": dict(position="learned"),
+    "sinusoidal": dict(position="sinusoidal", activation="relu"),
+    "rope": dict(position="rope", norm="rmsnorm", norm_bias=False, activation="swiglu",
+                 use_bias=False, tie_embeddings=False),
+    "none": dict(position="none", activation="gelu_tanh", tie_embeddings=False),
+}
+POSTNORM = {"mha": "learned", "gqa": "rope", "mqa": "none", "mla": "sinusoidal"}
+VARIANTS = (
+    [(a, p, p != POSTNORM[a]) for a in ("mha", "gqa", "mqa") for p in POSITION]
+    + [("mla", p, p != POSTNORM["mla"]) for p in ("learned", "sinusoidal", "none")]
+    + [("mla_q_rope", "rope", True), ("mla_q_rope", "rope", False)]
+)
+VARIANT_IDS = [f"{a}-{p}-{'pre' if pre else 'post'}" for a, p, pre in VARIANTS]
+
+# The tests check what the model computes, not how fast, and compiling dominates their time: XLA's
+# LLVM backend at optimisation level 0 compiles these tiny programs ~35% faster. (HLO passes still
+# run; test_jit_and_eager_agree compiles with the default options.)
+jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
+
+T = 12  # full sequence length
+PREFILL = 7
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def make_cfg(attention="gqa", position="rope", prenorm=True, **extra) -> ModelConfig:
+    return ModelConfig(**{**BASE, **ATTENTION[attention], **POSITION[position], "prenorm": prenorm, **extra})
+
+
+def random_params(model: Decoder, seed: int = 0, std: float = 0.25):
+    """Params of `model`'s structure, drawn N(0, std) (norm gains 1 + N(0, std)), float32."""
+    shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    rng = np.random.default_rng(seed)
+
+    def draw(path, s):
+        x = rng.standard_normal(s.shape) * std
+        if path[-1].key == "scale":
+            x = 1.0 + x
+        return jnp.asarray(x, s.dtype)
+
+    return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+@functools.lru_cache(maxsize=None)
+def build(attention="gqa", position="rope", prenorm=True, **extra):
+    """A tiny model, its params and jitted forward/cached-step functions (cached per process)."""
+    cfg = make_cfg(attention, position, prenorm, **extra)
+    model = Decoder(cfg)
+    params = random_params(model)
+    forward_at = jit(lambda p, tokens, positions: model.apply({"params": p}, tokens, positions)[0])
+
+    def forward(p, tokens, positions=None):  # one program for default and explicit positions
+        if positions is None:
+            positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
+        return forward_at(p, tokens, positions)
+
+    step = jit(lambda p, tokens, positions, cache: model.apply({"params": p}, tokens, positions, cache))
+    tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, T)).astype(np.int32)
+    return types.SimpleNamespace(cfg=cfg, model=model, params=params, forward=forward, step=step, tokens=tokens)
+
+
+def max_diff(a, b):
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+
+
+# ----------------------------------------------------------------------------- the variant matrix
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_variant(variant):
+    """Causality, positions, cached decoding == forward, ragged batch == rows alone, for one variant.
+
+    One test per variant, so that each variant's three programs (forward, prefill, decode step)
+    compile once, in one worker.
+    """
+    m = build(*variant)
+    check_causality(m)
+    check_position_dependence(m)
+    check_cached_decoding_equals_forward(m)
+    check_ragged_batch_equals_rows_alone(m)
+
+
+def check_causality(m):
+    seq = m.tokens[:1]
+    ref = np.asarray(m.forward(m.params, seq))
+    chex.assert_shape(ref, (1, T, m.cfg.vocab_size))
+    chex.assert_tree_all_finite(ref)
+    for t in (0, 5, T - 1):
+        changed = seq.copy()
+        changed[0, t] = (changed[0, t] + 1) % m.cfg.vocab_size
+        out = np.asarray(m.forward(m.params, changed))
+        np.testing.assert_allclose(out[:, :t], ref[:, :t], rtol=0, atol=1e-6,
+                                   err_msg=f"causality: changing token {t} changed an earlier logit")
+        assert max_diff(out[:, t], ref[:, t]) > 1e-3, f"token {t} does not affect its own logits"
+        if t < T - 1:
+            assert max_diff(out[:, t + 1 :], ref[:, t + 1 :]) > 1e-4, f"later tokens do not see token {t}"
+
+
+def check_position_dependence(m):
+    """RoPE (only relative positions) and no positions are invariant to shifting all positions;
+    learned and sinusoidal (absolute) positions are not."""
+    seq = m.tokens[:1]
+    ref = np.asarray(m.forward(m.params, seq))
+    shifted = np.asarray(m.forward(m.params, seq, np.arange(T)[None] + 3))
+    if m.cfg.position in ("rope", "none"):
+        np.testing.assert_allclose(shifted, ref, **TOL, err_msg=f"{m.cfg.position}: shifting positions changed logits")
+    else:
+        assert max_diff(shifted, ref) > 1e-3, f"{m.cfg.position}: the logits ignore absolute positions"
+
+
+def check_cached_decoding_equals_forward(m):
+    """Prefill 7 tokens through the cache, then decode one token at a time to 12."""
+    refs = [np.asarray(m.forward(m.params, m.tokens[i : i + 1]))[0] for i in range(2)]
+    cache = init_cache(m.cfg, 2, T)
+    positions = np.broadcast_to(np.arange(PREFILL), (2, PREFILL))
+    logits, cache = m.step(m.params, m.tokens[:, :PREFILL], positions, cache)
+    for i in range(2):
+        np.testing.assert_allclose(logits[i], refs[i][:PREFILL], **TOL, err_msg=f"cached decoding: prefill row {i}")
+    for t in range(PREFILL, T):
+        logits, cache = m.step(m.params, m.tokens[:, t : t + 1], np.full((2, 1), t), cache)
+        chex.assert_shape(logits, (2, 1, m.cfg.vocab_size))
+        for i in range(2):
+            np.testing.assert_allclose(logits[i, 0], refs[i][t], **TOL, err_msg=f"cached decoding: decode t={t} row {i}")
+
+
+def check_ragged_batch_equals_rows_alone(m):
+    """Row 0 prefills 7 tokens, row 1 prefills 4 tokens and 3 padding tokens; then both decode
+    from their own positions ([[7], [4]], [[8], [5]], ...): each row equals its own forward."""
+    a, b = m.tokens
+    ref_a = np.asarray(m.forward(m.params, a[None]))[0]
+    ref_b = np.asarray(m.forward(m.params, b[None]))[0]
+    n_b = 4
+    pad = np.full(PREFILL - n_b, m.cfg.vocab_size - 1, np.int32)
+    prompt = np.stack([a[:PREFILL], np.concatenate([b[:n_b], pad])])
+    cache = init_cache(m.cfg, 2, T)
+    logits, cache = m.step(m.params, prompt, np.broadcast_to(np.arange(PREFILL), (2, PREFILL)), cache)
+    np.testing.assert_allclose(logits[0], ref_a[:PREFILL], **TOL, err_msg="ragged: prefill row 0")
+    np.testing.assert_allclose(logits[1, :n_b], ref_b[:n_b], **TOL, err_msg="ragged: prefill row 1")
+    pos = np.array([PREFILL, n_b])
+    for _ in range(T - PREFILL):
+        tokens = np.array([[a[pos[0]]], [b[pos[1]]]], np.int32)
+        logits, cache = m.step(m.params, tokens, pos[:, None], cache)
+        np.testing.assert_allclose(logits[0, 0], ref_a[pos[0]], **TOL, err_msg=f"ragged: row 0 at {pos[0]}")
+        np.testing.assert_allclose(logits[1, 0], ref_b[pos[1]], **TOL, err_msg=f"ragged: row 1 at {pos[1]}")
+        pos = pos + 1
+
+
+# ----------------------------------------------------------------------------- equivalences
+
+
+def test_gqa_with_repeated_kv_heads_equals_mha():
+    """GQA (G=2 of H=4) equals MHA (num_kv_heads == num_heads) whose key/value heads are the GQA
+    heads each repeated H/G times: query head h reads key/value head h // (H/G)."""
+    gqa = build("gqa", "rope")
+    mha = Decoder(make_cfg("mha", "rope", num_kv_heads=BASE["num_heads"]))
+    assert mha.cfg == make_cfg("mha", "rope") and mha.cfg.kv_groups == 1
+    mha_forward = jit(lambda p, t: mha.apply({"params": p}, t)[0])
+    r = gqa.cfg.kv_groups
+
+    def mha_params(expand):
+        p = flax.core.unfreeze(jax.tree.map(np.asarray, gqa.params))
+        attn = p["layers"]["attn"]
+        for name in ("k", "v"):
+            attn[name]["kernel"] = expand(attn[name]["kernel"], axis=2)  # [L, D, G, K] -> [L, D, H, K]
+            if "bias" in attn[name]:
+                attn[name]["bias"] = expand(attn[name]["bias"], axis=1)
+        return jax.tree.map(jnp.asarray, p)
+
+    repeated = mha_params(lambda a, axis: np.repeat(a, r, axis=axis))
+    chex.assert_trees_all_equal_shapes_and_dtypes(repeated, random_params(mha))
+    out_gqa = gqa.forward(gqa.params, gqa.tokens)
+    np.testing.assert_allclose(mha_forward(repeated, gqa.tokens), out_gqa, **TOL)
+    # The grouping order matters: tiling (head h -> kv head h % G) is a different function.
+    tiled = mha_params(lambda a, axis: np.tile(a, [r if i == axis else 1 for i in range(a.ndim)]))
+    assert max_diff(mha_forward(tiled, gqa.tokens), out_gqa) > 1e-3
+
+
+@pytest.mark.parametrize("attention,position", [("mla_q_rope", "rope"), ("mla", "learned")])
+def test_absorbed_mla_equals_naive(attention, position):
+    cfg = make_cfg(attention, position)
+    naive, absorbed = LatentAttention(cfg, absorb=False), LatentAttention(cfg, absorb=True)
+    b, t, s_cache, n_cached = 2, 9, 10, 6
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((b, t, cfg.d_model)), jnp.float32)
+    pos = jnp.broadcast_to(jnp.arange(t), (b, t))
+    shapes = jax.eval_shape(naive.init, jax.random.key(0), x, pos)["params"]
+    rng = np.random.default_rng(1)
+    params = jax.tree.map(lambda s: jnp.asarray(rng.standard_normal(s.shape) * 0.25 + 0.1, s.dtype), shapes)
+
+    jitted = {
+        id(mod): jit(lambda p, x, pos, c, mod=mod: mod.apply({"params": p}, x, pos, c, None, True))
+        for mod in (naive, absorbed)
+    }
+
+    def run(module, x, pos, cached):
+        return jitted[id(module)](params, x, pos, cached)
+
+    # Without a cache.
+    ref = run(naive, x, pos, None)
+    out, new, w = run(absorbed, x, pos, None)
+    np.testing.assert_allclose(out, ref[0], **TOL)
+    np.testing.assert_allclose(new.latent, ref[1].latent, **TOL)
+    np.testing.assert_allclose(w, ref[2], **TOL)
+    chex.assert_shape(ref[1].latent, (b, t, cfg.kv_latent_dim + (cfg.rope_head_dim or 0)))
+
+    # With a cache holding the first 6 tokens' latents (a token's latent depends on it alone):
+    # both equal the cache-free call on all 9 tokens.
+    first = ref[1].latent[:, :n_cached]
+    cache = LatentCache(latent=jnp.zeros((b, s_cache, first.shape[-1])).at[:, :n_cached].set(first))
+    outs = [run(mod, x[:, n_cached:], pos[:, n_cached:], cache) for mod in (naive, absorbed)]
+    for out, new, w in outs:
+        np.testing.assert_allclose(out, ref[0][:, n_cached:], **TOL)
+        np.testing.assert_allclose(new.latent, ref[1].latent[:, n_cached:], **TOL)
+        chex.assert_shape(w, (b, cfg.num_heads, t - n_cached, s_cache + t - n_cached))
+    np.testing.assert_allclose(outs[1][2], outs[0][2], **TOL)
+
+
+def test_scanned_and_unscanned_stacks_compute_the_same_function():
+    m = build("mla_q_rope", "rope")
+    L = m.cfg.num_layers
+    unscanned = Decoder(m.cfg.replace(scan_layers=False))
+    p_un = unstack_layers(m.params, L)
+    expected = jax.eval_shape(unscanned.init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    chex.assert_trees_all_equal_shapes_and_dtypes(p_un, flax.core.unfreeze(expected))
+    chex.assert_trees_all_equal(stack_layers(p_un, L), m.params)
+
+    step_un = jit(lambda p, tokens, positions, cache: unscanned.apply({"params": p}, tokens, positions, cache))
+    np.testing.assert_allclose(step_un(p_un, m.tokens, None, None)[0], m.forward(m.params, m.tokens), **TOL)
+    positions = np.broadcast_to(np.arange(PREFILL), (2, PREFILL))
+    out_s, cache_s = m.step(m.params, m.tokens[:, :PREFILL], positions, init_cache(m.cfg, 2, T))
+    out_u, cache_u = step_un(p_un, m.tokens[:, :PREFILL], positions, init_cache(m.cfg, 2, T))
+    np.testing.assert_allclose(out_u, out_s, **TOL)
+    chex.assert_trees_all_close(cache_u, cache_s, rtol=1e-5, atol=1e-5)
+
+
+def test_jit_and_eager_agree():
+    """An eager (op-by-op) cached prefill equals the jitted one (default compiler options):
+    logits and the written cache."""
+    m = build("gqa", "rope")
+    step = jax.jit(lambda p, tokens, positions, cache: m.model.apply({"params": p}, tokens, positions, cache))
+    positions = np.broadcast_to(np.arange(PREFILL), (2, PREFILL))
+    eager, cache_e = m.model.apply({"params": m.params}, m.tokens[:, :PREFILL], positions, init_cache(m.cfg, 2, T))
+    jitted, cache_j = step(m.params, m.tokens[:, :PREFILL], positions, init_cache(m.cfg, 2, T))
+    np.testing.assert_allclose(eager, jitted, **TOL)
+    chex.assert_trees_all_close(cache_e, cache_j, rtol=1e-5, atol=1e-5)
+    assert np.any(np.asarray(cache_e.k)[:, :, :PREFILL] != 0) and np.all(np.asarray(cache_e.k)[:, :, PREFILL:] == 0)
+    # And the fast-compiling jit the other tests use computes the same.
+    np.testing.assert_allclose(m.step(m.params, m.tokens[:, :PREFILL], positions, init_cache(m.cfg, 2, T))[0],
+                               jitted, **TOL)
+
+
+# ----------------------------------------------------------------------------- looking inside
+
+
+@pytest.mark.parametrize("attention,position", [("gqa", "rope"), ("mla_q_rope", "rope")])
+def test_return_attention_weights_are_causal_distributions(attention, position):
+    m = build(attention, position)
+    cfg = m.cfg
+    run = jit(lambda p, tokens, positions, cache: m.model.apply(
+        {"params": p}, tokens, positions, cache, return_attention=True))
+    logits, cache, w = run(m.params, m.tokens, None, None)
+    assert cache is None
+    chex.assert_shape(w, (cfg.num_layers, 2, cfg.num_heads, T, T))
+    w = np.asarray(w)
+    assert np.all(np.triu(w, k=1) == 0.0), "a query attends to a later key"
+    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
+    assert np.all(np.diagonal(w, axis1=-2, axis2=-1) > 0)
+    np.testing.assert_allclose(logits, m.forward(m.params, m.tokens), **TOL)
+
+    # With a cache: [L, B, H, T, S + T]; slots at or after this call's first position get nothing.
+    _, _, w = run(m.params, m.tokens[:, PREFILL : PREFILL + 1], np.full((2, 1), PREFILL), init_cache(cfg, 2, T))
+    chex.assert_shape(w, (cfg.num_layers, 2, cfg.num_heads, 1, T + 1))
+    w = np.asarray(w)
+    assert np.all(w[..., PREFILL:T] == 0.0)
+    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention,position", [("gqa", "rope"), ("mla_q_rope", "rope")])
+def test_head_mask_equals_zeroing_output_projection_rows(attention, position):
+    m = build(attention, position)
+    L, H = m.cfg.num_layers, m.cfg.num_heads
+    run = jit(lambda p, tokens, head_mask: m.model.apply({"params": p}, tokens, head_mask=head_mask)[0])
+    plain = np.asarray(m.forward(m.params, m.tokens))
+    np.testing.assert_allclose(run(m.params, m.tokens, jnp.ones((L, H))), plain, rtol=0, atol=1e-6)
+
+    ablate = [(0, 0), (1, 2)]
+    head_mask = np.ones((L, H), np.float32)
+    params = flax.core.unfreeze(jax.tree.map(np.array, m.params))
+    kernel = params["layers"]["attn"]["o"]["kernel"]  # [L, H, Kv, D]
+    chex.assert_shape(kernel, (L, H, None, m.cfg.d_model))
+    for layer, head in ablate:
+        head_mask[layer, head] = 0.0
+        kernel[layer, head] = 0.0
+    masked = np.asarray(run(m.params, m.tokens, head_mask))
+    zeroed = np.asarray(m.forward(jax.tree.map(jnp.asarray, params), m.tokens))
+    np.testing.assert_allclose(masked, zeroed, **TOL)
+    assert max_diff(masked, plain) > 1e-3, "ablating two heads changed nothing"
+
+
+# ----------------------------------------------------------------------------- errors and overflow
+
+
+def test_positions_past_cache_or_context_raise_eagerly():
+    m = build("gqa", "learned")
+    apply = lambda *args: m.model.apply({"params": m.params}, *args)  # noqa: E731
+    cache = init_cache(m.cfg, 1, 8)
+    tok = m.tokens[:1, :1]
+    check_positions(m.cfg, np.array([[7]]), cache)  # the last slot is fine
+    check_positions(m.cfg, np.array([[m.cfg.max_seq_len - 1]]), None)  # so is the last position
+    with pytest.raises(ValueError, match="cache"):
+        apply(tok, np.array([[8]]), cache)
+    with pytest.raises(ValueError, match="cache"):
+        apply(m.tokens[:1, :3], np.array([[6, 7, 8]]), cache)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        apply(np.zeros((1, m.cfg.max_seq_len + 1), np.int32))
+    with pytest.raises(ValueError, match="max_seq_len"):
+        apply(tok, np.array([[m.cfg.max_seq_len]]))
+
+
+def test_cache_overflow_under_jit_gives_nan_logits_for_that_row():
+    m = build("gqa", "learned")
+    cache = init_cache(m.cfg, 2, 8)
+    logits, new = m.step(m.params, m.tokens[:, :1], np.array([[3], [8]]), cache)
+    assert np.all(np.isnan(logits[1])), "the row that wrote past the cache must be NaN"
+    assert np.all(np.isfinite(logits[0]))
+    assert np.any(new.k[:, 0, 3] != 0) and np.all(new.k[:, 1] == 0)  # row 1's write was dropped
+
+
+# ----------------------------------------------------------------------------- dropout, dtype, remat
+
+
+def test_dropout_needs_and_uses_a_dropout_rng():
+    m = build("gqa", "learned", dropout=0.3)
+    run = jit(lambda p, tokens, key: m.model.apply(
+        {"params": p}, tokens, deterministic=False, rngs={"dropout": key})[0])
+    det = np.asarray(m.forward(m.params, m.tokens))
+    plain = build("gqa", "learned")
+    chex.assert_trees_all_equal(plain.params, m.params)
+    np.testing.assert_allclose(det, plain.forward(m.params, m.tokens), rtol=0, atol=1e-6)
+    with pytest.raises(flax.errors.InvalidRngError, match="dropout"):
+        m.model.apply({"params": m.params}, m.tokens, deterministic=False)
+    a1 = np.asarray(run(m.params, m.tokens, jax.random.key(1)))
+    a2 = np.asarray(run(m.params, m.tokens, jax.random.key(1)))
+    b = np.asarray(run(m.params, m.tokens, jax.random.key(2)))
+    np.testing.assert_array_equal(a1, a2)
+    assert max_diff(a1, det) > 1e-3 and max_diff(a1, b) > 1e-3
+    chex.assert_tree_all_finite(a1)
+
+
+def test_bfloat16_compute_keeps_float32_params():
+    cfg = make_cfg("gqa", "rope", dtype="bfloat16")
+    model = Decoder(cfg)
+    tokens = build("gqa", "rope").tokens
+    params = jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]
+    assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+    params = random_params(model)
+    step = jit(lambda p, tokens, positions, cache: model.apply({"params": p}, tokens, positions, cache))
+    logits = step(params, tokens, None, None)[0]
+    assert logits.dtype == jnp.float32
+    chex.assert_tree_all_finite(logits)
+    ref = build("gqa", "rope").forward(params, tokens)  # same params, float32 compute
+    assert max_diff(logits, ref) < 0.1 * float(np.abs(np.asarray(ref)).max())
+    cache = init_cache(cfg, 2, T)
+    assert cache.k.dtype == jnp.bfloat16
+    out, cache = step(params, tokens[:, :1], np.full((2, 1), 3), cache)
+    chex.assert_tree_all_finite(out)
+    assert cache.k.dtype == jnp.bfloat16
+
+
+def _loss(model, params, tokens):
+    logits = model.apply({"params": params}, tokens[:, :-1])[0]
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1).mean()
+
+
+def test_remat_gives_same_loss_and_gradients():
+    plain = Decoder(make_cfg("gqa", "rope"))
+    remat = Decoder(make_cfg("gqa", "rope", remat=True))
+    params = random_params(plain)
+    chex.assert_trees_all_equal_shapes_and_dtypes(params, random_params(remat))
+    tokens = jnp.asarray(build("gqa", "rope").tokens)
+    loss_p, grad_p = jit(jax.value_and_grad(functools.partial(_loss, plain)))(params, tokens)
+    loss_r, grad_r = jit(jax.value_and_grad(functools.partial(_loss, remat)))(params, tokens)
+    np.testing.assert_allclose(loss_r, loss_p, rtol=1e-6)
+    chex.assert_trees_all_close(grad_r, grad_p, rtol=1e-5, atol=1e-6)
+    assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grad_p)), "a parameter gets no gradient"

@@ -25,9 +25,9 @@ CFGS = {
 @pytest.mark.parametrize(
     "name,shape",
     [
-        ("mha", (2, 3, 10, 4, 8)),  # [L, B, S, G, K]
-        ("gqa", (2, 3, 10, 2, 8)),
-        ("mqa", (2, 3, 10, 1, 8)),
+        ("mha", (2, 3, 4, 10, 8)),  # [L, B, G, S, K]
+        ("gqa", (2, 3, 2, 10, 8)),
+        ("mqa", (2, 3, 1, 10, 8)),
         ("mla", (2, 3, 10, 12 + 4)),  # [L, B, S, C + R]
         ("mla_nope", (2, 3, 10, 12)),
     ],
@@ -99,14 +99,18 @@ def test_cache_is_a_pytree_through_jit_and_scan(name):
     assert all(np.all(np.asarray(x) == 1) for x in jax.tree.leaves(plus_one))
 
     # Carried by lax.scan: step t writes the value t + 1 at slot t of every row.
-    def step(c, t):
-        new = jax.tree.map(lambda x: jnp.full((x.shape[0], 2, 1, *x.shape[3:]), t + 1.0, x.dtype), c)
+    def step(c, t):  # the layers return new entries as [L, B, T, G, K] / [L, B, T, C + R]
+        if name == "mla":
+            new = jax.tree.map(lambda x: jnp.full((x.shape[0], 2, 1, x.shape[3]), t + 1.0, x.dtype), c)
+        else:
+            new = jax.tree.map(lambda x: jnp.full((x.shape[0], 2, 1, x.shape[2], x.shape[4]), t + 1.0, x.dtype), c)
         return kv_cache.write(c, new, jnp.full((2, 1), t)), None
 
     filled, _ = jax.jit(lambda c: jax.lax.scan(step, c, jnp.arange(4)))(cache)
     assert type(filled) is type(cache)
     for x in jax.tree.leaves(filled):
-        per_slot = np.asarray(x).reshape(*x.shape[:3], -1)
+        x = np.asarray(x) if name == "mla" else np.moveaxis(np.asarray(x), 3, 2)  # slots to axis 2
+        per_slot = x.reshape(*x.shape[:3], -1)
         np.testing.assert_array_equal(per_slot[:, :, :4], np.broadcast_to(np.arange(1.0, 5.0)[:, None], per_slot[:, :, :4].shape))
         assert not np.any(per_slot[:, :, 4:])
 
@@ -119,10 +123,10 @@ def test_write_puts_each_row_at_its_own_positions():
     new = KVCache(k=new_k, v=-new_k)
     positions = jnp.array([[0, 1, 2], [4, 5, 6]])
     out = kv_cache.write(cache, new, positions)
-    k = np.asarray(out.k)
+    k = np.moveaxis(np.asarray(out.k), 3, 2)  # [L, B, G, S, K] -> [L, B, S, G, K] to compare
     np.testing.assert_array_equal(k[:, 0, 0:3], new_k[:, 0])
     np.testing.assert_array_equal(k[:, 1, 4:7], new_k[:, 1])
-    np.testing.assert_array_equal(np.asarray(out.v), -k)
+    np.testing.assert_array_equal(np.moveaxis(np.asarray(out.v), 3, 2), -k)
     assert not np.any(k[:, 0, 3:]) and not np.any(k[:, 1, :4]) and not np.any(k[:, 1, 7:])
     # Out-of-range slots are dropped, not clipped onto the last slot.
     dropped = kv_cache.write(cache, KVCache(k=new_k[:, :, :1], v=new_k[:, :, :1]), jnp.array([[8], [9]]))

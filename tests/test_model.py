@@ -278,7 +278,7 @@ def test_jit_and_eager_agree():
     jitted, cache_j = step(m.params, m.tokens[:, :PREFILL], positions, init_cache(m.cfg, 2, T))
     np.testing.assert_allclose(eager, jitted, **TOL)
     chex.assert_trees_all_close(cache_e, cache_j, rtol=1e-5, atol=1e-5)
-    assert np.any(np.asarray(cache_e.k)[:, :, :PREFILL] != 0) and np.all(np.asarray(cache_e.k)[:, :, PREFILL:] == 0)
+    assert np.any(np.asarray(cache_e.k)[..., :PREFILL, :] != 0) and np.all(np.asarray(cache_e.k)[..., PREFILL:, :] == 0)
     # And the fast-compiling jit the other tests use computes the same.
     np.testing.assert_allclose(m.step(m.params, m.tokens[:, :PREFILL], positions, init_cache(m.cfg, 2, T))[0],
                                jitted, **TOL)
@@ -358,7 +358,7 @@ def test_cache_overflow_under_jit_gives_nan_logits_for_that_row():
     logits, new = m.step(m.params, m.tokens[:, :1], np.array([[3], [8]]), cache)
     assert np.all(np.isnan(logits[1])), "the row that wrote past the cache must be NaN"
     assert np.all(np.isfinite(logits[0]))
-    assert np.any(new.k[:, 0, 3] != 0) and np.all(new.k[:, 1] == 0)  # row 1's write was dropped
+    assert np.any(new.k[:, 0, :, 3] != 0) and np.all(new.k[:, 1] == 0)  # row 1's write was dropped
 
 
 # ----------------------------------------------------------------------------- dropout, dtype, remat

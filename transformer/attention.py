@@ -77,10 +77,10 @@ class Attention(nn.Module):
             k = ops.rope(k, positions, cfg.rope_theta)
 
         ks, vs = [k], [v]
-        if cached is not None:
-            ks.insert(0, cached.k.astype(k.dtype))
-            vs.insert(0, cached.v.astype(v.dtype))
-        masks = segment_masks(positions, None if cached is None else cached.k.shape[1])
+        if cached is not None:  # one layer's cache [B, G, S, K] -> [B, S, G, K]; XLA elides the transpose
+            ks.insert(0, cached.k.swapaxes(1, 2).astype(k.dtype))
+            vs.insert(0, cached.v.swapaxes(1, 2).astype(v.dtype))
+        masks = segment_masks(positions, None if cached is None else cached.max_len)
         out, weights = ops.dot_product_attention(
             q, ks, vs, masks, return_weights=return_weights,
             implementation="reference" if cached is not None else cfg.attention_impl,
@@ -151,7 +151,7 @@ class LatentAttention(nn.Module):
         w_uv = self.param("v_up", dense_init(cfg), (c_kv, h, k_v), jnp.float32).astype(cfg.dtype)
 
         segments = [latent] if cached is None else [cached.latent.astype(latent.dtype), latent]
-        masks = segment_masks(positions, None if cached is None else cached.latent.shape[1])
+        masks = segment_masks(positions, None if cached is None else cached.max_len)
         scale = (k_nope + r) ** -0.5  # the width of the original query/key dot product
         absorb = cached is not None if self.absorb is None else self.absorb
         if absorb:

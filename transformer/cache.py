@@ -1,10 +1,15 @@
 """The KV cache: a pytree passed into the decoder and returned updated, never a mutable collection.
 
-Layout: one stacked array per kind with a leading layer axis, [L, B, S, ...], slot s holding the
-token at position s. The decoder's layers only *read* their slice of the cache (through `nn.scan`)
-and return this call's new keys/values; `write` then scatters all layers' new entries into the
-stacked arrays at once. Inside a jitted `lax.scan` whose carry holds the cache, XLA does that
-scatter in place, so a decode step costs O(cache read) and never copies the cache.
+Layout: one stacked array per kind with a leading layer axis, keys and values [L, B, G, S, K]
+(heads before slots), slot s holding the token at position s. The decoder's layers only *read*
+their slice of the cache (through `nn.scan`) and return this call's new keys/values; `write` then
+scatters all layers' new entries into the stacked arrays at once. Inside a jitted `lax.scan` whose
+carry holds the cache, XLA does that scatter in place, so a decode step costs O(cache read) and
+never copies the cache. Heads-first lets the score einsum read each head's [S, K] keys as they lie
+instead of transposing the cache at every step. Both choices were measured (bench/cache_layout.py,
+GPT-2 small shapes, 1024 slots): against writing each layer's slice inside the layer scan with
+[L, B, S, G, K], this layout decodes 3.1x faster at batch 1 and 4.1x at batch 8; against the same
+read-then-write scheme with [L, B, S, G, K], 1.7x and 1.9x.
 
 Because slot = position, a row's slots below its current position are always filled: rows of a
 ragged batch may sit at different positions, and stale slots (e.g. padding written during a
@@ -16,7 +21,6 @@ from __future__ import annotations
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from transformer.config import ModelConfig
 
@@ -27,11 +31,15 @@ Array = jax.Array
 class KVCache:
     """Keys and values of multi-head / grouped-query attention.
 
-    k: [L, B, S, G, K], v: [L, B, S, G, K]; one layer's view (inside the layer stack) drops the L axis.
+    k: [L, B, G, S, K], v: [L, B, G, S, K]; one layer's view (inside the layer stack) drops the L axis.
     """
 
     k: Array
     v: Array
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[-2]
 
 
 @flax.struct.dataclass
@@ -43,6 +51,10 @@ class LatentCache:
     """
 
     latent: Array
+
+    @property
+    def max_len(self) -> int:
+        return self.latent.shape[-2]
 
 
 Cache = KVCache | LatentCache
@@ -60,29 +72,35 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: str | Non
             "use a shorter cache (prompt length + new tokens)"
         )
     dtype = jnp.dtype(dtype or cfg.dtype)
-    lead = (cfg.num_layers, batch_size, max_len)
     if cfg.attention == "mla":
-        return LatentCache(latent=jnp.zeros((*lead, cfg.kv_latent_dim + (cfg.rope_head_dim or 0)), dtype))
-    shape = (*lead, cfg.num_kv_heads, cfg.head_dim)
+        width = cfg.kv_latent_dim + (cfg.rope_head_dim or 0)
+        return LatentCache(latent=jnp.zeros((cfg.num_layers, batch_size, max_len, width), dtype))
+    shape = (cfg.num_layers, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
 
 def max_len(cache: Cache) -> int:
     """S, the number of slots per row."""
-    return jax.tree.leaves(cache)[0].shape[2]
+    return cache.max_len
 
 
 def write(cache: Cache, new: Cache, positions: Array) -> Cache:
     """Writes this call's entries into their slots.
 
     Args:
-      cache: the cache, arrays [L, B, S, ...].
-      new: a cache of the same kind holding this call's entries, arrays [L, B, T, ...].
+      cache: the cache (KVCache [L, B, G, S, K] or LatentCache [L, B, S, C + R]).
+      new: this call's entries as the layers return them, KVCache([L, B, T, G, K]) or
+        LatentCache([L, B, T, C + R]).
       positions: [B, T] slot (= position) of each new entry. Out-of-range slots are dropped: the
         decoder checks the range and reports it.
     """
     rows = jnp.arange(positions.shape[0])[:, None]  # [B, 1], broadcasts against positions [B, T]
-    return jax.tree.map(lambda c, n: c.at[:, rows, positions].set(n.astype(c.dtype)), cache, new)
+    if isinstance(cache, LatentCache):
+        return LatentCache(cache.latent.at[:, rows, positions].set(new.latent.astype(cache.latent.dtype)))
+    # Index [:, rows, :, positions]: the two index arrays are split by a slice, so NumPy rules put
+    # their broadcast [B, T] axes first: the values go in as [B, T, L, G, K].
+    put = lambda c, n: c.at[:, rows, :, positions].set(n.transpose(1, 2, 0, 3, 4).astype(c.dtype))  # noqa: E731
+    return KVCache(k=put(cache.k, new.k), v=put(cache.v, new.v))
 
 
 def bytes_per_token(cfg: ModelConfig, dtype: str | None = None) -> int:
@@ -101,6 +119,6 @@ def bytes_per_token(cfg: ModelConfig, dtype: str | None = None) -> int:
 
 def measured_bytes_per_token(cache: Cache) -> float:
     """Cache bytes per token measured on the pytree: all its bytes / (B * S)."""
-    leaf = jax.tree.leaves(cache)[0]
+    batch = jax.tree.leaves(cache)[0].shape[1]
     total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
-    return total / float(np.prod(leaf.shape[1:3]))
+    return total / float(batch * cache.max_len)

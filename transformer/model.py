@@ -161,7 +161,7 @@ class Decoder(nn.Module):
             cache = kv_cache.write(cache, new, positions)
             # Under jit the range check in check_positions cannot run; a row that wrote past the
             # cache gets NaN logits instead of silently attending to a truncated history.
-            overflow = positions.max(axis=1) >= kv_cache.max_len(cache)
+            overflow = positions.max(axis=1) >= cache.max_len
             logits = jnp.where(overflow[:, None, None], jnp.nan, logits)
         if return_attention:
             return logits, cache, weights
@@ -178,9 +178,9 @@ def check_positions(cfg: ModelConfig, positions: Array, cache: Cache | None) -> 
             f"position {top} is past the model's context (max_seq_len={cfg.max_seq_len}); "
             "shorten the input or use a model with a longer context"
         )
-    if cache is not None and top >= kv_cache.max_len(cache):
+    if cache is not None and top >= cache.max_len:
         raise ValueError(
-            f"position {top} does not fit in the cache of {kv_cache.max_len(cache)} slots; "
+            f"position {top} does not fit in the cache of {cache.max_len} slots; "
             "init_cache with a larger max_len (prompt length + new tokens)"
         )
 

@@ -8,8 +8,8 @@ as the sampler runs it. Four variants:
                                layer scan returns the updated slices (the textbook way)
   write-per-layer [L,B,G,S,K]  the same with heads before the sequence axis
   read-then-write [L,B,S,G,K]  layers only read the cache; the new entries are written once after
-                               the layer scan (what transformer/cache.py does)
-  read-then-write [L,B,G,S,K]  the same, heads first
+                               the layer scan
+  read-then-write [L,B,G,S,K]  the same, heads first (what transformer/cache.py does: fastest here)
 
     python bench/cache_layout.py [--quick]
 """

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -108,110 +110,121 @@ def test_bad_sampling_options_are_named(options, message):
 # Generation
 # ---------------------------------------------------------------------------------------------
 
-TINY = dict(vocab_size=64, max_seq_len=64, d_model=32, num_layers=2, num_heads=4, tie_embeddings=False)
-VARIANTS = {
-    "mha": ModelConfig(**TINY),
-    "gqa": ModelConfig(**TINY, num_kv_heads=2, position="rope", scan_layers=False),
-    "mqa": ModelConfig(**TINY, num_kv_heads=1, position="sinusoidal", norm="rmsnorm", activation="swiglu"),
+TINY = dict(vocab_size=64, max_seq_len=64, d_model=32, num_layers=2, num_heads=4)
+VARIANTS = {  # between them: every attention, position, norm and MLP kind, tied and untied heads
+    "mha": ModelConfig(**TINY),  # the default model's architecture (GPT-2 style)
+    "gqa": ModelConfig(**TINY, num_kv_heads=2, position="rope", scan_layers=False, tie_embeddings=False),
+    "mqa": ModelConfig(
+        **TINY, num_kv_heads=1, position="sinusoidal", norm="rmsnorm", activation="swiglu", prenorm=False
+    ),
     "mla": ModelConfig(
         **TINY, attention="mla", head_dim=8, kv_latent_dim=16, q_latent_dim=24, rope_head_dim=8,
-        position="rope",
+        position="rope", tie_embeddings=False,
     ),
 }
-PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]  # a ragged batch
+NEW = 10  # new tokens: the tests share it, so they share compiled functions too
+SAMPLED = dict(temperature=1.0, top_k=20, top_p=0.95)  # sampled, with both filters on
 
 
-def make_params(cfg: ModelConfig) -> dict:
-    """Random parameters, scaled up so the tiny model's next tokens vary and argmaxes are clear."""
-    params = Decoder(cfg).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
-    return jax.tree.map(lambda p: 5 * p, params)
+@functools.cache
+def model(variant: str) -> tuple[ModelConfig, dict]:
+    """A tiny model with random parameters drawn by numpy (no init to compile).
 
-
-@pytest.fixture(scope="module")
-def mha():
-    cfg = VARIANTS["mha"]
-    return cfg, make_params(cfg)
-
-
-def greedy_without_cache(params: dict, cfg: ModelConfig, prompt: list[int], steps: int) -> list[int]:
-    """The reference: re-run the full cache-free forward on the growing sequence, take the argmax.
-
-    The sequence sits in a fixed-length buffer so that one compilation serves every step; the
-    forward is causal, so the tokens after position n - 1 do not change its logits.
+    Weights N(0, 0.1) and norm gains of 5 make the logits spread out, so that the next tokens
+    vary and greedy argmaxes are clear of ties.
     """
+    cfg = VARIANTS[variant]
+    shapes = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))
+    rng = np.random.default_rng(0)
+
+    def draw(path, leaf: jax.ShapeDtypeStruct) -> jax.Array:
+        if path[-1].key == "scale":
+            return jnp.full(leaf.shape, 5.0, jnp.float32)
+        return jnp.asarray(rng.normal(0.0, 0.1, leaf.shape), jnp.float32)
+
+    return cfg, jax.tree_util.tree_map_with_path(draw, shapes["params"])
+
+
+def greedy_without_cache(variant: str, prompts: list[list[int]], steps: int) -> np.ndarray:
+    """The reference, [B, steps]: re-run the full cache-free forward on the growing sequences.
+
+    The sequences sit in a fixed-length buffer so that one compilation serves every step; the
+    forward is causal, so the tokens after row b's last position n_b - 1 do not change its logit.
+    """
+    cfg, params = model(variant)
     forward = jax.jit(lambda p, x: Decoder(cfg).apply({"params": p}, x)[0])
-    buffer = np.zeros((1, cfg.max_seq_len), np.int32)
-    buffer[0, : len(prompt)] = prompt
-    n = len(prompt)
+    buffer = np.zeros((len(prompts), cfg.max_seq_len), np.int32)
+    ends = np.array([len(p) for p in prompts])  # [B] each row's length so far
+    for b, prompt in enumerate(prompts):
+        buffer[b, : len(prompt)] = prompt
+    rows = np.arange(len(prompts))
     for _ in range(steps):
-        buffer[0, n] = int(jnp.argmax(forward(params, buffer)[0, n - 1]))
-        n += 1
-    return buffer[0, len(prompt) : n].tolist()
+        logits = np.asarray(forward(params, buffer))[rows, ends - 1]  # [B, V]
+        top2 = np.sort(logits, axis=-1)[:, -2:]
+        assert (top2[:, 1] - top2[:, 0] > 1e-4).all(), "near-tie in the reference: change the seed"
+        buffer[rows, ends] = logits.argmax(axis=-1)
+        ends += 1
+    return np.stack([buffer[b, len(p) : len(p) + steps] for b, p in enumerate(prompts)])
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_greedy_generate_equals_argmax_loop_without_cache(variant):
-    cfg = VARIANTS[variant]
-    params = make_params(cfg)
-    out = sampling.generate(params, cfg, PROMPTS, jax.random.key(0), max_new_tokens=10, temperature=0.0)
-    assert out.tokens.shape == (3, 10) and out.tokens.dtype == np.int32
-    assert out.lengths.tolist() == [10, 10, 10]
-    for row, prompt in zip(out.tokens, PROMPTS):
-        assert row.tolist() == greedy_without_cache(params, cfg, prompt, 10)
+    cfg, params = model(variant)
+    out = sampling.generate(params, cfg, PROMPTS, jax.random.key(0), NEW, temperature=0.0)
+    assert out.tokens.shape == (3, NEW) and out.tokens.dtype == np.int32
+    assert out.lengths.tolist() == [NEW] * 3
+    np.testing.assert_array_equal(out.tokens, greedy_without_cache(variant, PROMPTS, NEW))
 
 
-@pytest.mark.parametrize("variant", ["mha", "mla"])
-def test_ragged_batch_equals_one_prompt_at_a_time(variant):
-    cfg = VARIANTS[variant]
-    params = make_params(cfg)
+def test_ragged_batch_equals_one_prompt_at_a_time():
+    cfg, params = model("mha")
     key = jax.random.key(7)
-    batch = sampling.generate(params, cfg, PROMPTS, key, max_new_tokens=12, temperature=1.0)
-    keys = sampling.row_keys(key, len(PROMPTS))
+    batch = sampling.generate(params, cfg, PROMPTS, key, NEW, **SAMPLED)
+    keys = sampling.row_keys(key, len(PROMPTS))  # row b's key in the batch
     for b, prompt in enumerate(PROMPTS):
-        alone = sampling.generate(params, cfg, [prompt], keys[b : b + 1], max_new_tokens=12, temperature=1.0)
+        alone = sampling.generate(params, cfg, [prompt], keys[b : b + 1], NEW, **SAMPLED)
         np.testing.assert_array_equal(alone.tokens[0], batch.tokens[b])
 
 
-def test_stop_tokens_end_a_row_with_padding_after(mha):
-    cfg, params = mha
-    greedy = sampling.generate(params, cfg, PROMPTS, jax.random.key(0), 12, temperature=0.0).tokens
+def test_stop_tokens_end_a_row_with_padding_after():
+    cfg, params = model("mha")
+    greedy = sampling.generate(params, cfg, PROMPTS, jax.random.key(0), NEW, temperature=0.0).tokens
     stop = int(greedy[1, 3])  # a token greedy decoding is known to emit in row 1
     out = sampling.generate(
-        params, cfg, PROMPTS, jax.random.key(0), 12, temperature=0.0, stop_tokens=[stop], pad_id=-1
+        params, cfg, PROMPTS, jax.random.key(0), NEW, temperature=0.0, stop_tokens=[stop], pad_id=-1
     )
     for b in range(len(PROMPTS)):
         hits = np.flatnonzero(greedy[b] == stop)
-        length = int(hits[0]) + 1 if hits.size else 12
+        length = int(hits[0]) + 1 if hits.size else NEW
         assert out.lengths[b] == length
         np.testing.assert_array_equal(out.tokens[b, :length], greedy[b, :length])
         assert (out.tokens[b, length:] == -1).all()
     assert out.lengths[1] <= 4
 
 
-def test_same_seed_same_output_and_another_seed_differs(mha):
-    cfg, params = mha
-    run = lambda seed: sampling.generate(  # noqa: E731
-        params, cfg, PROMPTS, jax.random.key(seed), 12, temperature=1.0, top_k=20, top_p=0.95
-    ).tokens
+def test_same_seed_same_output_and_another_seed_differs():
+    cfg, params = model("mha")
+
+    def run(seed: int) -> np.ndarray:
+        return sampling.generate(params, cfg, PROMPTS, jax.random.key(seed), NEW, **SAMPLED).tokens
+
     np.testing.assert_array_equal(run(1), run(1))
     assert not np.array_equal(run(1), run(2))
 
 
-def test_second_call_with_the_same_shapes_does_not_recompile(mha):
-    cfg, params = mha
-    call = lambda prompts, seed: sampling.generate(  # noqa: E731
-        params, cfg, prompts, jax.random.key(seed), 9, temperature=0.7, top_k=5
-    )
-    call(PROMPTS, 0)
+def test_second_call_with_the_same_shapes_does_not_recompile():
+    cfg, params = model("mha")
+    sampling.generate(params, cfg, PROMPTS, jax.random.key(0), NEW, **SAMPLED)
     compiled = sampling.prefill._cache_size(), sampling.decode._cache_size()
-    call(PROMPTS, 1)
-    # Different prompt lengths that round up to the same buckets reuse the compiled functions too.
-    call([[5, 6], [7] * 11, [8, 9, 10]], 2)
+    sampling.generate(params, cfg, PROMPTS, jax.random.key(1), NEW, **SAMPLED)
+    # Other prompt lengths that round up to the same buckets reuse the compiled functions too.
+    sampling.generate(params, cfg, [[5, 6], [7] * 11, [8, 9, 10]], jax.random.key(2), NEW, **SAMPLED)
     assert (sampling.prefill._cache_size(), sampling.decode._cache_size()) == compiled
 
 
-def test_prompt_past_the_context_is_an_error_naming_both_numbers(mha):
-    cfg, params = mha
+def test_prompt_past_the_context_is_an_error_naming_both_numbers():
+    cfg, params = model("mha")
     with pytest.raises(ValueError, match=r"50 tokens and max_new_tokens is 20.*max_seq_len=64"):
         sampling.generate(params, cfg, [[1] * 50], jax.random.key(0), max_new_tokens=20)
 
@@ -220,26 +233,26 @@ def test_prompt_past_the_context_is_an_error_naming_both_numbers(mha):
     "prompts, message",
     [([[1, 2], []], "prompt 1 is empty"), ([], "no prompts"), ([[1, 64]], r"outside \[0, 64\)")],
 )
-def test_bad_prompts_are_named(mha, prompts, message):
-    cfg, params = mha
+def test_bad_prompts_are_named(prompts, message):
+    cfg, params = model("mha")
     with pytest.raises(ValueError, match=message):
         sampling.generate(params, cfg, prompts, jax.random.key(0), max_new_tokens=4)
 
 
-def test_stream_equals_one_shot_generate(mha):
-    cfg, params = mha
-    options = dict(max_new_tokens=11, temperature=1.0, top_k=30, top_p=0.9)
-    one_shot = sampling.generate(params, cfg, PROMPTS, jax.random.key(3), **options)
-    chunks = list(sampling.generate_stream(params, cfg, PROMPTS, jax.random.key(3), chunk_size=4, **options))
-    assert [c.shape[1] for c in chunks] == [1, 4, 4, 2]
+def test_stream_equals_one_shot_generate():
+    cfg, params = model("mha")
+    one_shot = sampling.generate(params, cfg, PROMPTS, jax.random.key(3), NEW, **SAMPLED)
+    chunks = list(
+        sampling.generate_stream(params, cfg, PROMPTS, jax.random.key(3), NEW, **SAMPLED, chunk_size=3)
+    )
+    assert [c.shape for c in chunks] == [(3, 1), (3, 3), (3, 3), (3, 3)]
     np.testing.assert_array_equal(np.concatenate(chunks, axis=1), one_shot.tokens)
 
 
-def test_stream_stops_once_every_row_is_done(mha):
-    cfg, params = mha
-    prompt = [PROMPTS[0]]
-    first = int(sampling.generate(params, cfg, prompt, jax.random.key(0), 1, temperature=0.0).tokens[0, 0])
+def test_stream_stops_once_every_row_is_done():
+    cfg, params = model("mha")
+    first = int(greedy_without_cache("mha", PROMPTS[:1], 1)[0, 0])
     chunks = list(sampling.generate_stream(
-        params, cfg, prompt, jax.random.key(0), 12, temperature=0.0, stop_tokens=[first], chunk_size=4
+        params, cfg, PROMPTS[:1], jax.random.key(0), NEW, temperature=0.0, stop_tokens=[first]
     ))
     assert len(chunks) == 1 and chunks[0].tolist() == [[first]]

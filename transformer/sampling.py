@@ -126,10 +126,16 @@ class SamplingOptions:
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be at least 1, got {self.top_k}; use None to keep every token")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}; use None to keep every token")
-        # Normalise so that equal options hash equally (e.g. a list of stop tokens, numpy ints).
-        object.__setattr__(self, "temperature", float(self.temperature))
-        object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
+            raise ValueError(
+                f"top_p must be in (0, 1], got {self.top_p}; use None or 1.0 to keep every token"
+            )
+        # Normalise (numpy scalars, a list of stop tokens) so that equal options hash equally.
+        set_field = functools.partial(object.__setattr__, self)
+        set_field("temperature", float(self.temperature))
+        set_field("top_k", None if self.top_k is None else int(self.top_k))
+        set_field("top_p", None if self.top_p is None else float(self.top_p))
+        set_field("stop_tokens", tuple(int(t) for t in self.stop_tokens))
+        set_field("pad_id", int(self.pad_id))
 
 
 def sample_token(
@@ -175,9 +181,11 @@ def row_keys(key: Array, batch_size: int) -> Array:
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(batch_size))
 
 
-def _step_keys(keys: Array, step: Array) -> Array:
-    """[B] row keys -> [B] keys for the step-th new token of each row."""
-    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
+def _draw(logits: Array, keys: Array, step: Array | int, options: SamplingOptions) -> Array:
+    """[B, V] logits -> [B] int32 tokens: the step-th new token of each row, drawn with that row's
+    key folded with the step, fold_in(keys[b], step)."""
+    step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
+    return sample_token(logits, step_keys, options.temperature, options.top_k, options.top_p)
 
 
 def _is_stop(tokens: Array, stop_tokens: tuple[int, ...]) -> Array:
@@ -240,7 +248,7 @@ def prefill(
         {"params": params}, tokens, positions=positions, cache=init_cache(cfg, batch, cache_len)
     )
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
-    first = sample_token(last, _step_keys(keys, 0), options.temperature, options.top_k, options.top_p)
+    first = _draw(last, keys, 0, options)
     return DecodeState(
         cache=cache, tokens=first, positions=lengths.astype(jnp.int32), keys=keys,
         step=jnp.ones((), jnp.int32), done=_is_stop(first, options.stop_tokens),
@@ -258,9 +266,7 @@ def decode_step(
     logits, cache = Decoder(cfg).apply(
         {"params": params}, state.tokens[:, None], positions=state.positions[:, None], cache=state.cache
     )
-    drawn = sample_token(
-        logits[:, 0], _step_keys(state.keys, state.step), options.temperature, options.top_k, options.top_p
-    )
+    drawn = _draw(logits[:, 0], state.keys, state.step, options)
     emitted = ~state.done
     # A done row keeps running (the batch moves in lockstep) but its draws are never shown.
     next_state = state.replace(

@@ -1,0 +1,141 @@
+"""Sample text from a trained model, printing it as it is generated.
+
+    python sample.py --workdir runs/shakespeare --prompt "ROMEO:" --num_samples 3 \\
+        --max_new_tokens 300 --temperature 0.8 --top_k 40
+    python sample.py --workdir runs/shakespeare --prompt_file prompt.txt --step 1000
+    python sample.py --hf_dir path/to/gpt2 --prompt "Hello, my name is"
+
+Restores the parameters, model config and tokenizer of a training run's checkpoint (the latest, or
+--step), or imports a Hugging Face model folder (--hf_dir). Each sample is drawn with its own key,
+the same one it would get as row i of a batch, so a sample is reproducible from --seed alone.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+from absl import app, flags, logging
+
+from transformer.checkpoint import CheckpointError, restore_for_inference
+from transformer.config import ModelConfig
+from transformer.sampling import SamplingOptions, generate_stream, row_keys
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "A training run's folder (holding checkpoints/).")
+flags.DEFINE_integer("step", None, "Checkpoint step to restore (default: the latest).")
+flags.DEFINE_string("hf_dir", None, "A local Hugging Face model folder, instead of --workdir.")
+flags.DEFINE_string("prompt", "\n", "Text the samples continue.")
+flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead of --prompt.")
+flags.DEFINE_integer("num_samples", 1, "Number of samples.", lower_bound=1)
+flags.DEFINE_integer("max_new_tokens", 200, "Tokens to generate per sample.", lower_bound=1)
+flags.DEFINE_float("temperature", 0.8, "Sampling temperature; 0 = greedy.", lower_bound=0.0)
+flags.DEFINE_integer("top_k", 40, "Keep only the k most likely tokens; 0 = all.", lower_bound=0)
+flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass in (0, 1]; 1 = all tokens.")
+flags.DEFINE_integer("seed", 0, "Seed of the sampling keys.")
+flags.DEFINE_integer("chunk_size", 16, "Tokens generated between two prints.", lower_bound=1)
+
+
+def load_model() -> tuple[ModelConfig, Any, Any]:
+    """(model config, params, tokenizer) from --workdir or --hf_dir."""
+    if (FLAGS.workdir is None) == (FLAGS.hf_dir is None):
+        raise ValueError("give exactly one of --workdir (a training run) or --hf_dir (a Hugging Face model)")
+    if FLAGS.hf_dir is not None:
+        # Imported here: only this branch needs the Hugging Face conversion code.
+        from transformer.hf import from_hf
+        from transformer.tokenizer import load_tokenizer
+
+        cfg, params = from_hf(FLAGS.hf_dir)
+        return cfg, params, load_tokenizer(FLAGS.hf_dir)
+    return restore_for_inference(FLAGS.workdir, step=FLAGS.step)
+
+
+def read_prompt() -> str:
+    """The prompt text: --prompt_file's contents if given, else --prompt."""
+    if FLAGS.prompt_file is None:
+        return FLAGS.prompt
+    if FLAGS["prompt"].present:
+        raise ValueError("give either --prompt or --prompt_file, not both")
+    with open(FLAGS.prompt_file, encoding="utf-8") as f:
+        return f.read()
+
+
+def encode_prompt(cfg: ModelConfig, tokenizer: Any, prompt: str) -> np.ndarray:
+    """Prompt text -> token ids [N], with clear errors for an empty or too long prompt."""
+    ids = tokenizer.encode(prompt)  # raises ValueError for text the tokenizer cannot represent
+    if len(ids) == 0:
+        raise ValueError("the prompt is empty; pass --prompt with at least one character")
+    if len(ids) >= cfg.max_seq_len:
+        raise ValueError(
+            f"the prompt has {len(ids)} tokens but the model's context is max_seq_len={cfg.max_seq_len}, "
+            "leaving no room for new tokens; shorten the prompt"
+        )
+    return ids
+
+
+def stream_text(tokenizer: Any, chunks: Iterable[np.ndarray]) -> Iterator[str]:
+    """The text of a stream of token chunks [1, n], as pieces to print one after the other.
+
+    Decodes all tokens so far at every chunk and yields what is new, so multi-token characters and
+    merges come out right. Trailing U+FFFD (a character whose bytes have not all arrived yet) is
+    held back until a later chunk completes it.
+    """
+    ids: list[int] = []
+    shown = 0
+    for chunk in chunks:
+        ids.extend(chunk[0].tolist())
+        text = tokenizer.decode(ids)
+        complete = len(text.rstrip("\ufffd"))
+        if complete > shown:
+            yield text[shown:complete]
+            shown = complete
+    text = tokenizer.decode(ids)
+    if len(text) > shown:
+        yield text[shown:]
+
+
+def print_samples(cfg: ModelConfig, params: Any, tokenizer: Any, prompt: str) -> None:
+    """Prints --num_samples continuations of the prompt, each as it is generated."""
+    ids = encode_prompt(cfg, tokenizer, prompt)
+    options = dict(
+        temperature=FLAGS.temperature, top_k=FLAGS.top_k or None,
+        top_p=FLAGS.top_p if FLAGS.top_p != 1.0 else None,
+    )
+    SamplingOptions(**options)  # a bad option fails here, before anything is printed
+    # The model cannot see past its context: generate fewer tokens rather than fail.
+    max_new_tokens = min(FLAGS.max_new_tokens, cfg.max_seq_len - len(ids))
+    if max_new_tokens < FLAGS.max_new_tokens:
+        print(
+            f"note: generating {max_new_tokens} tokens, not {FLAGS.max_new_tokens}: the prompt has "
+            f"{len(ids)} tokens and the model's context is {cfg.max_seq_len}",
+            file=sys.stderr,
+        )
+    keys = row_keys(jax.random.key(FLAGS.seed), FLAGS.num_samples)
+    for i in range(FLAGS.num_samples):
+        print(f"--- sample {i + 1} of {FLAGS.num_samples} ---")
+        print(prompt, end="", flush=True)
+        chunks = generate_stream(
+            params, cfg, [ids], keys[i : i + 1], max_new_tokens, **options, chunk_size=FLAGS.chunk_size
+        )
+        for piece in stream_text(tokenizer, chunks):
+            print(piece, end="", flush=True)
+        print()
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}; the prompt goes in --prompt")
+    logging.set_verbosity(logging.ERROR)  # orbax logs every restore; the samples are the output
+    try:
+        cfg, params, tokenizer = load_model()
+        print_samples(cfg, params, tokenizer, read_prompt())
+    except (FileNotFoundError, CheckpointError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    app.run(main)

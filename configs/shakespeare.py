@@ -1,6 +1,7 @@
 """The default: a byte-level GPT on the bundled Shakespeare plays, sized for a 2-core CPU.
 
-`make train` runs it; see the README for the loss it reaches and how long it takes.
+`make train` runs it: 1000 steps of 32 x 128 bytes (4.1M tokens, ~0.8 epochs) through a 0.86M
+parameter model. See the README for the validation loss it reaches and how long it takes.
 """
 
 from configs.common import base_config
@@ -10,19 +11,24 @@ def get_config():
     c = base_config(
         dict(
             vocab_size=256,  # bytes
-            max_seq_len=256,  # longest context the model can see
-            d_model=192,
+            max_seq_len=256,  # longest context the model can see (sampling may use all of it)
+            d_model=128,
             num_layers=4,
-            num_heads=6,
+            num_heads=4,  # d_h = 32
             position="learned",
             activation="gelu",
             norm="layernorm",
-            dropout=0.0,
-            scan_layers=False,  # a Python loop over 4 layers runs ~10% faster than nn.scan on CPU
+            dropout=0.0,  # under one epoch of data: nothing to regularise
+            scan_layers=False,  # a Python loop over 4 layers runs faster than nn.scan on CPU
         )
     )
-    c.train.steps = 2000
+    c.train.steps = 1000
     c.train.batch_size = 32
     c.train.seq_len = 128
-    c.optim.learning_rate = 2e-3
+    c.train.log_every = 25
+    c.train.eval_every = 250
+    c.train.checkpoint_every = 250
+    c.train.sample_tokens = 300
+    c.optim.learning_rate = 2e-3  # small models take a high rate
+    c.optim.warmup_steps = 100
     return c

@@ -16,7 +16,7 @@ train: $(STAMP)
 	$(PY) train.py --config configs/shakespeare.py --workdir runs/shakespeare
 
 sample: $(STAMP)
-	$(PY) sample.py --workdir runs/shakespeare --prompt "ROMEO:" --num_samples 2 --max_new_tokens 300
+	$(PY) sample.py --workdir runs/shakespeare --prompt "ROMEO:" --num_samples 2 --max_new_tokens 120
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile

@@ -11,7 +11,7 @@ def get_config():
     c = base_config(
         dict(
             vocab_size=256,  # bytes
-            max_seq_len=256,  # longest context the model can see (sampling may use all of it)
+            max_seq_len=128,  # = train.seq_len: learned positions past the training length stay untrained
             d_model=128,
             num_layers=4,
             num_heads=4,  # d_h = 32
@@ -28,7 +28,7 @@ def get_config():
     c.train.log_every = 25
     c.train.eval_every = 250
     c.train.checkpoint_every = 250
-    c.train.sample_tokens = 300
+    c.train.sample_tokens = 120  # prompt + sample fit in the 128-byte context
     c.optim.learning_rate = 2e-3  # small models take a high rate
     c.optim.warmup_steps = 100
     return c

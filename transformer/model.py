@@ -22,8 +22,18 @@ from transformer.norm import Norm
 
 Array = jax.Array
 
+
+def gelu_exact(x: Array) -> Array:
+    """GELU x * Phi(x), as 0.5 x (1 + erf(x / sqrt(2))) (PyTorch's formula).
+
+    The same function as nn.gelu(x, approximate=False), which uses erfc; XLA:CPU expands erfc into
+    two branches with an exp, erf into one rational polynomial: ~2.5x faster forward and backward.
+    """
+    return 0.5 * x * (1.0 + jax.lax.erf(x * 0.7071067811865476))
+
+
 ACTIVATIONS = {
-    "gelu": lambda x: nn.gelu(x, approximate=False),
+    "gelu": gelu_exact,
     "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
     "relu": nn.relu,
     "swiglu": nn.silu,  # applied to the gate of a gated MLP
@@ -45,7 +55,9 @@ class MLP(nn.Module):
             features, use_bias=cfg.use_bias, dtype=cfg.dtype,
             kernel_init=dense_init(cfg, output), name=name,
         )
-        act = ACTIVATIONS[cfg.activation]
+        # jax.checkpoint: the backward pass recomputes the activation from its input instead of
+        # keeping its intermediates (GELU-tanh keeps five [B, T, F] arrays); same values, less memory.
+        act = jax.checkpoint(ACTIVATIONS[cfg.activation])
         if cfg.activation == "swiglu":
             h = act(dense(cfg.mlp_dim, "gate")(x)) * dense(cfg.mlp_dim, "up")(x)
         else:

@@ -1,0 +1,341 @@
+"""Training speed: tokens/s and model FLOP utilisation, against PyTorch and a measured matmul peak.
+
+    python bench/train.py            # ~4-5 minutes on 2 idle cores
+    python bench/train.py --quick    # fewer rounds, ~2-3 minutes
+
+For the default model (configs/shakespeare.py) and nanoGPT's baby GPT (configs/baby_gpt.py), float32
+on the CPU, random tokens at each config's batch size and sequence length:
+
+- tokens/s of our jitted train step (transformer.training.make_train_step: forward, cross-entropy,
+  backward, global-norm clipping, masked AdamW; the state donated), driven as train.py drives it;
+- the same architecture as a Hugging Face `GPT2LMHeadModel` (PyTorch eager, float32, its default
+  attention, exact GELU, dropout 0, tied embeddings), same batch, `torch.optim.AdamW` with the same
+  weight-decay groups and gradient clipping, one thread per core;
+- model FLOP utilisation: tokens/s x FLOPs per token / peak, with FLOPs per token = 6N + 12 L T d
+  (transformer.training.flops_per_token; N without the position table) and the peak the best float32
+  2048 x 2048 matmul of JAX and PyTorch, measured in this run.
+
+Ours and theirs run in alternating rounds (ours, theirs, ours, ...) so the noise of this shared
+machine hits both alike; each side's fastest round is reported. A second table compares our own
+variants (attention implementation, nn.scan over layers) on the baby GPT the same way. A third
+splits our step into forward, backward and optimizer, and times a program doing only the step's
+matrix multiplies (same shapes): the MFU this machine allows at these shapes if all else were free.
+Compare ratios from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+
+from configs import baby_gpt, shakespeare  # noqa: E402
+from transformer import training  # noqa: E402
+from transformer.config import ModelConfig  # noqa: E402
+from transformer.model import count_params  # noqa: E402
+
+CONFIGS = {"shakespeare": shakespeare, "baby_gpt": baby_gpt}
+
+
+# --- the peak --------------------------------------------------------------------------------
+
+
+def best_time(fn: Callable[[], object], repeats: int) -> float:
+    """The fastest of `repeats` timed calls, in seconds."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def matmul_peak(n: int = 2048, repeats: int = 10) -> dict[str, float]:
+    """FLOP/s of the best float32 n x n @ n x n matmul, jitted in JAX and in PyTorch."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+    matmul = jax.jit(jnp.matmul)
+    ja, jb = jnp.asarray(a), jnp.asarray(b)
+    matmul(ja, jb).block_until_ready()
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    torch.mm(ta, tb)
+    flops = 2 * n**3
+    return {
+        "jax": flops / best_time(lambda: matmul(ja, jb).block_until_ready(), repeats),
+        "torch": flops / best_time(lambda: torch.mm(ta, tb), repeats),
+    }
+
+
+# --- the two trainers ------------------------------------------------------------------------
+
+
+def random_batches(vocab: int, batch: int, seq_len: int, count: int = 4) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`count` (inputs, targets) pairs of [B, T] int32 token windows, the targets shifted by one."""
+    rng = np.random.default_rng(0)
+    windows = rng.integers(0, vocab, (count, batch, seq_len + 1), dtype=np.int32)
+    return [(w[:, :-1], w[:, 1:]) for w in windows]
+
+
+class Ours:
+    """Our train step, driven as train.py drives it: a batch put on the mesh per step, the state
+    donated, the previous step's metrics read one step late."""
+
+    def __init__(self, config, **model_overrides):
+        self.cfg = ModelConfig.from_dict({**config.model.to_dict(), **model_overrides})
+        t = config.train
+        self.mesh = training.make_mesh(devices=jax.devices()[:1])
+        tx, schedule = training.make_optimizer(config.optim, t.steps)
+        self.state = training.create_state(self.cfg, tx, t.seed, self.mesh)
+        self.num_params = count_params(self.state.params)
+        self.tokens_per_step = t.batch_size * t.seq_len
+        self.flops_per_token = training.flops_per_token(self.cfg, self.num_params, t.seq_len)
+        self.train_step = training.make_train_step(self.cfg, tx, schedule, self.mesh, self.state)
+        self.sharding = training.batch_sharding(self.mesh)
+        self.batches = random_batches(self.cfg.vocab_size, t.batch_size, t.seq_len)
+        self.i = 0
+
+    def put(self, x: np.ndarray) -> jax.Array:
+        return jax.make_array_from_process_local_data(self.sharding, x)
+
+    def run(self, steps: int) -> None:
+        pending = None
+        for _ in range(steps):
+            inputs, targets = self.batches[self.i % len(self.batches)]
+            self.i += 1
+            self.state, metrics = self.train_step(self.state, self.put(inputs), self.put(targets))
+            if pending is not None:
+                float(pending["loss"])  # train.py's check_finite, one step late
+            pending = metrics
+        float(pending["loss"])
+        jax.block_until_ready(self.state)
+
+
+class Theirs:
+    """Hugging Face GPT2LMHeadModel with the same architecture, trained in PyTorch eager."""
+
+    def __init__(self, config):
+        import torch
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        torch.set_num_threads(os.cpu_count() or 1)
+        torch.manual_seed(0)
+        cfg = ModelConfig.from_dict(config.model.to_dict())
+        t, o = config.train, config.optim
+        activation = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[cfg.activation]
+        self.model = GPT2LMHeadModel(GPT2Config(
+            vocab_size=cfg.vocab_size, n_positions=cfg.max_seq_len, n_embd=cfg.d_model,
+            n_layer=cfg.num_layers, n_head=cfg.num_heads, n_inner=cfg.mlp_dim,
+            activation_function=activation, layer_norm_epsilon=cfg.norm_eps,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=cfg.tie_embeddings,
+            bos_token_id=None, eos_token_id=None,
+        )).train()
+        self.attn_implementation = self.model.config._attn_implementation
+        # Decay what training.decay_mask decays: the projection matrices, not embeddings, norms, biases.
+        named = dict(self.model.named_parameters())
+        decay = [p for n, p in named.items() if p.dim() >= 2 and "wte" not in n and "wpe" not in n]
+        rest = [p for n, p in named.items() if not (p.dim() >= 2 and "wte" not in n and "wpe" not in n)]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": o.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+            lr=o.learning_rate, betas=(o.b1, o.b2), eps=o.eps,
+        )
+        self.grad_clip = o.grad_clip
+        self.num_params = sum(p.numel() for p in self.model.parameters())
+        self.batches = [
+            (torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64)))
+            for x, y in random_batches(cfg.vocab_size, t.batch_size, t.seq_len)
+        ]
+        self.i = 0
+
+    def run(self, steps: int) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        for _ in range(steps):
+            inputs, targets = self.batches[self.i % len(self.batches)]
+            self.i += 1
+            logits = self.model(inputs).logits
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            float(loss.detach())  # the loss reaches the host every step, as in a training loop
+
+
+def alternate(runners: dict[str, Callable[[int], None]], steps: int, rounds: int) -> dict[str, float]:
+    """Seconds per step of each runner: its fastest of `rounds` rounds of `steps` steps, the runners
+    taking turns round by round. Each runner first runs one untimed step (compilation, warm-up)."""
+    for run in runners.values():
+        run(1)
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, run in runners.items():
+            start = time.perf_counter()
+            run(steps)
+            times[name].append((time.perf_counter() - start) / steps)
+        print("  " + ", ".join(f"{n} {t[-1] * 1e3:.0f} ms/step" for n, t in times.items()), file=sys.stderr)
+    return {name: min(t) for name, t in times.items()}
+
+
+# --- where the time goes ---------------------------------------------------------------------
+
+
+def step_matmuls(cfg: ModelConfig, batch: int, seq_len: int) -> tuple[Callable[[], object], float]:
+    """(run, FLOPs): a jitted program doing exactly the matrix multiplies of one train step of a
+    GPT-style model (multi-head attention, plain MLP, tied head) and nothing else, and their FLOPs.
+
+    Forward Y = X W; backward dX = dY W^T and dW = X^T dY; attention Q K^T and P V forward, and
+    dO V^T, P^T dO, dS K, dS^T Q backward, each head a [T, K] x [K, T] or [T, T] x [T, K] product.
+    The operands differ per layer so that XLA cannot merge identical products. The time this takes
+    is what the step would take if everything but the matmuls were free.
+    """
+    if cfg.attention != "mha" or cfg.num_kv_heads != cfg.num_heads or cfg.activation == "swiglu":
+        raise ValueError("step_matmuls models multi-head attention with a plain MLP only")
+    n, d, f, h, k, t = batch * seq_len, cfg.d_model, cfg.mlp_dim, cfg.num_heads, cfg.head_dim, seq_len
+    rng = np.random.default_rng(0)
+    arr = lambda *shape: jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * 0.02)  # noqa: E731
+    dense = [(d, h * k)] * 3 + [(h * k, d), (d, f), (f, d)]  # q, k, v, o, fc_in, fc_out
+    acts = {a: arr(n, a) for a in {d, h * k, f}}  # X and dY of each width, shared by the layers
+    layers = [
+        dict(w=[arr(a, b) for a, b in dense], q=arr(batch, h, t, k), k=arr(batch, h, t, k),
+             v=arr(batch, h, t, k), do=arr(batch, h, t, k))
+        for _ in range(cfg.num_layers)
+    ]
+    p, ds = arr(batch, h, t, t), arr(batch, h, t, t)  # attention weights and their gradient
+    embed = arr(cfg.vocab_size, d)
+    dlogits = arr(n, cfg.vocab_size)
+
+    @jax.jit
+    def run(acts, layers, p, ds, embed, dlogits):
+        out = []
+        for layer in layers:
+            for (a, b), w in zip(dense, layer["w"]):
+                x, dy = acts[a], acts[b]
+                out += [x @ w, dy @ w.T, x.T @ dy]
+            q, k_, v, do = layer["q"], layer["k"], layer["v"], layer["do"]
+            out += [jnp.einsum("bhtk,bhsk->bhts", q, k_), jnp.einsum("bhts,bhsk->bhtk", p, v),
+                    jnp.einsum("bhtk,bhsk->bhts", do, v), jnp.einsum("bhts,bhtk->bhsk", p, do),
+                    jnp.einsum("bhts,bhsk->bhtk", ds, k_), jnp.einsum("bhts,bhtk->bhsk", ds, q)]
+        x = acts[d]
+        out += [x @ embed.T, dlogits @ embed, dlogits.T @ x]
+        return out
+
+    flops = cfg.num_layers * (sum(3 * 2 * n * a * b for a, b in dense) + 6 * 2 * batch * h * t * t * k)
+    flops += 3 * 2 * n * d * cfg.vocab_size
+    args = (acts, layers, p, ds, embed, dlogits)
+    return lambda: jax.block_until_ready(run(*args)), flops
+
+
+def breakdown(config, steps: int, rounds: int) -> tuple[dict[str, float], float]:
+    """Seconds of our forward (loss), forward + backward (loss and gradients), the full step, and
+    the step's matrix multiplies alone; and those multiplies' FLOPs."""
+    ours = Ours(config)
+    cfg = ours.cfg
+    x, y = (ours.put(a) for a in ours.batches[0])
+    forward = jax.jit(lambda p, x, y: training.loss_fn(p, cfg, x, y, None))
+    backward = jax.jit(jax.value_and_grad(lambda p, x, y: training.loss_fn(p, cfg, x, y, None)))
+    matmuls, flops = step_matmuls(cfg, config.train.batch_size, config.train.seq_len)
+    runners = {
+        # ours.state is read at each call: the full step donates it and returns a new one.
+        "forward": lambda n: [jax.block_until_ready(forward(ours.state.params, x, y)) for _ in range(n)],
+        "forward+backward": lambda n: [jax.block_until_ready(backward(ours.state.params, x, y)) for _ in range(n)],
+        "full step": ours.run,
+        "matmuls": lambda n: [matmuls() for _ in range(n)],
+    }
+    return alternate(runners, steps, rounds), flops
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
+    args = parser.parse_args()
+    rounds = 3 if args.quick else 5  # ours against PyTorch
+    aux_rounds = 2 if args.quick else 3  # our variants, the breakdown
+    steps = {"shakespeare": 2 if args.quick else 4, "baby_gpt": 1 if args.quick else 2}
+
+    peak = matmul_peak(repeats=5 if args.quick else 10)
+    best_peak = max(peak.values())
+    print(f"matmul peak: JAX {peak['jax'] / 1e9:.0f}, PyTorch {peak['torch'] / 1e9:.0f} GFLOP/s", file=sys.stderr)
+
+    rows = []
+    attention = ""
+    for name, module in CONFIGS.items():
+        config = module.get_config()
+        ours, theirs = Ours(config), Theirs(config)
+        attention = theirs.attn_implementation
+        print(f"{name}: {ours.num_params:,} parameters (PyTorch {theirs.num_params:,})", file=sys.stderr)
+        sec = alternate({"ours": ours.run, "torch": theirs.run}, steps[name], rounds)
+        tps = {k: ours.tokens_per_step / v for k, v in sec.items()}
+        mfu = {k: v * ours.flops_per_token / best_peak for k, v in tps.items()}
+        cfg, t = ours.cfg, config.train
+        rows.append(
+            f"| {name} (L {cfg.num_layers}, d {cfg.d_model}, B {t.batch_size} x T {t.seq_len}; "
+            f"attention {cfg.attention_impl}, scan {cfg.scan_layers}) | {ours.num_params / 1e6:.2f}M | "
+            f"{ours.flops_per_token / 1e6:.1f} | {tps['ours']:,.0f} | {tps['torch']:,.0f} | "
+            f"{tps['ours'] / tps['torch']:.2f} | {mfu['ours']:.2f} | {mfu['torch']:.2f} | {best_peak / 1e9:.0f} |"
+        )
+        del ours, theirs
+
+    # Our variants on the baby GPT: which attention path and layer loop train fastest.
+    config = baby_gpt.get_config()
+    variants = {
+        f"attention {impl}, scan {scan}": Ours(config, attention_impl=impl, scan_layers=scan)
+        for scan in (False, True) for impl in ("reference", "xla")
+    }
+    print("baby_gpt variants:", file=sys.stderr)
+    sec = alternate({k: v.run for k, v in variants.items()}, steps["baby_gpt"], aux_rounds)
+    fastest = min(sec.values())
+    variant_rows = [
+        f"| {name} | {variants[name].tokens_per_step / s:,.0f} | {fastest / s:.2f} |" for name, s in sec.items()
+    ]
+    del variants
+
+    print("baby_gpt breakdown:", file=sys.stderr)
+    parts, matmul_flops = breakdown(config, steps["baby_gpt"], aux_rounds)
+
+    print(f"### Training throughput, float32 on {os.cpu_count()} CPU cores\n")
+    print("FLOPs per token = 6N + 12·L·T·d (N: parameters without the position table; L layers, "
+          "T sequence length, d width). MFU = tokens/s x FLOPs per token / peak, the peak being the best "
+          f"float32 2048x2048 matmul measured in this run (JAX {peak['jax'] / 1e9:.0f}, PyTorch "
+          f"{peak['torch'] / 1e9:.0f} GFLOP/s). torch = Hugging Face GPT2LMHeadModel, PyTorch eager "
+          f"(attention '{attention}'), AdamW. Rounds alternate; fastest round of each.\n")
+    print("| config | params | MFLOP/token | ours tok/s | torch tok/s | ours / torch | our MFU | torch MFU "
+          "| peak GFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    print("\n### Our variants on baby GPT (alternating rounds)\n")
+    print("| variant | tok/s | speed / fastest |")
+    print("|---|---|---|")
+    print("\n".join(variant_rows))
+    print("\n### Where our baby-GPT step spends its time (alternating rounds)\n")
+    print("| part | ms/step | share of the step |")
+    print("|---|---|---|")
+    full = parts["full step"]
+    previous = 0.0
+    for part, label in (("forward", "forward (loss)"), ("forward+backward", "backward (gradients)"),
+                        ("full step", "optimizer + metrics (clip, AdamW, norms)")):
+        print(f"| {label} | {(parts[part] - previous) * 1e3:.0f} | {(parts[part] - previous) / full:.0%} |")
+        previous = parts[part]
+    print(f"| full step | {full * 1e3:.0f} | 100% |")
+    rate = matmul_flops / parts["matmuls"]
+    print(f"| the step's matmuls alone (same shapes, nothing else; {matmul_flops / 1e9:.0f} GFLOP) "
+          f"| {parts['matmuls'] * 1e3:.0f} | {parts['matmuls'] / full:.0%} |")
+    print(f"\nThe step's matrix multiplies alone run at {rate / 1e9:.0f} GFLOP/s, {rate / best_peak:.2f} "
+          f"of the 2048x2048 peak: the MFU ceiling at these shapes, if everything else were free.")
+
+
+if __name__ == "__main__":
+    main()

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from configs import gpt2  # noqa: E402
 from transformer import training  # noqa: E402
-from transformer.config import ModelConfig  # noqa: E402
+from bench.compile import abstract_step  # noqa: E402
 from transformer.model import count_params  # noqa: E402
 
 GiB = 2**30
@@ -40,13 +40,7 @@ GiB = 2**30
 
 def step_memory(config, **model_overrides) -> dict[str, float]:
     """Byte sizes from XLA's memory analysis of the compiled train step (never run)."""
-    cfg = ModelConfig.from_dict({**config.model.to_dict(), **model_overrides})
-    t = config.train
-    mesh = training.make_mesh(devices=jax.devices()[:1])
-    tx, schedule = training.make_optimizer(config.optim, t.steps)
-    state = jax.eval_shape(lambda: training.create_state(cfg, tx, t.seed, mesh))
-    step = training.make_train_step(cfg, tx, schedule, mesh, state)
-    batch = jax.ShapeDtypeStruct((t.batch_size, t.seq_len), jnp.int32, sharding=training.batch_sharding(mesh))
+    step, state, batch = abstract_step(config, **model_overrides)
     start = time.perf_counter()
     stats = step.lower(state, batch, batch).compile().memory_analysis()
     seconds = time.perf_counter() - start

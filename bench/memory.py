@@ -26,12 +26,10 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 
 from configs import gpt2  # noqa: E402
-from transformer import training  # noqa: E402
 from bench.compile import abstract_step  # noqa: E402
 from transformer.model import count_params  # noqa: E402
 

@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from configs import gpt2, shakespeare  # noqa: E402
 from transformer import sampling  # noqa: E402
 from transformer.config import ModelConfig  # noqa: E402
-from transformer.model import Decoder, count_params  # noqa: E402
+from transformer.model import Decoder, count_params, unrolled  # noqa: E402
 
 GREEDY = sampling.SamplingOptions(temperature=0.0)
 PROMPT_LEN = 16
@@ -97,7 +97,11 @@ def start_state(cfg: ModelConfig, params: dict, batch: int, prompt_len: int, cac
 
 
 def ours_timer(cfg: ModelConfig, params: dict, state, steps: int) -> Callable[[], float]:
-    """A timer of one `steps`-long decode scan from `state`, in seconds per step (compiled here)."""
+    """A timer of one `steps`-long decode scan from `state`, in seconds per step (compiled here).
+
+    The layers are unrolled first, once, as `generate` does (see `sampling.decode`).
+    """
+    params, cfg = unrolled(params, cfg)
     run = lambda: jax.block_until_ready(sampling.decode(params, cfg, state, steps, GREEDY))  # noqa: E731
     run()
     return lambda: timed(run) / steps

@@ -11,7 +11,7 @@ import pytest
 
 from transformer import sampling
 from transformer.config import ModelConfig
-from transformer.model import Decoder
+from transformer.model import Decoder, unrolled
 from transformer.ops import MASK_VALUE
 
 # ---------------------------------------------------------------------------------------------
@@ -256,3 +256,25 @@ def test_stream_stops_once_every_row_is_done():
         params, cfg, PROMPTS[:1], jax.random.key(0), NEW, temperature=0.0, stop_tokens=[first]
     ))
     assert len(chunks) == 1 and chunks[0].tolist() == [[first]]
+
+
+def test_decode_unrolls_a_scanned_layer_stack():
+    """A scanned stack would read each layer's weights through a per-step dynamic slice (a copy
+    on XLA:CPU); decode unrolls it, so its program slices no more than the unscanned model's."""
+    cfg, params = model("mha")
+    assert cfg.scan_layers
+    params_u, cfg_u = unrolled(params, cfg)
+    assert not cfg_u.scan_layers and "layers" not in params_u
+    state = sampling.prefill(
+        params, cfg, np.array([[1, 2, 3]], np.int32), np.array([3], np.int32),
+        sampling.row_keys(jax.random.key(0), 1), 16, sampling.SamplingOptions(temperature=0.0),
+    )
+    args = (state, 4, sampling.SamplingOptions(temperature=0.0))
+    _, scanned, _ = sampling.decode(params, cfg, *args)
+    _, unscanned, _ = sampling.decode(params_u, cfg_u, *args)
+    np.testing.assert_array_equal(scanned, unscanned)
+
+    def dynamic_slices(p, c) -> int:
+        return sampling.decode.lower(p, c, *args).compile().as_text().count(" dynamic-slice(")
+
+    assert dynamic_slices(params, cfg) == dynamic_slices(params_u, cfg_u)

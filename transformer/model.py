@@ -163,7 +163,9 @@ class Decoder(nn.Module):
         if cfg.prenorm:
             x = Norm(cfg.norm, cfg.norm_scale, cfg.norm_bias, cfg.norm_eps, name="final_norm")(x)
         if cfg.tie_embeddings:
-            logits = embed.attend(x)
+            # x E^T, contracting E's rows in place. (Flax's embed.attend transposes E first, and
+            # XLA:CPU then fuses the final norm into a slow loop over E: 1.5x this at decoding.)
+            logits = jnp.einsum("btd,vd->btv", x, embed.embedding.astype(cfg.dtype))
         else:
             logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype,
                               kernel_init=nn.initializers.normal(0.02), name="head")(x)
@@ -217,3 +219,15 @@ def unstack_layers(params: dict, num_layers: int) -> dict:
     for i in range(num_layers):
         params[f"layers_{i}"] = jax.tree.map(lambda a: a[i], stacked)
     return params
+
+
+def unrolled(params: dict, cfg: ModelConfig) -> tuple[dict, ModelConfig]:
+    """The same model with its layer stack unrolled: (params with layers_i, cfg with scan_layers off).
+
+    For decoding: a scanned stack reads each layer's weights through a dynamic slice, which XLA:CPU
+    copies every step (all the weights, twice the bytes a step must read); unrolled layers read
+    static slices made once per call.
+    """
+    if not cfg.scan_layers:
+        return params, cfg
+    return unstack_layers(params, cfg.num_layers), cfg.replace(scan_layers=False)

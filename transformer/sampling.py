@@ -32,7 +32,7 @@ import numpy as np
 
 from transformer.cache import Cache, init_cache
 from transformer.config import ModelConfig
-from transformer.model import Decoder
+from transformer.model import Decoder, unrolled
 from transformer.ops import MASK_VALUE
 
 Array = jax.Array
@@ -285,9 +285,14 @@ def decode(
 ) -> tuple[DecodeState, Array, Array]:
     """`num_steps` decode steps in one `lax.scan` (no Python loop over tokens).
 
+    Scanned layers (cfg.scan_layers) are unrolled for decoding (`model.unrolled`): a step is bound
+    by reading the weights, and a scanned stack would copy them every step. Callers that decode in
+    several calls unroll once themselves (generate_stream does), else each call copies them once.
+
     Returns:
       (state after the last step, tokens [B, num_steps] int32, emitted [B, num_steps] bool).
     """
+    params, cfg = unrolled(params, cfg)
     state, (tokens, emitted) = jax.lax.scan(
         lambda carry, _: decode_step(params, cfg, carry, options), state, length=num_steps
     )
@@ -341,6 +346,7 @@ def generate(
     """
     options = SamplingOptions(temperature, top_k, top_p, tuple(stop_tokens), pad_id)
     state = _start(params, cfg, prompts, key, max_new_tokens, options)
+    params, cfg = unrolled(params, cfg)  # see decode
     first = state.tokens[:, None]  # the first new token: no row is done before it
     _, rest, emitted = decode(params, cfg, state, max_new_tokens - 1, options)
     tokens = np.asarray(jnp.concatenate([first, rest], axis=1))
@@ -372,6 +378,7 @@ def generate_stream(
     options = SamplingOptions(temperature, top_k, top_p, tuple(stop_tokens), pad_id)
     state = _start(params, cfg, prompts, key, max_new_tokens, options)
     yield np.asarray(state.tokens)[:, None]  # the first token at once: time to first token
+    params, cfg = unrolled(params, cfg)  # once for all chunks; see decode
     made = 1
     while made < max_new_tokens and not bool(state.done.all()):
         steps = min(chunk_size, max_new_tokens - made)

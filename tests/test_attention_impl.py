@@ -137,8 +137,12 @@ def test_bfloat16_forward_runs_and_stays_close_to_float32(attention):
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the CPU behaviour; on a GPU cuDNN may run")
 def test_cudnn_is_gpu_only_and_says_so_on_cpu():
     """attention_impl='cudnn' is accepted by ModelConfig (it is a property of the hardware, not
-    of the model), but on a CPU jax.nn.dot_product_attention refuses it with a RuntimeError that
-    names cuDNN, at trace time, before anything runs."""
+    of the model), but off a GPU the first call names the problem and the fix, at trace time."""
     cfg = make_cfg("mha", attention_impl="cudnn", dtype="bfloat16")
-    with pytest.raises(RuntimeError, match="cuDNN is not detected"):
+    with pytest.raises(ValueError, match="needs an NVIDIA GPU.*attention_impl='xla'"):
         Decoder(cfg).init(jax.random.key(0), tokens())
+
+
+def test_cudnn_needs_half_precision():
+    with pytest.raises(ValueError, match="attention_impl='cudnn'.*bfloat16 or float16.*dtype='bfloat16'"):
+        make_cfg("mha", attention_impl="cudnn", dtype="float32")

@@ -101,6 +101,11 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig: sinusoidal positions need an even d_model, got {self.d_model}"
             )
+        if self.attention_impl == "cudnn" and self.dtype not in ("bfloat16", "float16"):
+            raise ValueError(
+                f"ModelConfig: attention_impl='cudnn' (cuDNN's fused attention) runs in bfloat16 or "
+                f"float16, not {self.dtype}; set dtype='bfloat16', or attention_impl='xla' for {self.dtype}"
+            )
         if self.attention == "mla":
             self._validate_mla()
         else:

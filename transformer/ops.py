@@ -105,6 +105,11 @@ def dot_product_attention(
                 f"implementation={implementation!r} takes one key segment and returns no weights; "
                 "use implementation='reference' to look at attention maps or to decode from a cache"
             )
+        if implementation == "cudnn" and jax.default_backend() != "gpu":
+            raise ValueError(
+                f"implementation='cudnn' needs an NVIDIA GPU with cuDNN; this process runs on "
+                f"{jax.default_backend()!r}: use attention_impl='xla' or 'reference' there"
+            )
         # Clip before the cast: a float32 mask value (-1e9) would become -inf in float16.
         bias = None if masks[0] is None else jnp.maximum(masks[0], mask_value(q.dtype)).astype(q.dtype)
         # jax.nn.dot_product_attention needs one head width for q, k and v; MLA's values may be

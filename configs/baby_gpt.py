@@ -24,9 +24,12 @@ def get_config():
             # drops the norm and projection biases, we keep them to match GPT-2 / GPT2LMHeadModel
             dropout=0.0,  # nanoGPT uses 0.2 for this model; 0 keeps the benchmark deterministic
             dtype="float32",  # compute dtype (the default, stated): bfloat16 gains nothing on XLA:CPU
-            scan_layers=False,  # default True; on XLA:CPU an unrolled loop over 6 layers trains ~10%
-            # faster than nn.scan (bench/train.py) and still compiles in ~3 s (bench/compile.py).
-            # Keep True for deep models, and for remat: unrolled, XLA:CPU undoes the recomputation.
+            scan_layers=False,  # default True; on XLA:CPU an unrolled loop over 6 layers trains
+            # 10-20% faster than nn.scan (bench/train.py) and still compiles in ~3 s (bench/compile.py).
+            # Why: the scan writes each layer's saved activations into stacked [L, ...] buffers and
+            # reads them back in the backward pass (dynamic-update-slice / dynamic-slice, ~22% of
+            # the scanned step in a profile). Keep True for deep models, and for remat: unrolled,
+            # XLA:CPU undoes the recomputation.
         )
     )
     c.train.steps = 5000  # nanoGPT's max_iters (default 2000)

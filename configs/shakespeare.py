@@ -19,7 +19,8 @@ def get_config():
             activation="gelu",
             norm="layernorm",
             dropout=0.0,  # under one epoch of data: nothing to regularise
-            scan_layers=False,  # a Python loop over 4 layers runs faster than nn.scan on CPU
+            scan_layers=False,  # a Python loop over 4 layers trains faster than nn.scan on CPU
+            # (see configs/baby_gpt.py for why) and compiles about as fast at this depth
         )
     )
     c.train.steps = 1000

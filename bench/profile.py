@@ -1,0 +1,189 @@
+"""Where the time goes: one compiled step, profiled op by op.
+
+    python bench/profile.py                                   # the baby-GPT train step (~1 minute)
+    python bench/profile.py --config shakespeare              # the default model's train step
+    python bench/profile.py --set scan_layers=True            # with a model field changed
+    python bench/profile.py --decode --config gpt2 --batch 1  # one decode step of GPT-2 small
+
+Runs the compiled step a few times under `jax.profiler.trace`, reads the trace back
+(`jax.profiler.ProfileData`) and adds up the time of each compiled XLA op. Every op is named in the
+HLO's metadata after the JAX operation it was made from (a fused kernel after its root operation):
+the first table sums the time by that operation (dot_general, reduce_sum, transpose,
+dynamic_slice, ...), the second lists the slowest single ops with their output shapes and where in
+the model they come from. Decode steps use random weights, unrolled layers and a 64-slot cache, as
+bench/decode.py does.
+
+Op times are summed over XLA's worker threads: independent ops run side by side, so the sum can
+exceed the wall time of the step, which is printed too. These machines are shared and noisy: read
+shares, not milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+import jax
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+
+from bench.decode import GREEDY, random_model, start_state  # noqa: E402
+from bench.train import Ours  # noqa: E402
+from configs import baby_gpt, gpt2, shakespeare  # noqa: E402
+from transformer import sampling  # noqa: E402
+from transformer.config import ModelConfig  # noqa: E402
+from transformer.model import unrolled  # noqa: E402
+
+CONFIGS = {"baby_gpt": baby_gpt, "shakespeare": shakespeare, "gpt2": gpt2}
+# `%name = f32[4096,1536]{1,0} fusion(...), ..., metadata={op_name="jit(step)/.../dot_general" ...}`
+HLO_OP = re.compile(r'^\s*(?:ROOT )?%([\w.-]+) = (\S+) ([\w-]+)\((.*)$', re.MULTILINE)
+OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def hlo_ops(compiled_text: str) -> dict[str, tuple[str, str]]:
+    """Compiled HLO text -> {op name: (output shape, JAX op_name path)}. Ops made by XLA itself, or
+    named after an argument (e.g. a donated parameter's copy), get their HLO opcode instead."""
+    ops = {}
+    for m in HLO_OP.finditer(compiled_text):
+        op_name = OP_NAME.search(m.group(4))
+        source = op_name.group(1) if op_name and "/" in op_name.group(1) else m.group(3)
+        ops[m.group(1)] = (m.group(2).split("{")[0], source)
+    return ops
+
+
+def op_seconds(run: Callable[[], None], ops: dict[str, tuple[str, str]]) -> dict[str, float]:
+    """Seconds each compiled op spent in one call of run(), summed over its executions."""
+    seconds: dict[str, float] = collections.Counter()
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir):
+            run()
+        (path,) = [os.path.join(d, f) for d, _, fs in os.walk(trace_dir) for f in fs if f.endswith(".xplane.pb")]
+        profile = jax.profiler.ProfileData.from_file(path)
+    for plane in profile.planes:
+        for line in plane.lines:
+            for event in line.events:
+                if event.name in ops:  # XLA's ops; skips Python frames and executor bookkeeping
+                    seconds[event.name] += event.duration_ns * 1e-9
+    return seconds
+
+
+def kind(op_name: str) -> str:
+    """'jit(step)/transpose(jvp(Decoder))/layers_0/mlp/fc_in/dot_general' -> 'dot_general'."""
+    return op_name.rsplit("/", 1)[-1]
+
+
+def where(op_name: str) -> str:
+    """The model path of an op, without the jit/transform wrappers and the op itself."""
+    if "/" not in op_name:
+        return "(no source in the HLO metadata)"
+    parts = [p for p in op_name.split("/")[:-1] if "(" not in p and p not in ("Decoder", "while", "body")]
+    pass_ = "backward" if "transpose(" in op_name else "forward"
+    return f"{pass_} {'/'.join(parts)}".strip()
+
+
+def train_step(config_name: str, overrides: dict) -> tuple[Callable[[int], None], str, str]:
+    """(run(n) doing n train steps, compiled HLO text, a description)."""
+    ours = Ours(CONFIGS[config_name].get_config(), **overrides)
+    inputs, targets = (ours.put(x) for x in ours.batches[0])
+    text = ours.train_step.lower(ours.state, inputs, targets).compile().as_text()
+    cfg, t = ours.cfg, CONFIGS[config_name].get_config().train
+    return ours.run, text, f"train step of {config_name} ({describe(cfg)}, batch {t.batch_size} x {t.seq_len})"
+
+
+def decode_step(config_name: str, overrides: dict, batch: int, steps: int) -> tuple[Callable[[int], None], str, str]:
+    """(run(steps) doing that many greedy decode steps in one scan, compiled HLO text, a description)."""
+    model = CONFIGS[config_name].get_config().model
+    cfg = ModelConfig.from_dict({**model.to_dict(), **overrides})
+    params = random_model(cfg)
+    state = start_state(cfg, params, batch, prompt_len=16, cache_len=64)
+    params, cfg = unrolled(params, cfg)
+
+    def run(steps: int) -> None:
+        jax.block_until_ready(sampling.decode(params, cfg, state, steps, GREEDY))
+
+    text = sampling.decode.lower(params, cfg, state, steps, GREEDY).compile().as_text()
+    return run, text, f"decode step of {config_name} ({describe(cfg)}, batch {batch}, 64 cache slots)"
+
+
+def describe(cfg: ModelConfig) -> str:
+    return (f"L {cfg.num_layers}, d {cfg.d_model}, attention {cfg.attention_impl}, scan {cfg.scan_layers}, "
+            f"{cfg.dtype}")
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """['scan_layers=True', 'dtype=bfloat16'] -> {'scan_layers': True, 'dtype': 'bfloat16'}."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise SystemExit(f"--set takes field=value (a ModelConfig field), got {item!r}")
+        name, value = item.split("=", 1)
+        try:
+            out[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[name] = value  # a plain string such as bfloat16
+    return out
+
+
+def markdown(seconds: dict[str, float], ops: dict[str, tuple[str, str]], steps: int, wall: float,
+             title: str, top: int) -> str:
+    total = sum(seconds.values())
+    by_kind: dict[str, float] = collections.Counter()
+    count: dict[str, int] = collections.Counter()
+    for name, s in seconds.items():
+        by_kind[kind(ops[name][1])] += s
+        count[kind(ops[name][1])] += 1
+    ms = lambda s: f"{1e3 * s / steps:,.1f}"  # noqa: E731  per step
+    lines = [
+        f"### Where the time goes: {title}",
+        "",
+        f"Wall time {ms(wall)} ms/step; the ops' times add up to {ms(total)} ms/step (ops run side by "
+        "side on the worker threads). An op is counted under the JAX operation it was made from (a "
+        "fused kernel: its root operation).",
+        "",
+        "| operation | ms/step | share of op time | compiled ops |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {k} | {ms(s)} | {s / total:.1%} | {count[k]} |" for k, s in by_kind.most_common(top)]
+    lines += ["", f"Slowest {top} single ops:", "", "| op | output | from | ms/step | share |", "|---|---|---|---|---|"]
+    for name, s in collections.Counter(seconds).most_common(top):
+        shape, op_name = ops[name]
+        lines.append(f"| {kind(op_name)} | {shape} | {where(op_name)} | {ms(s)} | {s / total:.1%} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default="baby_gpt", choices=sorted(CONFIGS))
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="change a model field, e.g. --set scan_layers=True (repeatable)")
+    parser.add_argument("--decode", action="store_true", help="profile a decode step, not a train step")
+    parser.add_argument("--batch", type=int, default=1, help="decode batch size (default 1)")
+    parser.add_argument("--steps", type=int, default=None, help="steps traced (default: 2 train, 16 decode)")
+    parser.add_argument("--top", type=int, default=12, help="rows per table (default 12)")
+    args = parser.parse_args()
+    overrides = parse_overrides(args.set)
+    steps = args.steps or (16 if args.decode else 2)
+    if args.decode:
+        run, text, title = decode_step(args.config, overrides, args.batch, steps)
+    else:
+        run, text, title = train_step(args.config, overrides)
+    run(steps)  # compile and warm up
+    start = time.perf_counter()
+    run(steps)
+    wall = time.perf_counter() - start
+    ops = hlo_ops(text)
+    seconds = op_seconds(lambda: run(steps), ops)
+    if not seconds:
+        raise SystemExit("the trace held no XLA ops: is this jax's CPU/GPU runtime with profiling enabled?")
+    print(markdown(seconds, ops, steps, wall, title, args.top))
+
+
+if __name__ == "__main__":
+    main()

@@ -3,8 +3,9 @@
     python bench/run_all.py --out bench/results.md            # ~15-20 minutes on 2 cores
     python bench/run_all.py --out bench/results.md --quick    # short runs of each
 
-Each benchmark (train.py, compile.py, memory.py, decode.py) runs as its own process, one after the
-other, so none shares the CPU or JAX's caches with another. Their Markdown output is collected under
+Each benchmark (train.py, compile.py, memory.py, decode.py, and profile.py for a train and a decode
+step) runs as its own process, one after the other, so none shares the CPU or JAX's caches with
+another. Their Markdown output is collected under
 a header stating the date, the machine (CPU model, core count) and the library versions. A benchmark
 that fails leaves its error in the file and the others still run.
 """
@@ -21,12 +22,15 @@ import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
-BENCHMARKS = (
-    ("Training throughput and MFU", "train.py"),
-    ("Compile time against depth", "compile.py"),
-    ("Train-step memory", "memory.py"),
-    ("Decoding", "decode.py"),
+BENCHMARKS = (  # (title, script, its arguments; --quick is added in quick mode where it has one)
+    ("Training throughput and MFU", "train.py", ()),
+    ("Compile time against depth", "compile.py", ()),
+    ("Train-step memory", "memory.py", ()),
+    ("Decoding", "decode.py", ()),
+    ("Profile: the baby-GPT train step", "profile.py", ()),
+    ("Profile: a GPT-2-small decode step", "profile.py", ("--decode", "--config", "gpt2")),
 )
+HAS_QUICK = ("train.py", "compile.py", "memory.py", "decode.py")
 
 
 def cpu_model() -> str:
@@ -49,9 +53,10 @@ def versions() -> str:
     return result.stdout.strip() or f"(could not read versions: {result.stderr.strip()[-200:]})"
 
 
-def run(script: str, quick: bool) -> tuple[str, float, int]:
+def run(script: str, arguments: tuple[str, ...], quick: bool) -> tuple[str, float, int]:
     """(stdout, seconds, return code) of one benchmark; its stderr (progress) passes through."""
-    command = [sys.executable, os.path.join(BENCH, script)] + (["--quick"] if quick else [])
+    quick_flag = ["--quick"] if quick and script in HAS_QUICK else []
+    command = [sys.executable, os.path.join(BENCH, script), *arguments, *quick_flag]
     print(f"== {' '.join(command[1:])}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     result = subprocess.run(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
@@ -80,9 +85,9 @@ def main() -> None:
         "",
         "These machines are shared and noisy: compare ratios within one table, measured in the same run.",
     ]
-    for title, script in BENCHMARKS:
-        stdout, seconds, code = run(script, args.quick)
-        lines += ["", f"## {title} (`bench/{script}`, {seconds:.0f} s)", ""]
+    for title, script, arguments in BENCHMARKS:
+        stdout, seconds, code = run(script, arguments, args.quick)
+        lines += ["", f"## {title} (`{' '.join(['bench/' + script, *arguments])}`, {seconds:.0f} s)", ""]
         if code != 0:
             lines += [f"**`bench/{script}` failed with exit code {code}**; its output so far:", ""]
         lines.append(stdout.strip() or "(no output)")

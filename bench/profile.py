@@ -9,7 +9,7 @@ Runs the compiled step a few times under `jax.profiler.trace`, reads the trace b
 (`jax.profiler.ProfileData`) and adds up the time of each compiled XLA op. Every op is named in the
 HLO's metadata after the JAX operation it was made from (a fused kernel after its root operation):
 the first table sums the time by that operation (dot_general, reduce_sum, transpose,
-dynamic_slice, ...), the second lists the slowest single ops with their output shapes and where in
+dynamic_slice, ...; a fused kernel that holds a matrix multiply counts as dot_general), the second lists the slowest single ops with their output shapes and where in
 the model they come from. Decode steps use random weights, unrolled layers and a 64-slot cache, as
 bench/decode.py does.
 
@@ -45,16 +45,28 @@ CONFIGS = {"baby_gpt": baby_gpt, "shakespeare": shakespeare, "gpt2": gpt2}
 # `%name = f32[4096,1536]{1,0} fusion(...), ..., metadata={op_name="jit(step)/.../dot_general" ...}`
 HLO_OP = re.compile(r'^\s*(?:ROOT )?%([\w.-]+) = (\S+) ([\w-]+)\((.*)$', re.MULTILINE)
 OP_NAME = re.compile(r'op_name="([^"]*)"')
+CALLS = re.compile(r"calls=%([\w.-]+)")
+COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.-]+) .*?\{\n(.*?)^\}", re.MULTILINE | re.DOTALL)
 
 
 def hlo_ops(compiled_text: str) -> dict[str, tuple[str, str]]:
-    """Compiled HLO text -> {op name: (output shape, JAX op_name path)}. Ops made by XLA itself, or
-    named after an argument (e.g. a donated parameter's copy), get their HLO opcode instead."""
+    """Compiled HLO text -> {op name: (output shape, JAX op_name path of what it computes)}.
+
+    A fused kernel is named after its matrix multiply if it holds one (the elementwise work fused
+    around a dot is small beside it), else after its root operation. Ops made by XLA itself, or
+    named after an argument (e.g. a donated parameter's copy), get their HLO opcode instead.
+    """
+    bodies = {m.group(1): m.group(2) for m in COMPUTATION.finditer(compiled_text)}
     ops = {}
     for m in HLO_OP.finditer(compiled_text):
-        op_name = OP_NAME.search(m.group(4))
-        source = op_name.group(1) if op_name and "/" in op_name.group(1) else m.group(3)
-        ops[m.group(1)] = (m.group(2).split("{")[0], source)
+        name, shape, opcode, rest = m.groups()
+        source = OP_NAME.search(rest)
+        calls = CALLS.search(rest)
+        if opcode == "fusion" and calls and calls.group(1) in bodies:
+            dot = next((d for d in HLO_OP.finditer(bodies[calls.group(1)]) if d.group(3) == "dot"), None)
+            source = OP_NAME.search(dot.group(4)) if dot else source
+        path = source.group(1) if source and "/" in source.group(1) else opcode
+        ops[name] = (shape.split("{")[0], path)
     return ops
 
 
@@ -145,7 +157,7 @@ def markdown(seconds: dict[str, float], ops: dict[str, tuple[str, str]], steps: 
         "",
         f"Wall time {ms(wall)} ms/step; the ops' times add up to {ms(total)} ms/step (ops run side by "
         "side on the worker threads). An op is counted under the JAX operation it was made from (a "
-        "fused kernel: its root operation).",
+        "fused kernel: its matrix multiply if it holds one, else its root operation).",
         "",
         "| operation | ms/step | share of op time | compiled ops |",
         "|---|---|---|---|",

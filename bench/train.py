@@ -211,7 +211,8 @@ def step_matmuls(cfg: ModelConfig, batch: int, seq_len: int) -> tuple[Callable[[
     """(run, FLOPs): a jitted program doing exactly the matrix multiplies of one train step of a
     GPT-style model (multi-head attention, plain MLP, tied head) and nothing else, and their FLOPs.
 
-    Forward Y = X W; backward dX = dY W^T and dW = X^T dY; attention Q K^T and P V forward, and
+    With weights W [out, in] as the model stores them (transformer/linear.py): forward Y = X W^T;
+    backward dX = dY W and dW = dY^T X; attention Q K^T and P V forward, and
     dO V^T, P^T dO, dS K, dS^T Q backward, each head a [T, K] x [K, T] or [T, T] x [T, K] product.
     The operands differ per layer so that XLA cannot merge identical products. The time this takes
     is what the step would take if everything but the matmuls were free.
@@ -224,7 +225,7 @@ def step_matmuls(cfg: ModelConfig, batch: int, seq_len: int) -> tuple[Callable[[
     dense = [(d, h * k)] * 3 + [(h * k, d), (d, f), (f, d)]  # q, k, v, o, fc_in, fc_out
     acts = {a: arr(n, a) for a in {d, h * k, f}}  # X and dY of each width, shared by the layers
     layers = [
-        dict(w=[arr(a, b) for a, b in dense], q=arr(batch, h, t, k), k=arr(batch, h, t, k),
+        dict(w=[arr(b, a) for a, b in dense], q=arr(batch, h, t, k), k=arr(batch, h, t, k),
              v=arr(batch, h, t, k), do=arr(batch, h, t, k))
         for _ in range(cfg.num_layers)
     ]
@@ -238,7 +239,7 @@ def step_matmuls(cfg: ModelConfig, batch: int, seq_len: int) -> tuple[Callable[[
         for layer in layers:
             for (a, b), w in zip(dense, layer["w"]):
                 x, dy = acts[a], acts[b]
-                out += [x @ w, dy @ w.T, x.T @ dy]
+                out += [x @ w.T, dy @ w, dy.T @ x]
             q, k_, v, do = layer["q"], layer["k"], layer["v"], layer["do"]
             out += [jnp.einsum("bhtk,bhsk->bhts", q, k_), jnp.einsum("bhts,bhsk->bhtk", p, v),
                     jnp.einsum("bhtk,bhsk->bhts", do, v), jnp.einsum("bhts,bhtk->bhsk", p, do),

@@ -59,3 +59,21 @@ def test_other_model_is_refused_with_the_differing_fields():
     with pytest.raises(CheckpointError, match="d_model: checkpoint 32, config 64"):
         check_same_model(MODEL, dict(MODEL, d_model=64), "runs/x")
     check_same_model(MODEL, dict(MODEL), "runs/x")  # the same model passes
+
+
+def test_checkpoint_in_the_old_weight_layout_is_refused_with_the_reason(tmp_path):
+    """A checkpoint whose kernels are stored [in, out] (before transformer/linear.py) is refused
+    with what differs and what to do, at inference and at resume, and is left as it was."""
+    state = save_one(tmp_path / "new")
+    old = jax.tree_util.tree_map_with_path(  # [L, F, D] -> [L, D, F]
+        lambda p, a: a.swapaxes(-1, -2) if jax.tree_util.keystr(p).endswith("['fc_in']['kernel']") else a, state.params
+    )
+    ckpt = Checkpointer(str(tmp_path / "old"))
+    ckpt.save(3, state.replace(params=old), {"model": MODEL}, ByteTokenizer(), val_loss=1.0)
+    ckpt.wait()
+    with pytest.raises(CheckpointError, match=r"fc_in'\]\['kernel'\]: got \(1, 32, 128\), model \(1, 128, 32\).*\[out, in\]"):
+        restore_for_inference(str(tmp_path / "old"))
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state)
+    with pytest.raises(CheckpointError, match=r"another layout.*train again"):
+        Checkpointer(str(tmp_path / "old")).restore_state(abstract, MODEL)
+    assert Checkpointer(str(tmp_path / "old"), read_only=True).all_steps() == [3]

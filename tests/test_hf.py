@@ -133,7 +133,7 @@ def test_imported_configs_map_the_fields():
         "learned", "layernorm", "gelu_tanh", True, True)
     cfg, params = from_hf(hf_model("llama_gqa_untied"))
     assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rope_theta, cfg.tie_embeddings) == (4, 2, 16, 500.0, False)
-    assert params["layers"]["attn"]["k"]["kernel"].shape == (2, 64, 2, 16)  # [L, D, G, K]
+    assert params["layers"]["attn"]["k"]["kernel"].shape == (2, 2, 16, 64)  # [L, G, K, D]
     cfg, _ = from_hf(hf_model("deepseek_q_latent"))
     assert (cfg.attention, cfg.q_latent_dim, cfg.kv_latent_dim, cfg.head_dim, cfg.rope_head_dim,
             cfg.v_head_dim, cfg.rope_theta) == ("mla", 24, 16, 16, 8, 12, 1000.0)

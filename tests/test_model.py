@@ -197,7 +197,7 @@ def test_gqa_with_repeated_kv_heads_equals_mha():
         p = flax.core.unfreeze(jax.tree.map(np.asarray, gqa.params))
         attn = p["layers"]["attn"]
         for name in ("k", "v"):
-            attn[name]["kernel"] = expand(attn[name]["kernel"], axis=2)  # [L, D, G, K] -> [L, D, H, K]
+            attn[name]["kernel"] = expand(attn[name]["kernel"], axis=1)  # [L, G, K, D] -> [L, H, K, D]
             if "bias" in attn[name]:
                 attn[name]["bias"] = expand(attn[name]["bias"], axis=1)
         return jax.tree.map(jnp.asarray, p)
@@ -321,11 +321,11 @@ def test_head_mask_equals_zeroing_output_projection_rows(attention, position):
     ablate = [(0, 0), (1, 2)]
     head_mask = np.ones((L, H), np.float32)
     params = flax.core.unfreeze(jax.tree.map(np.array, m.params))
-    kernel = params["layers"]["attn"]["o"]["kernel"]  # [L, H, Kv, D]
-    chex.assert_shape(kernel, (L, H, None, m.cfg.d_model))
+    kernel = params["layers"]["attn"]["o"]["kernel"]  # [L, D, H, Kv]
+    chex.assert_shape(kernel, (L, m.cfg.d_model, H, None))
     for layer, head in ablate:
         head_mask[layer, head] = 0.0
-        kernel[layer, head] = 0.0
+        kernel[layer, :, head] = 0.0
     masked = np.asarray(run(m.params, m.tokens, head_mask))
     zeroed = np.asarray(m.forward(jax.tree.map(jnp.asarray, params), m.tokens))
     np.testing.assert_allclose(masked, zeroed, **TOL)

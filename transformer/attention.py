@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from transformer import ops
 from transformer.cache import KVCache, LatentCache
 from transformer.config import ModelConfig
+from transformer.linear import Linear
 from transformer.norm import Norm
 
 Array = jax.Array
@@ -65,7 +66,7 @@ class Attention(nn.Module):
         return_weights: bool = False,
     ) -> tuple[Array, KVCache, Array | None]:
         cfg = self.cfg
-        dense = lambda heads, name: nn.DenseGeneral(  # noqa: E731
+        dense = lambda heads, name: Linear(  # noqa: E731  W [heads, K, D]
             (heads, cfg.head_dim), use_bias=cfg.use_bias, dtype=cfg.dtype,
             kernel_init=dense_init(cfg), name=name,
         )
@@ -90,11 +91,12 @@ class Attention(nn.Module):
 
 
 def output_projection(cfg: ModelConfig, heads: Array, head_mask: Array | None) -> Array:
-    """W_o: [B, T, H, Kv] -> [B, T, D]. head_mask [H] (1 keep, 0 ablate) scales each head first."""
+    """W_o [D, H, Kv]: [B, T, H, Kv] -> [B, T, D]. head_mask [H] (1 keep, 0 ablate) scales each
+    head first."""
     if head_mask is not None:
         heads = heads * head_mask.astype(heads.dtype)[:, None]
-    return nn.DenseGeneral(
-        cfg.d_model, axis=(-2, -1), use_bias=cfg.use_bias, dtype=cfg.dtype,
+    return Linear(
+        cfg.d_model, in_axes=2, use_bias=cfg.use_bias, dtype=cfg.dtype,
         kernel_init=dense_init(cfg, output=True), name="o",
     )(heads)
 
@@ -130,7 +132,7 @@ class LatentAttention(nn.Module):
         h, k_nope, k_v, c_kv = cfg.num_heads, cfg.head_dim, cfg.v_head_dim, cfg.kv_latent_dim
         r = cfg.rope_head_dim or 0
         norm = lambda name: Norm("rmsnorm", cfg.norm_scale, False, cfg.norm_eps, name=name)  # noqa: E731
-        dense = lambda features, name, bias=cfg.use_bias: nn.DenseGeneral(  # noqa: E731
+        dense = lambda features, name, bias=cfg.use_bias: Linear(  # noqa: E731
             features, use_bias=bias, dtype=cfg.dtype, kernel_init=dense_init(cfg), name=name
         )
 
@@ -147,8 +149,9 @@ class LatentAttention(nn.Module):
             k_rope = ops.rope(kv[:, :, None, c_kv:], positions, cfg.rope_theta)[:, :, 0]
             latent = jnp.concatenate([latent, k_rope], axis=-1)  # [B, T, C + R]
 
-        w_uk = self.param("k_up", dense_init(cfg), (c_kv, h, k_nope), jnp.float32).astype(cfg.dtype)
-        w_uv = self.param("v_up", dense_init(cfg), (c_kv, h, k_v), jnp.float32).astype(cfg.dtype)
+        # W_UK [H, K, C] and W_UV [H, Kv, C], stored [out, in] as every projection (see linear.py).
+        w_uk = self.param("k_up", dense_init(cfg), (h, k_nope, c_kv), jnp.float32).astype(cfg.dtype)
+        w_uv = self.param("v_up", dense_init(cfg), (h, k_v, c_kv), jnp.float32).astype(cfg.dtype)
 
         segments = [latent] if cached is None else [cached.latent.astype(latent.dtype), latent]
         masks = segment_masks(positions, None if cached is None else cached.max_len)
@@ -157,20 +160,20 @@ class LatentAttention(nn.Module):
         if absorb:
             # Scores against [c, k_rope] with the query [W_UK^T q_nope, q_rope]: one shared key
             # head (G = 1) of width C + R, and the latent itself as the value.
-            q_abs = jnp.concatenate([jnp.einsum("bthk,chk->bthc", q_nope, w_uk), q_rope], axis=-1)
+            q_abs = jnp.concatenate([jnp.einsum("bthk,hkc->bthc", q_nope, w_uk), q_rope], axis=-1)
             ks = [s[:, :, None, :] for s in segments]  # [B, S, 1, C + R]
             vs = [s[:, :, None, :c_kv] for s in segments]  # [B, S, 1, C]
             out_c, weights = ops.dot_product_attention(
                 q_abs, ks, vs, masks, scale=scale, return_weights=return_weights
             )
-            out = jnp.einsum("bthc,chk->bthk", out_c, w_uv)  # [B, T, H, Kv]
+            out = jnp.einsum("bthc,hkc->bthk", out_c, w_uv)  # [B, T, H, Kv]
         else:
             ks, vs = [], []
             for s in segments:  # up-project every token's key and value for every head
-                k_n = jnp.einsum("bsc,chk->bshk", s[..., :c_kv], w_uk)
+                k_n = jnp.einsum("bsc,hkc->bshk", s[..., :c_kv], w_uk)
                 k_r = jnp.broadcast_to(s[:, :, None, c_kv:], (*s.shape[:2], h, r))
                 ks.append(jnp.concatenate([k_n, k_r], axis=-1))  # [B, S, H, K + R]
-                vs.append(jnp.einsum("bsc,chk->bshk", s[..., :c_kv], w_uv))  # [B, S, H, Kv]
+                vs.append(jnp.einsum("bsc,hkc->bshk", s[..., :c_kv], w_uv))  # [B, S, H, Kv]
             out, weights = ops.dot_product_attention(
                 jnp.concatenate([q_nope, q_rope], axis=-1), ks, vs, masks, scale=scale,
                 return_weights=return_weights,

@@ -122,7 +122,12 @@ class Checkpointer:
         """
         step = self._step_or_latest(step)
         check_same_model(self.config(step)["model"], model_config, self.directory)
-        return self._restore(step, state=ocp.args.StandardRestore(abstract_state)).state
+        try:
+            return self._restore(step, state=ocp.args.StandardRestore(abstract_state)).state
+        except CheckpointError:
+            # Same config, yet unreadable: say so if the stored arrays have other shapes.
+            check_layout(ModelConfig.from_dict(model_config), self.restore_params(step), self.directory)
+            raise
 
     def restore_params(self, step: int | None = None) -> Any:
         """Only the parameters of checkpoint `step` (default: the latest), as saved."""
@@ -143,6 +148,20 @@ def check_same_model(saved: Mapping[str, Any], current: Mapping[str, Any], where
         )
 
 
+def check_layout(cfg: ModelConfig, params: Any, where: str) -> None:
+    """Raises CheckpointError if the saved parameters are not shaped as this code's Decoder(cfg)."""
+    from transformer.model import layout_differences
+
+    diff = layout_differences(cfg, params)
+    if diff:
+        raise CheckpointError(
+            f"the checkpoint in {where} stores its parameters in another layout than this version of "
+            f"the model builds ({'; '.join(diff[:2])}). Since 2026-11-29 every weight matrix is stored "
+            "[out, in] (transformer/linear.py); checkpoints written before cannot be loaded by this "
+            "version: train again, or use the version of the code that wrote them"
+        )
+
+
 def restore_for_inference(workdir: str, step: int | None = None) -> tuple[ModelConfig, Any, Tokenizer]:
     """(model config, params, tokenizer) of a run's checkpoint `step` (default: the latest).
 
@@ -157,6 +176,7 @@ def restore_for_inference(workdir: str, step: int | None = None) -> tuple[ModelC
     step = ckpt._step_or_latest(step)
     cfg = ModelConfig.from_dict(ckpt.config(step)["model"])
     params = jax.tree.map(jax.numpy.asarray, ckpt.restore_params(step))
+    check_layout(cfg, params, ckpt.directory)
     return cfg, params, ckpt.tokenizer(step)
 
 

@@ -13,7 +13,8 @@ What is imported, and how each maps onto `ModelConfig` (see `SUPPORTED`):
 
   GPT2LMHeadModel        learned positions, pre-norm layer norm with gain and bias, biases
                          everywhere, MLP activation gelu_new -> 'gelu_tanh' (or 'gelu' / 'relu'),
-                         tied head. Conv1D weights are [in, out]; the fused c_attn splits into q, k, v.
+                         tied head. Conv1D weights are [in, out] (ours [out, in]: transposed); the
+                         fused c_attn splits into q, k, v.
   LlamaForCausalLM       RoPE (any rope_theta, no rope scaling), RMSNorm (gain only), SwiGLU MLP,
                          grouped-query attention, head_dim from the config, tied or untied head;
                          attention_bias and mlp_bias must be equal (our use_bias covers both).
@@ -182,19 +183,20 @@ def _import_gpt2(hf: dict) -> tuple[ModelConfig, _Converter]:
 
     def layer(t, cfg, i):
         p = f"transformer.h.{i}."
-        w = t.get(p + "attn.c_attn.weight", (d, 3 * d))  # Conv1D: [in, out]
+        # GPT-2's Conv1D stores [in, out]; our kernels are [out, in] (transformer/linear.py).
+        w = t.get(p + "attn.c_attn.weight", (d, 3 * d)).T  # [3D, D]: W_q, W_k, W_v stacked
         b = t.get(p + "attn.c_attn.bias", (3 * d,))
         attn = {
-            name: {"kernel": w[:, j * d:(j + 1) * d].reshape(d, h, k),
+            name: {"kernel": w[j * d:(j + 1) * d].reshape(h, k, d),
                    "bias": b[j * d:(j + 1) * d].reshape(h, k)}
             for j, name in enumerate(("q", "k", "v"))
         }
-        attn["o"] = {"kernel": t.get(p + "attn.c_proj.weight", (d, d)).reshape(h, k, d),
+        attn["o"] = {"kernel": t.get(p + "attn.c_proj.weight", (d, d)).T.reshape(d, h, k),
                      "bias": t.get(p + "attn.c_proj.bias", (d,))}
         mlp = {
-            "fc_in": {"kernel": t.get(p + "mlp.c_fc.weight", (d, f)),
+            "fc_in": {"kernel": t.get(p + "mlp.c_fc.weight", (d, f)).T,
                       "bias": t.get(p + "mlp.c_fc.bias", (f,))},
-            "fc_out": {"kernel": t.get(p + "mlp.c_proj.weight", (f, d)),
+            "fc_out": {"kernel": t.get(p + "mlp.c_proj.weight", (f, d)).T,
                        "bias": t.get(p + "mlp.c_proj.bias", (d,))},
         }
         return {"attn_norm": norm(t, p + "ln_1"), "attn": attn, "mlp_norm": norm(t, p + "ln_2"), "mlp": mlp}
@@ -206,7 +208,7 @@ def _import_gpt2(hf: dict) -> tuple[ModelConfig, _Converter]:
             "final_norm": norm(t, "transformer.ln_f"),
         }
         if not cfg.tie_embeddings:
-            params["head"] = {"kernel": t.get("lm_head.weight", (cfg.vocab_size, d)).T}
+            params["head"] = {"kernel": t.get("lm_head.weight", (cfg.vocab_size, d))}
         return params
 
     def ignore(cfg):
@@ -236,16 +238,16 @@ def _import_llama(hf: dict) -> tuple[ModelConfig, _Converter]:
     g, k, f, bias = cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim, cfg.use_bias
 
     def linear(t, name, n_in, shape_out):
-        """A torch Linear [out, in] -> a kernel [in, *shape_out] (and its bias, reshaped)."""
+        """A torch Linear [out, in] -> a kernel [*shape_out, in] (and its bias, reshaped)."""
         n_out = int(np.prod(shape_out))
-        p = {"kernel": t.get(name + ".weight", (n_out, n_in)).T.reshape(n_in, *shape_out)}
+        p = {"kernel": t.get(name + ".weight", (n_out, n_in)).reshape(*shape_out, n_in)}
         if bias:
             p["bias"] = t.get(name + ".bias", (n_out,)).reshape(shape_out)
         return p
 
     def layer(t, cfg, i):
         p = f"model.layers.{i}."
-        o = {"kernel": t.get(p + "self_attn.o_proj.weight", (d, h * k)).T.reshape(h, k, d)}
+        o = {"kernel": t.get(p + "self_attn.o_proj.weight", (d, h * k)).reshape(d, h, k)}
         if bias:
             o["bias"] = t.get(p + "self_attn.o_proj.bias", (d,))
         return {
@@ -304,28 +306,27 @@ def _import_deepseek_v3(hf: dict) -> tuple[ModelConfig, _Converter]:
     perm = np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2)]) if hf["rope_interleave"] else np.arange(r)
 
     def q_rows(w, n_in):
-        """[H * (K + R), in] -> kernel [in, H, K + R] with the rotary rows of each head permuted."""
+        """[H * (K + R), in] -> kernel [H, K + R, in] with the rotary rows of each head permuted."""
         w = w.reshape(h, k + r, n_in)
-        w = np.concatenate([w[:, :k], w[:, k:][:, perm]], axis=1)
-        return w.transpose(2, 0, 1)
+        return np.concatenate([w[:, :k], w[:, k:][:, perm]], axis=1)
 
     def layer(t, cfg, i):
         p = f"model.layers.{i}.self_attn."
         if q_latent:
             attn = {
-                "q_down": {"kernel": t.get(p + "q_a_proj.weight", (q_latent, d)).T},
+                "q_down": {"kernel": t.get(p + "q_a_proj.weight", (q_latent, d))},
                 "q_norm": {"scale": t.get(p + "q_a_layernorm.weight", (q_latent,))},
                 "q_up": {"kernel": q_rows(t.get(p + "q_b_proj.weight", (h * (k + r), q_latent)), q_latent)},
             }
         else:
             attn = {"q": {"kernel": q_rows(t.get(p + "q_proj.weight", (h * (k + r), d)), d)}}
         w = t.get(p + "kv_a_proj_with_mqa.weight", (c + r, d))
-        attn["kv_down"] = {"kernel": np.concatenate([w[:c], w[c:][perm]], axis=0).T}
+        attn["kv_down"] = {"kernel": np.concatenate([w[:c], w[c:][perm]], axis=0)}
         attn["kv_norm"] = {"scale": t.get(p + "kv_a_layernorm.weight", (c,))}
         w = t.get(p + "kv_b_proj.weight", (h * (k + kv), c)).reshape(h, k + kv, c)
-        attn["k_up"] = w[:, :k].transpose(2, 0, 1)  # [C, H, K]
-        attn["v_up"] = w[:, k:].transpose(2, 0, 1)  # [C, H, Kv]
-        attn["o"] = {"kernel": t.get(p + "o_proj.weight", (d, h * kv)).T.reshape(h, kv, d)}
+        attn["k_up"] = w[:, :k]  # [H, K, C]
+        attn["v_up"] = w[:, k:]  # [H, Kv, C]
+        attn["o"] = {"kernel": t.get(p + "o_proj.weight", (d, h * kv)).reshape(d, h, kv)}
         q = f"model.layers.{i}."
         return {
             "attn_norm": {"scale": t.get(q + "input_layernorm.weight", (d,))},
@@ -350,7 +351,7 @@ def _swiglu(t: "_Tensors", p: str, d: int, f: int, bias: bool) -> dict:
     mlp = {}
     for ours, theirs, shape in (("gate", "gate_proj", (f, d)), ("up", "up_proj", (f, d)),
                                 ("fc_out", "down_proj", (d, f))):
-        mlp[ours] = {"kernel": t.get(f"{p}mlp.{theirs}.weight", shape).T}
+        mlp[ours] = {"kernel": t.get(f"{p}mlp.{theirs}.weight", shape)}
         if bias:
             mlp[ours]["bias"] = t.get(f"{p}mlp.{theirs}.bias", (shape[0],))
     return mlp
@@ -362,7 +363,7 @@ def _llama_top(t: "_Tensors", cfg: ModelConfig) -> dict:
         "final_norm": {"scale": t.get("model.norm.weight", (cfg.d_model,))},
     }
     if not cfg.tie_embeddings:
-        params["head"] = {"kernel": t.get("lm_head.weight", (cfg.vocab_size, cfg.d_model)).T}
+        params["head"] = {"kernel": t.get("lm_head.weight", (cfg.vocab_size, cfg.d_model))}
     return params
 
 
@@ -622,15 +623,16 @@ def _export_gpt2(cfg: ModelConfig, top: dict, layers: list[dict]) -> tuple[dict,
         p, a, m = f"transformer.h.{i}.", layer["attn"], layer["mlp"]
         t[p + "ln_1.weight"], t[p + "ln_1.bias"] = norm(layer.get("attn_norm", {}))
         t[p + "ln_2.weight"], t[p + "ln_2.bias"] = norm(layer.get("mlp_norm", {}))
-        t[p + "attn.c_attn.weight"] = np.concatenate([a[n]["kernel"].reshape(d, d) for n in "qkv"], axis=1)
+        # Conv1D stores [in, out]: the transposes of our [out, in] kernels.
+        t[p + "attn.c_attn.weight"] = np.concatenate([a[n]["kernel"].reshape(d, d) for n in "qkv"]).T
         t[p + "attn.c_attn.bias"] = np.concatenate([bias(a[n], d) for n in "qkv"])
-        t[p + "attn.c_proj.weight"] = a["o"]["kernel"].reshape(d, d)
+        t[p + "attn.c_proj.weight"] = a["o"]["kernel"].reshape(d, d).T
         t[p + "attn.c_proj.bias"] = bias(a["o"], d)
-        t[p + "mlp.c_fc.weight"], t[p + "mlp.c_fc.bias"] = m["fc_in"]["kernel"], bias(m["fc_in"], f)
-        t[p + "mlp.c_proj.weight"], t[p + "mlp.c_proj.bias"] = m["fc_out"]["kernel"], bias(m["fc_out"], d)
+        t[p + "mlp.c_fc.weight"], t[p + "mlp.c_fc.bias"] = m["fc_in"]["kernel"].T, bias(m["fc_in"], f)
+        t[p + "mlp.c_proj.weight"], t[p + "mlp.c_proj.bias"] = m["fc_out"]["kernel"].T, bias(m["fc_out"], d)
     t["transformer.ln_f.weight"], t["transformer.ln_f.bias"] = norm(top.get("final_norm", {}))
     if not cfg.tie_embeddings:
-        t["lm_head.weight"] = top["head"]["kernel"].T
+        t["lm_head.weight"] = top["head"]["kernel"]
     hf = {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
         "n_positions": cfg.max_seq_len, "n_embd": d, "n_layer": cfg.num_layers, "n_head": cfg.num_heads,
@@ -659,19 +661,19 @@ def _export_llama(cfg: ModelConfig, top: dict, layers: list[dict]) -> tuple[dict
         t[p + "input_layernorm.weight"] = layer.get("attn_norm", {}).get("scale", ones)
         t[p + "post_attention_layernorm.weight"] = layer.get("mlp_norm", {}).get("scale", ones)
         for name, heads in (("q", h), ("k", g), ("v", g)):
-            t[p + f"self_attn.{name}_proj.weight"] = a[name]["kernel"].reshape(d, heads * k).T
+            t[p + f"self_attn.{name}_proj.weight"] = a[name]["kernel"].reshape(heads * k, d)
             if cfg.use_bias:
                 t[p + f"self_attn.{name}_proj.bias"] = a[name]["bias"].reshape(-1)
-        t[p + "self_attn.o_proj.weight"] = a["o"]["kernel"].reshape(h * k, d).T
+        t[p + "self_attn.o_proj.weight"] = a["o"]["kernel"].reshape(d, h * k)
         for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("fc_out", "down_proj")):
-            t[p + f"mlp.{theirs}.weight"] = m[ours]["kernel"].T
+            t[p + f"mlp.{theirs}.weight"] = m[ours]["kernel"]
             if cfg.use_bias:
                 t[p + f"mlp.{theirs}.bias"] = m[ours]["bias"]
         if cfg.use_bias:
             t[p + "self_attn.o_proj.bias"] = a["o"]["bias"]
     t["model.norm.weight"] = top.get("final_norm", {}).get("scale", ones)
     if not cfg.tie_embeddings:
-        t["lm_head.weight"] = top["head"]["kernel"].T
+        t["lm_head.weight"] = top["head"]["kernel"]
     hf = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
         "max_position_embeddings": cfg.max_seq_len, "hidden_size": d, "num_hidden_layers": cfg.num_layers,
@@ -704,14 +706,8 @@ def _stack(layers: list[dict]) -> dict:
 
 def _check_layout(cfg: ModelConfig, params: dict) -> None:
     """The imported tree must be exactly `Decoder(cfg)`'s: same names, same shapes."""
-    from transformer.model import Decoder
+    from transformer.model import layout_differences
 
-    want = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"])
-
-    def flat(tree):
-        return {jax.tree_util.keystr(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
-
-    got, expected = flat(params), flat(want)
-    if got != expected:
-        diff = sorted(set(got.items()) ^ set(expected.items()))
+    diff = layout_differences(cfg, params)
+    if diff:
         raise RuntimeError(f"internal error: imported params do not match Decoder(cfg)'s layout: {diff[:6]}")

@@ -18,6 +18,7 @@ from transformer import ops
 from transformer.attention import Attention, LatentAttention, dense_init
 from transformer.cache import Cache
 from transformer.config import ModelConfig
+from transformer.linear import Linear
 from transformer.norm import Norm
 
 Array = jax.Array
@@ -51,7 +52,7 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         cfg = self.cfg
-        dense = lambda features, name, output=False: nn.Dense(  # noqa: E731
+        dense = lambda features, name, output=False: Linear(  # noqa: E731
             features, use_bias=cfg.use_bias, dtype=cfg.dtype,
             kernel_init=dense_init(cfg, output), name=name,
         )
@@ -167,8 +168,7 @@ class Decoder(nn.Module):
             # XLA:CPU then fuses the final norm into a slow loop over E: 1.5x this at decoding.)
             logits = jnp.einsum("btd,vd->btv", x, embed.embedding.astype(cfg.dtype))
         else:
-            logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.dtype,
-                              kernel_init=nn.initializers.normal(0.02), name="head")(x)
+            logits = Linear(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, name="head")(x)  # W [V, D]
         logits = logits.astype(jnp.float32)
 
         if cache is not None:
@@ -202,6 +202,19 @@ def check_positions(cfg: ModelConfig, positions: Array, cache: Cache | None) -> 
 def count_params(params) -> int:
     """Total number of parameters in a pytree."""
     return sum(x.size for x in jax.tree.leaves(params))
+
+
+def layout_differences(cfg: ModelConfig, params) -> list[str]:
+    """Where a parameter tree differs from the one Decoder(cfg) builds (names and shapes), as
+    'path: got (shape), model (shape)' lines; empty when they match. Nothing is computed."""
+    model = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))
+
+    def shapes(tree) -> dict[str, tuple]:
+        return {jax.tree_util.keystr(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+    got, want = shapes(params), shapes(model["params"])
+    return [f"{k}: got {got.get(k, 'nothing')}, model {want.get(k, 'nothing')}"
+            for k in sorted(got.keys() | want.keys()) if got.get(k) != want.get(k)]
 
 
 def stack_layers(params: dict, num_layers: int) -> dict:

@@ -1,0 +1,51 @@
+"""Linear maps y = W x + b, with W stored [out, in] as the lecture writes it (q_i = W_q h_i).
+
+Flax's nn.Dense stores the transpose, [in, out]. The choice matters for decoding: one token at a
+time, every step reads every weight once in a matrix-vector product, and XLA:CPU reads [out, in]
+weights 1.2-1.3x faster there (bench/weight_layout.py, GPT-2 small's layers at batch 1 and 8);
+training steps run at the same speed either way. It is also PyTorch's layout, so Hugging Face
+Llama-style checkpoints load without transposes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+class Linear(nn.Module):
+    """x [..., *in_shape] -> y [..., *features]: y = W x + b over the last `in_axes` axes of x.
+
+    features: the output shape, an int or a tuple ((H, K) for per-head projections).
+    in_axes: how many trailing axes of x the map reads (2 for W_o, which reads [H, K]).
+    Parameters (float32, cast to `dtype` for the product): kernel W [*features, *in_shape],
+    bias b [*features].
+    """
+
+    features: int | tuple[int, ...]
+    in_axes: int = 1
+    use_bias: bool = True
+    dtype: Any = jnp.float32
+    kernel_init: nn.initializers.Initializer = nn.initializers.normal(0.02)
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        out = (self.features,) if isinstance(self.features, int) else tuple(self.features)
+        n_in = self.in_axes
+        in_shape = x.shape[x.ndim - n_in:]
+        w = self.param("kernel", self.kernel_init, out + in_shape, jnp.float32)
+        # One 2-D product [..., in] x [out, in]^T: flattening is free (row-major), while a
+        # dot_general over several axes makes XLA:CPU transpose the kernel on every call.
+        n_out, n_in_flat = math.prod(out), math.prod(in_shape)
+        x2 = x.reshape(*x.shape[: x.ndim - n_in], n_in_flat).astype(self.dtype)
+        y = jnp.einsum("...i,oi->...o", x2, w.reshape(n_out, n_in_flat).astype(self.dtype))
+        y = y.reshape(*y.shape[:-1], *out)
+        if self.use_bias:
+            y = y + self.param("bias", nn.initializers.zeros, out, jnp.float32).astype(self.dtype)
+        return y

@@ -3,8 +3,8 @@
     python bench/run_all.py --out bench/results.md            # ~15-20 minutes on 2 cores
     python bench/run_all.py --out bench/results.md --quick    # short runs of each
 
-Each benchmark (train.py, compile.py, memory.py, decode.py, and profile.py for a train and a decode
-step) runs as its own process, one after the other, so none shares the CPU or JAX's caches with
+Each benchmark (train.py, compile.py, memory.py, decode.py, and op_profile.py for a train and a
+decode step) runs as its own process, one after the other, so none shares the CPU or JAX's caches with
 another. Their Markdown output is collected under
 a header stating the date, the machine (CPU model, core count) and the library versions. A benchmark
 that fails leaves its error in the file and the others still run.
@@ -27,8 +27,8 @@ BENCHMARKS = (  # (title, script, its arguments; --quick is added in quick mode 
     ("Compile time against depth", "compile.py", ()),
     ("Train-step memory", "memory.py", ()),
     ("Decoding", "decode.py", ()),
-    ("Profile: the baby-GPT train step", "profile.py", ()),
-    ("Profile: a GPT-2-small decode step", "profile.py", ("--decode", "--config", "gpt2")),
+    ("Profile: the baby-GPT train step", "op_profile.py", ()),
+    ("Profile: a GPT-2-small decode step", "op_profile.py", ("--decode", "--config", "gpt2")),
 )
 HAS_QUICK = ("train.py", "compile.py", "memory.py", "decode.py")
 

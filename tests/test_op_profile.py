@@ -1,11 +1,11 @@
-"""bench/profile.py reads a jax.profiler trace back and names each op after its JAX operation."""
+"""bench/op_profile.py reads a jax.profiler trace back and names each op after its JAX operation."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from bench.profile import hlo_ops, kind, op_seconds
+from bench.op_profile import hlo_ops, kind, op_seconds
 
 
 def test_profile_attributes_op_time_to_jax_operations():

@@ -1,9 +1,9 @@
 """Where the time goes: one compiled step, profiled op by op.
 
-    python bench/profile.py                                   # the baby-GPT train step (~1 minute)
-    python bench/profile.py --config shakespeare              # the default model's train step
-    python bench/profile.py --set scan_layers=True            # with a model field changed
-    python bench/profile.py --decode --config gpt2 --batch 1  # one decode step of GPT-2 small
+    python bench/op_profile.py                                   # the baby-GPT train step (~1 minute)
+    python bench/op_profile.py --config shakespeare              # the default model's train step
+    python bench/op_profile.py --set scan_layers=True            # with a model field changed
+    python bench/op_profile.py --decode --config gpt2 --batch 1  # one decode step of GPT-2 small
 
 Runs the compiled step a few times under `jax.profiler.trace`, reads the trace back
 (`jax.profiler.ProfileData`) and adds up the time of each compiled XLA op. Every op is named in the

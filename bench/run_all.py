@@ -4,10 +4,10 @@
     python bench/run_all.py --out bench/results.md --quick    # short runs of each
 
 Each benchmark (train.py, compile.py, memory.py, decode.py, and op_profile.py for a train and a
-decode step) runs as its own process, one after the other, so none shares the CPU or JAX's caches with
-another. Their Markdown output is collected under
-a header stating the date, the machine (CPU model, core count) and the library versions. A benchmark
-that fails leaves its error in the file and the others still run.
+decode step) runs as its own process, one after the other, so none shares the CPU or JAX's caches
+with another. Their Markdown output is collected under a header stating the date, the machine (CPU
+model, core count) and the library versions. A benchmark that fails leaves its error in the file
+and the others still run.
 """
 
 from __future__ import annotations

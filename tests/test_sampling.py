@@ -278,3 +278,18 @@ def test_decode_unrolls_a_scanned_layer_stack():
         return sampling.decode.lower(p, c, *args).compile().as_text().count(" dynamic-slice(")
 
     assert dynamic_slices(params, cfg) == dynamic_slices(params_u, cfg_u)
+
+
+def test_decode_updates_the_cache_in_place():
+    """Inside the decode loop nothing copies a whole cache array: the write after the layers is
+    ordered after their reads (cache.write's `after`), so XLA updates the buffers in place."""
+    cfg, params = model("gqa")
+    state = sampling.prefill(
+        params, cfg, np.array([[1, 2, 3]], np.int32), np.array([3], np.int32),
+        sampling.row_keys(jax.random.key(0), 1), 16, sampling.SamplingOptions(temperature=0.0),
+    )
+    hlo = sampling.decode.lower(params, cfg, state, 4, sampling.SamplingOptions(temperature=0.0)).compile().as_text()
+    cache_shape = "f32[%d,1,%d,16,%d]" % (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+    loop_computations = [c for c in hlo.split("\n\n") if not c.startswith("ENTRY")]
+    copies = sum(c.count(f"{cache_shape}{{4,3,2,1,0}} copy(") for c in loop_computations)
+    assert hlo.count(cache_shape) > 0 and copies == 0

@@ -84,7 +84,7 @@ def max_len(cache: Cache) -> int:
     return cache.max_len
 
 
-def write(cache: Cache, new: Cache, positions: Array) -> Cache:
+def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None) -> Cache:
     """Writes this call's entries into their slots.
 
     Args:
@@ -93,7 +93,15 @@ def write(cache: Cache, new: Cache, positions: Array) -> Cache:
         LatentCache([L, B, T, C + R]).
       positions: [B, T] slot (= position) of each new entry. Out-of-range slots are dropped: the
         decoder checks the range and reports it.
+      after: an array computed from every layer's read of the cache (the decoder passes its final
+        hidden state). The write is made to depend on it (adding 0 * one of its elements), so that
+        XLA sees every read come before the write and updates the cache in place; XLA orders
+        buffers by data dependence only, and without this it copies the whole cache twice per
+        decode step (layer l's new keys do not depend on layer l's read).
     """
+    if after is not None:
+        zero = 0.0 * after.reshape(-1)[0]
+        new = jax.tree.map(lambda n: n + zero.astype(n.dtype), new)
     rows = jnp.arange(positions.shape[0])[:, None]  # [B, 1], broadcasts against positions [B, T]
     if isinstance(cache, LatentCache):
         return LatentCache(cache.latent.at[:, rows, positions].set(new.latent.astype(cache.latent.dtype)))

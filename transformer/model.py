@@ -172,7 +172,7 @@ class Decoder(nn.Module):
         logits = logits.astype(jnp.float32)
 
         if cache is not None:
-            cache = kv_cache.write(cache, new, positions)
+            cache = kv_cache.write(cache, new, positions, after=x)
             # Under jit the range check in check_positions cannot run; a row that wrote past the
             # cache gets NaN logits instead of silently attending to a truncated history.
             overflow = positions.max(axis=1) >= cache.max_len

@@ -13,7 +13,7 @@ Prints a Markdown table; compare ratios within one run.
 from __future__ import annotations
 
 import os
-import time
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,18 +21,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+
+from bench.train import best_time  # noqa: E402
+
 D, F, LAYERS = 768, 3072, 12
 SHAPES = ((D, 3 * D), (D, D), (D, F), (F, D))  # [in, out]: qkv, o, mlp in, mlp out
 
 
 def fastest(fn: Callable[[], object], repeats: int = 15) -> float:
+    """Seconds of the fastest of `repeats` calls, after one call to compile and warm up."""
     fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return best_time(fn, repeats)
 
 
 def layer_chain(matmul: Callable[[jax.Array, jax.Array], jax.Array]):

@@ -181,6 +181,10 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12, help="rows per table (default 12)")
     args = parser.parse_args()
     overrides = parse_overrides(args.set)
+    try:  # a bad --set names the field here, before anything compiles
+        ModelConfig.from_dict({**CONFIGS[args.config].get_config().model.to_dict(), **overrides})
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"--set: {e}") from None
     steps = args.steps or (16 if args.decode else 2)
     if args.decode:
         run, text, title = decode_step(args.config, overrides, args.batch, steps)

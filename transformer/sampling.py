@@ -346,7 +346,6 @@ def generate(
     """
     options = SamplingOptions(temperature, top_k, top_p, tuple(stop_tokens), pad_id)
     state = _start(params, cfg, prompts, key, max_new_tokens, options)
-    params, cfg = unrolled(params, cfg)  # see decode
     first = state.tokens[:, None]  # the first new token: no row is done before it
     _, rest, emitted = decode(params, cfg, state, max_new_tokens - 1, options)
     tokens = np.asarray(jnp.concatenate([first, rest], axis=1))

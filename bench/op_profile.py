@@ -10,8 +10,8 @@ Runs the compiled step a few times under `jax.profiler.trace`, reads the trace b
 HLO's metadata after the JAX operation it was made from (a fused kernel after its root operation):
 the first table sums the time by that operation (dot_general, reduce_sum, transpose,
 dynamic_slice, ...; a fused kernel that holds a matrix multiply counts as dot_general), the second lists the slowest single ops with their output shapes and where in
-the model they come from. Decode steps use random weights, unrolled layers and a 64-slot cache, as
-bench/decode.py does.
+the model they come from. Decode steps use random weights, unrolled layers and a 64-slot cache
+(--cache_len), as bench/decode.py does.
 
 Op times are summed over XLA's worker threads: independent ops run side by side, so the sum can
 exceed the wall time of the step, which is printed too. These machines are shared and noisy: read
@@ -109,19 +109,20 @@ def train_step(config_name: str, overrides: dict) -> tuple[Callable[[int], None]
     return ours.run, text, f"train step of {config_name} ({describe(cfg)}, batch {t.batch_size} x {t.seq_len})"
 
 
-def decode_step(config_name: str, overrides: dict, batch: int, steps: int) -> tuple[Callable[[int], None], str, str]:
+def decode_step(config_name: str, overrides: dict, batch: int, steps: int,
+                cache_len: int) -> tuple[Callable[[int], None], str, str]:
     """(run(steps) doing that many greedy decode steps in one scan, compiled HLO text, a description)."""
     model = CONFIGS[config_name].get_config().model
     cfg = ModelConfig.from_dict({**model.to_dict(), **overrides})
     params = random_model(cfg)
-    state = start_state(cfg, params, batch, prompt_len=16, cache_len=64)
+    state = start_state(cfg, params, batch, prompt_len=16, cache_len=cache_len)
     params, cfg = unrolled(params, cfg)
 
     def run(steps: int) -> None:
         jax.block_until_ready(sampling.decode(params, cfg, state, steps, GREEDY))
 
     text = sampling.decode.lower(params, cfg, state, steps, GREEDY).compile().as_text()
-    return run, text, f"decode step of {config_name} ({describe(cfg)}, batch {batch}, 64 cache slots)"
+    return run, text, f"decode step of {config_name} ({describe(cfg)}, batch {batch}, {cache_len} cache slots)"
 
 
 def describe(cfg: ModelConfig) -> str:
@@ -177,6 +178,7 @@ def main() -> None:
                         help="change a model field, e.g. --set scan_layers=True (repeatable)")
     parser.add_argument("--decode", action="store_true", help="profile a decode step, not a train step")
     parser.add_argument("--batch", type=int, default=1, help="decode batch size (default 1)")
+    parser.add_argument("--cache_len", type=int, default=64, help="decode cache slots (default 64)")
     parser.add_argument("--steps", type=int, default=None, help="steps traced (default: 2 train, 16 decode)")
     parser.add_argument("--top", type=int, default=12, help="rows per table (default 12)")
     args = parser.parse_args()
@@ -187,7 +189,7 @@ def main() -> None:
         raise SystemExit(f"--set: {e}") from None
     steps = args.steps or (16 if args.decode else 2)
     if args.decode:
-        run, text, title = decode_step(args.config, overrides, args.batch, steps)
+        run, text, title = decode_step(args.config, overrides, args.batch, steps, args.cache_len)
     else:
         run, text, title = train_step(args.config, overrides)
     run(steps)  # compile and warm up

@@ -18,7 +18,7 @@ SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, database=N
 # One compiled program per shape instead of one per primitive: eager dispatch of the ~20 ops
 # inside attention is what makes small tests slow.
 attention = jax.jit(
-    ops.dot_product_attention, static_argnames=("scale", "return_weights", "implementation")
+    ops.dot_product_attention, static_argnames=("scale", "return_weights", "implementation", "heads_first")
 )
 causal_mask = jax.jit(ops.causal_mask, static_argnames=("dtype",))
 rope = jax.jit(ops.rope, static_argnames=("theta",))
@@ -344,3 +344,16 @@ def test_rope_dot_product_depends_only_on_relative_position(m, n, shift, seed):
     # And it does depend on the difference: the rotated score equals the numpy formula at m - n.
     ref = float(np.sum(rope_hf(q, [[m - n]]) * k))
     np.testing.assert_allclose(base, ref, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("g", [4, 2])  # multi-head (scored as it lies) and grouped (transposed back)
+def test_heads_first_segment_equals_the_same_keys_sequence_first(g):
+    b, t, h, d, s1, s2 = 2, 3, 4, 8, 5, 3
+    q = jnp.asarray(_randn(0, b, t, h, d))
+    k1, k2 = jnp.asarray(_randn(1, b, s1, g, d)), jnp.asarray(_randn(2, b, s2, g, d))
+    v1, v2 = jnp.asarray(_randn(3, b, s1, g, d)), jnp.asarray(_randn(4, b, s2, g, d))
+    want, w_want = attention(q, [k1, k2], [v1, v2], return_weights=True)
+    got, w_got = attention(q, [k1.swapaxes(1, 2), k2], [v1.swapaxes(1, 2), v2], return_weights=True,
+                           heads_first=(True, False))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(w_got), np.asarray(w_want), rtol=1e-6, atol=1e-7)

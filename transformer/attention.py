@@ -77,14 +77,16 @@ class Attention(nn.Module):
             q = ops.rope(q, positions, cfg.rope_theta)
             k = ops.rope(k, positions, cfg.rope_theta)
 
-        ks, vs = [k], [v]
-        if cached is not None:  # one layer's cache [B, G, S, K] -> [B, S, G, K]; XLA elides the transpose
-            ks.insert(0, cached.k.swapaxes(1, 2).astype(k.dtype))
-            vs.insert(0, cached.v.swapaxes(1, 2).astype(v.dtype))
+        ks, vs, heads_first = [k], [v], [False]
+        if cached is not None:  # one layer's cache, [B, G, S, K] as it lies
+            ks.insert(0, cached.k.astype(k.dtype))
+            vs.insert(0, cached.v.astype(v.dtype))
+            heads_first.insert(0, True)
         masks = segment_masks(positions, None if cached is None else cached.max_len)
         out, weights = ops.dot_product_attention(
             q, ks, vs, masks, return_weights=return_weights,
             implementation="reference" if cached is not None else cfg.attention_impl,
+            heads_first=heads_first,
         )
         out = output_projection(cfg, out, head_mask)
         return out, KVCache(k=k, v=v), weights

@@ -62,6 +62,7 @@ def dot_product_attention(
     scale: float | None = None,
     return_weights: bool = False,
     implementation: str = "reference",
+    heads_first: Sequence[bool] | None = None,
 ) -> tuple[Array, Array | None]:
     """Scaled dot-product attention with grouped keys/values: softmax(q k^T * scale + mask) v.
 
@@ -83,6 +84,10 @@ def dot_product_attention(
       implementation: 'reference' (einsum + float32 softmax, runs everywhere), or 'xla' / 'cudnn'
         to call `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU). The fused paths take
         a single segment and cannot return weights.
+      heads_first: per segment, True if its keys and values come as [B, G, S, K] (the KV cache's
+        layout) instead of [B, S, G, K]. Multi-head attention then scores them as they lie: written
+        as a transpose of the cache, XLA:CPU copies every layer's cached keys and values at every
+        decode step (46% of a GPT-2-small step with 1024 slots). Reference implementation only.
 
     Returns:
       (out, weights): out [B, T, H, Kv] in q's dtype; weights [B, H, T, S_total] float32 or None.
@@ -91,13 +96,20 @@ def dot_product_attention(
     ks = list(k) if isinstance(k, (list, tuple)) else [k]
     vs = list(v) if isinstance(v, (list, tuple)) else [v]
     masks = list(mask) if isinstance(mask, (list, tuple)) else [mask] * len(ks)
-    if not len(ks) == len(vs) == len(masks):
-        raise ValueError(f"got {len(ks)} key, {len(vs)} value and {len(masks)} mask segments")
+    firsts = list(heads_first) if heads_first is not None else [False] * len(ks)
+    if not len(ks) == len(vs) == len(masks) == len(firsts):
+        raise ValueError(
+            f"got {len(ks)} key, {len(vs)} value, {len(masks)} mask and {len(firsts)} heads_first segments"
+        )
     b, t, h, d_h = q.shape
-    g = ks[0].shape[2]
+    g = ks[0].shape[1 if firsts[0] else 2]
     if h % g:
         raise ValueError(f"{h} query heads cannot be grouped over {g} key/value heads")
     scale = d_h**-0.5 if scale is None else scale
+    if implementation != "reference" or g != h:  # only multi-head scores heads-first segments as they lie
+        ks = [k_i.swapaxes(1, 2) if f else k_i for k_i, f in zip(ks, firsts)]
+        vs = [v_i.swapaxes(1, 2) if f else v_i for v_i, f in zip(vs, firsts)]
+        firsts = [False] * len(ks)
 
     if implementation != "reference":
         if return_weights or len(ks) != 1:
@@ -135,9 +147,12 @@ def dot_product_attention(
         qg, q_axes, w_axes, group = q.reshape(b, t, g, r, d_h), "btgrk", "bgrts", lambda m: _group_heads(m, g)
     kv_axes = "bshk" if r == 1 else "bsgk"
     # Scores in float32 whatever the compute dtype: softmax of bfloat16 logits loses too much.
+    # A heads-first segment (multi-head only) pairs with heads-first queries, "bhtk,bhsk".
     scores = [
+        jnp.einsum("bhtk,bhsk->bhts", q.swapaxes(1, 2), k_i, preferred_element_type=jnp.float32) * scale
+        if first else
         jnp.einsum(f"{q_axes},{kv_axes}->{w_axes}", qg, k_i, preferred_element_type=jnp.float32) * scale
-        for k_i in ks
+        for k_i, first in zip(ks, firsts)
     ]
     scores = [s if m is None else s + group(m).astype(jnp.float32) for s, m in zip(scores, masks)]
     sizes = [s.shape[-1] for s in scores]
@@ -145,9 +160,12 @@ def dot_product_attention(
         weights = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
     out = 0.0
     start = 0
-    for v_i, size in zip(vs, sizes):
+    for v_i, size, first in zip(vs, sizes, firsts):
         w_i = weights[..., start : start + size].astype(v_i.dtype)
-        out = out + jnp.einsum(f"{w_axes},{kv_axes}->{q_axes}", w_i, v_i)
+        if first:
+            out = out + jnp.einsum("bhts,bhsk->bhtk", w_i, v_i).swapaxes(1, 2)
+        else:
+            out = out + jnp.einsum(f"{w_axes},{kv_axes}->{q_axes}", w_i, v_i)
         start += size
     out = out.reshape(b, t, h, vs[0].shape[-1]).astype(q.dtype)
     return out, weights.reshape(b, h, t, -1) if return_weights else None

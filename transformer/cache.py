@@ -5,12 +5,13 @@ Layout: one stacked array per kind with a leading layer axis, keys and values [L
 their slice of the cache and return this call's new keys/values; `write` then scatters all
 layers' new entries into the stacked arrays at once. Inside a jitted `lax.scan` whose carry holds
 the cache, XLA does that scatter in place (the write is ordered after every read, see `write`), so
-a decode step costs O(cache read) and never copies the cache. Heads-first keeps each head's [S, K]
-keys contiguous for the score einsum (XLA:CPU still transposes each layer's slice to [G, K, S] for
-its batched dot, ~4% of a GPT-2-small step at 64 slots). Both choices were measured
-(bench/cache_layout.py, GPT-2 small shapes, 1024 slots): against writing each layer's slice
-inside the layer scan with [L, B, S, G, K], this layout decodes 3.1x faster at batch 1 and 4.1x at
-batch 8; against the same read-then-write scheme with [L, B, S, G, K], 1.7x and 1.9x.
+a decode step costs O(cache read) and never copies the whole cache. Heads-first keeps each head's
+[S, K] keys contiguous, and multi-head attention scores them as they lie (`ops.dot_product_attention`
+heads_first). XLA:CPU still copies each layer's slice out of the stacked array for its dot (a third
+of a GPT-2-small step with 1024 slots; one buffer per layer would avoid it). Both choices were
+measured (bench/cache_layout.py, GPT-2 small shapes, 1024 slots): against writing each layer's
+slice inside the layer scan with [L, B, S, G, K], this layout decodes 3.1x faster at batch 1 and
+4.1x at batch 8; against the same read-then-write scheme with [L, B, S, G, K], 1.7x and 1.9x.
 
 Because slot = position, a row's slots below its current position are always filled: rows of a
 ragged batch may sit at different positions, and stale slots (e.g. padding written during a

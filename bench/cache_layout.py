@@ -2,14 +2,17 @@
 
 Times one decode step of L layers of attention (GPT-2 small's shapes: 12 layers, 12 heads of 64)
 over a cache of S slots, inside a jitted `lax.scan` over decode steps whose carry holds the cache,
-as the sampler runs it. Four variants:
+as the sampler runs it. Five variants:
 
   write-per-layer [L,B,S,G,K]  each layer writes its new key/value into its cache slice and the
                                layer scan returns the updated slices (the textbook way)
   write-per-layer [L,B,G,S,K]  the same with heads before the sequence axis
   read-then-write [L,B,S,G,K]  layers only read the cache; the new entries are written once after
                                the layer scan
-  read-then-write [L,B,G,S,K]  the same, heads first (what transformer/cache.py does: fastest here)
+  read-then-write [L,B,G,S,K]  the same, heads first
+  read-then-write L x [B,G,S,K]  one buffer per layer, layers unrolled, each reading its buffer as it
+                               lies (`ops.dot_product_attention` heads_first), then one write per
+                               buffer after the layers: what transformer/cache.py does
 
     python bench/cache_layout.py [--quick]
 """
@@ -25,6 +28,34 @@ import jax.numpy as jnp
 from transformer import ops
 
 L, H, K = 12, 12, 64
+
+
+def make_per_layer_decode(steps: int):
+    """The cache.py scheme: a tuple of L buffers [B, G, S, K] for keys and for values."""
+
+    def step(carry, _):
+        (k_c, v_c), x, pos = carry  # tuples of L buffers; x [B, 1, H, K]; pos [B, 1]
+        s = k_c[0].shape[2]
+        slots = jnp.broadcast_to(jnp.arange(s), (x.shape[0], s))
+        masks = [ops.causal_mask(pos, slots, slots < pos), ops.causal_mask(pos, pos)]
+        news = []
+        for k_l, v_l in zip(k_c, v_c, strict=True):
+            k_new, v_new = x * 0.5, x * 0.25  # stand-ins for the projections
+            x, _ = ops.dot_product_attention(x, [k_l, k_new], [v_l, v_new], masks, heads_first=[True, False])
+            news.append((k_new, v_new))
+        rows = jnp.arange(pos.shape[0])[:, None]
+        zero = 0.0 * x.reshape(-1)[0]  # orders the writes after every read (see cache.write)
+        put = lambda c, n: c.at[rows, :, pos].set(n + zero)  # noqa: E731
+        k_c = tuple(put(c, n) for c, (n, _) in zip(k_c, news, strict=True))
+        v_c = tuple(put(c, n) for c, (_, n) in zip(v_c, news, strict=True))
+        return ((k_c, v_c), x, pos + 1), None
+
+    @jax.jit
+    def run(cache, x, pos):
+        carry, _ = jax.lax.scan(step, (cache, x, pos), None, length=steps)
+        return carry
+
+    return run
 
 
 def make_decode(layout: str, scheme: str, steps: int):
@@ -85,20 +116,27 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- |")
     for b, s in ((1, 256), (8, 256)) if a.quick else ((1, 1024), (8, 1024)):
         times = {}
-        for layout in ("BSGK", "BGSK"):
+        for layout in ("BSGK", "BGSK", "per-layer"):
             for scheme in ("write-per-layer", "read-then-write"):
-                shape = (L, b, s, H, K) if layout == "BSGK" else (L, b, H, s, K)
-                cache = (jnp.zeros(shape), jnp.zeros(shape))
+                if layout == "per-layer":
+                    if scheme == "write-per-layer":
+                        continue
+                    one = lambda: tuple(jnp.zeros((b, H, s, K)) for _ in range(L))  # noqa: E731
+                    cache, run = (one(), one()), make_per_layer_decode(steps)
+                    name = f"{scheme} L x [B,G,S,K]"
+                else:
+                    shape = (L, b, s, H, K) if layout == "BSGK" else (L, b, H, s, K)
+                    cache, run = (jnp.zeros(shape), jnp.zeros(shape)), make_decode(layout, scheme, steps)
+                    name = f"{scheme} [L,B,{'S,G' if layout == 'BSGK' else 'G,S'},K]"
                 x = jnp.ones((b, 1, H, K))
                 pos = jnp.full((b, 1), 3)
-                run = make_decode(layout, scheme, steps)
                 jax.block_until_ready(run(cache, x, pos))  # compile
                 best = float("inf")
                 for _ in range(3):
                     t = time.perf_counter()
                     jax.block_until_ready(run(cache, x, pos))
                     best = min(best, time.perf_counter() - t)
-                times[f"{scheme} [L,B,{'S,G' if layout == 'BSGK' else 'G,S'},K]"] = best / steps * 1e3
+                times[name] = best / steps * 1e3
         fastest = min(times.values())
         for name, ms in times.items():
             print(f"| {b} | {s} | {name} | {ms:.2f} | {ms / fastest:.2f}x |")

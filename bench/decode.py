@@ -112,14 +112,16 @@ def recompute_timer(cfg: ModelConfig, params: dict, steps: int) -> Callable[[], 
     forward over the last 128 tokens."""
 
     @jax.jit
-    def step(window: jax.Array) -> jax.Array:  # [1, 128] -> the window shifted by one new token
+    def step(params: dict, window: jax.Array) -> jax.Array:  # [1, 128] -> shifted by one new token
+        # params is an argument, not a closure: closed-over weights would be compile-time constants
+        # (XLA constant-folds their transposes, seconds of compile and not how a model runs).
         logits, _ = Decoder(cfg).apply({"params": params}, window)
         return jnp.concatenate([window[:, 1:], jnp.argmax(logits[:, -1], axis=-1)[:, None]], axis=1)
 
     def loop() -> None:
         window = jnp.zeros((1, RECOMPUTE_CONTEXT), jnp.int32)
         for _ in range(steps):
-            window = step(window)
+            window = step(params, window)
         jax.block_until_ready(window)
 
     loop()  # compile

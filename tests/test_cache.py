@@ -25,21 +25,19 @@ CFGS = {
 @pytest.mark.parametrize(
     "name,shape",
     [
-        ("mha", (2, 3, 4, 10, 8)),  # [L, B, G, S, K]
-        ("gqa", (2, 3, 2, 10, 8)),
-        ("mqa", (2, 3, 1, 10, 8)),
-        ("mla", (2, 3, 10, 12 + 4)),  # [L, B, S, C + R]
-        ("mla_nope", (2, 3, 10, 12)),
+        ("mha", (3, 4, 10, 8)),  # per layer [B, G, S, K]
+        ("gqa", (3, 2, 10, 8)),
+        ("mqa", (3, 1, 10, 8)),
+        ("mla", (3, 10, 12 + 4)),  # per layer [B, S, C + R]
+        ("mla_nope", (3, 10, 12)),
     ],
 )
 def test_init_cache_shapes(name, shape):
     cache = init_cache(CFGS[name], batch_size=3, max_len=10)
-    if name.startswith("mla"):
-        assert isinstance(cache, LatentCache)
-        chex.assert_shape(cache.latent, shape)
-    else:
-        assert isinstance(cache, KVCache)
-        chex.assert_shape([cache.k, cache.v], shape)
+    assert isinstance(cache, LatentCache if name.startswith("mla") else KVCache)
+    buffers = jax.tree.leaves(cache)
+    assert len(buffers) == CFGS[name].num_layers * (1 if name.startswith("mla") else 2)  # one per layer
+    chex.assert_shape(buffers, shape)
     assert all(x.dtype == jnp.float32 and not np.any(np.asarray(x)) for x in jax.tree.leaves(cache))
     assert kv_cache.max_len(cache) == 10
     assert {x.dtype for x in jax.tree.leaves(init_cache(CFGS[name], 1, 4, dtype="bfloat16"))} == {
@@ -91,7 +89,7 @@ def test_cache_is_a_pytree_through_jit_and_scan(name):
     cfg = CFGS[name]
     cache = init_cache(cfg, 2, 6)
     leaves, treedef = jax.tree.flatten(cache)
-    assert len(leaves) == (1 if name == "mla" else 2)
+    assert len(leaves) == cfg.num_layers * (1 if name == "mla" else 2)
     assert type(jax.tree.unflatten(treedef, leaves)) is type(cache)
 
     plus_one = jax.jit(lambda c: jax.tree.map(lambda x: x + 1, c))(cache)
@@ -99,35 +97,52 @@ def test_cache_is_a_pytree_through_jit_and_scan(name):
     assert all(np.all(np.asarray(x) == 1) for x in jax.tree.leaves(plus_one))
 
     # Carried by lax.scan: step t writes the value t + 1 at slot t of every row.
-    def step(c, t):  # the layers return new entries as [L, B, T, G, K] / [L, B, T, C + R]
+    def step(c, t):  # the layers return new entries as [B, T, G, K] / [B, T, C + R] each
         if name == "mla":
-            new = jax.tree.map(lambda x: jnp.full((x.shape[0], 2, 1, x.shape[3]), t + 1.0, x.dtype), c)
+            new = jax.tree.map(lambda x: jnp.full((2, 1, x.shape[2]), t + 1.0, x.dtype), c)
         else:
-            new = jax.tree.map(lambda x: jnp.full((x.shape[0], 2, 1, x.shape[2], x.shape[4]), t + 1.0, x.dtype), c)
+            new = jax.tree.map(lambda x: jnp.full((2, 1, x.shape[1], x.shape[3]), t + 1.0, x.dtype), c)
         return kv_cache.write(c, new, jnp.full((2, 1), t)), None
 
     filled, _ = jax.jit(lambda c: jax.lax.scan(step, c, jnp.arange(4)))(cache)
     assert type(filled) is type(cache)
     for x in jax.tree.leaves(filled):
-        x = np.asarray(x) if name == "mla" else np.moveaxis(np.asarray(x), 3, 2)  # slots to axis 2
-        per_slot = x.reshape(*x.shape[:3], -1)
-        np.testing.assert_array_equal(per_slot[:, :, :4], np.broadcast_to(np.arange(1.0, 5.0)[:, None], per_slot[:, :, :4].shape))
-        assert not np.any(per_slot[:, :, 4:])
+        x = np.asarray(x) if name == "mla" else np.moveaxis(np.asarray(x), 2, 1)  # slots to axis 1
+        per_slot = x.reshape(*x.shape[:2], -1)
+        np.testing.assert_array_equal(per_slot[:, :4], np.broadcast_to(np.arange(1.0, 5.0)[:, None], per_slot[:, :4].shape))
+        assert not np.any(per_slot[:, 4:])
+
+
+@pytest.mark.parametrize("name", ["gqa", "mla"])
+def test_layer_views_and_stacking(name):
+    """layer(i) is layer i's buffers; stacked / per_layer convert to and from [L, ...] arrays."""
+    cache = jax.tree.map(lambda x: x + jnp.arange(x.size, dtype=x.dtype).reshape(x.shape), init_cache(CFGS[name], 2, 6))
+    cache = kv_cache.per_layer(jax.tree.map(lambda x: x * jnp.arange(1, 3).reshape(2, *[1] * (x.ndim - 1)),
+                                            kv_cache.stacked(cache)))  # layer i's values times i + 1
+    stack = kv_cache.stacked(cache)
+    for i in range(CFGS[name].num_layers):
+        view = kv_cache.layer(cache, i)
+        assert type(view) is type(cache) and view.max_len == 6
+        for got, whole in zip(jax.tree.leaves(view), jax.tree.leaves(stack), strict=True):
+            np.testing.assert_array_equal(got, whole[i])
+    assert jax.tree.structure(kv_cache.per_layer(stack)) == jax.tree.structure(cache)
+    assert not np.array_equal(*[np.asarray(x) for x in jax.tree.leaves(cache)[:2]])  # layers differ
 
 
 def test_write_puts_each_row_at_its_own_positions():
     cfg = CFGS["gqa"]
     cache = init_cache(cfg, 2, 8)
     L, G, K = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
-    new_k = jnp.arange(1.0, 1 + L * 2 * 3 * G * K).reshape(L, 2, 3, G, K)
-    new = KVCache(k=new_k, v=-new_k)
+    new_k = jnp.arange(1.0, 1 + L * 2 * 3 * G * K).reshape(L, 2, 3, G, K)  # [L, B, T, G, K]
+    new = kv_cache.per_layer(KVCache(k=new_k, v=-new_k))
     positions = jnp.array([[0, 1, 2], [4, 5, 6]])
-    out = kv_cache.write(cache, new, positions)
+    out = kv_cache.stacked(kv_cache.write(cache, new, positions))
     k = np.moveaxis(np.asarray(out.k), 3, 2)  # [L, B, G, S, K] -> [L, B, S, G, K] to compare
     np.testing.assert_array_equal(k[:, 0, 0:3], new_k[:, 0])
     np.testing.assert_array_equal(k[:, 1, 4:7], new_k[:, 1])
     np.testing.assert_array_equal(np.moveaxis(np.asarray(out.v), 3, 2), -k)
     assert not np.any(k[:, 0, 3:]) and not np.any(k[:, 1, :4]) and not np.any(k[:, 1, 7:])
     # Out-of-range slots are dropped, not clipped onto the last slot.
-    dropped = kv_cache.write(cache, KVCache(k=new_k[:, :, :1], v=new_k[:, :, :1]), jnp.array([[8], [9]]))
-    assert not np.any(np.asarray(dropped.k))
+    first = kv_cache.per_layer(KVCache(k=new_k[:, :, :1], v=new_k[:, :, :1]))
+    dropped = kv_cache.write(cache, first, jnp.array([[8], [9]]))
+    assert not any(np.any(np.asarray(x)) for x in jax.tree.leaves(dropped))

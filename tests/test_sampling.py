@@ -281,15 +281,17 @@ def test_decode_unrolls_a_scanned_layer_stack():
 
 
 def test_decode_updates_the_cache_in_place():
-    """Inside the decode loop nothing copies a whole cache array: the write after the layers is
-    ordered after their reads (cache.write's `after`), so XLA updates the buffers in place."""
+    """Inside the decode loop nothing copies or slices a layer's cache buffer: the write after the
+    layers is ordered after their reads (cache.write's `after`), so XLA updates the buffers in place,
+    and each layer reads its own buffer (a stacked [L, ...] cache was sliced per layer every step)."""
     cfg, params = model("gqa")
     state = sampling.prefill(
         params, cfg, np.array([[1, 2, 3]], np.int32), np.array([3], np.int32),
         sampling.row_keys(jax.random.key(0), 1), 16, sampling.SamplingOptions(temperature=0.0),
     )
     hlo = sampling.decode.lower(params, cfg, state, 4, sampling.SamplingOptions(temperature=0.0)).compile().as_text()
-    cache_shape = "f32[%d,1,%d,16,%d]" % (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+    buffer = "f32[1,%d,16,%d]{3,2,1,0}" % (cfg.num_kv_heads, cfg.head_dim)  # one layer's keys or values
     loop_computations = [c for c in hlo.split("\n\n") if not c.startswith("ENTRY")]
-    copies = sum(c.count(f"{cache_shape}{{4,3,2,1,0}} copy(") for c in loop_computations)
-    assert hlo.count(cache_shape) > 0 and copies == 0
+    updates = sum(c.count(f"{buffer} dynamic-update-slice(") for c in loop_computations)
+    copies = sum(c.count(f"{buffer} {op}(") for c in loop_computations for op in ("copy", "slice"))
+    assert updates == 2 * cfg.num_layers and copies == 0

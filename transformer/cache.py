@@ -1,17 +1,20 @@
 """The KV cache: a pytree passed into the decoder and returned updated, never a mutable collection.
 
-Layout: one stacked array per kind with a leading layer axis, keys and values [L, B, G, S, K]
-(heads before slots), slot s holding the token at position s. The decoder's layers only *read*
-their slice of the cache and return this call's new keys/values; `write` then scatters all
-layers' new entries into the stacked arrays at once. Inside a jitted `lax.scan` whose carry holds
-the cache, XLA does that scatter in place (the write is ordered after every read, see `write`), so
-a decode step costs O(cache read) and never copies the whole cache. Heads-first keeps each head's
-[S, K] keys contiguous, and multi-head attention scores them as they lie (`ops.dot_product_attention`
-heads_first). XLA:CPU still copies each layer's slice out of the stacked array for its dot (a third
-of a GPT-2-small step with 1024 slots; one buffer per layer would avoid it). Both choices were
-measured (bench/cache_layout.py, GPT-2 small shapes, 1024 slots): against writing each layer's
-slice inside the layer scan with [L, B, S, G, K], this layout decodes 3.1x faster at batch 1 and
-4.1x at batch 8; against the same read-then-write scheme with [L, B, S, G, K], 1.7x and 1.9x.
+Layout: one buffer per layer and kind, keys and values [B, G, S, K] (heads before slots), slot s
+holding the token at position s; the cache holds a tuple of L of them. The decoder's layers only
+*read* their buffer and return this call's new keys/values; `write` then scatters every layer's new
+entries into its buffer. Inside a jitted `lax.scan` whose carry holds the cache, XLA does those
+scatters in place (the write is ordered after every read, see `write`), so a decode step costs
+O(cache read) and never copies the cache. Heads-first keeps each head's [S, K] keys contiguous, and
+multi-head attention scores them as they lie (`ops.dot_product_attention` heads_first).
+
+Why one buffer per layer rather than one stacked [L, B, G, S, K] array: XLA:CPU copied each layer's
+slice out of a stacked array before its attention dot, every step. GPT-2 small with 1024 slots
+(`python bench/op_profile.py --decode --config gpt2 --cache_len 1024`): 37 -> 28-29 ms per token,
+the slices were a third of the op time; no change at 64 slots. bench/cache_layout.py compares the
+layouts and update schemes on attention alone (1024 slots: 6.4x faster than a stacked heads-first
+cache read by a layer scan at batch 1, 2.1x at batch 8). A layer scan (`scan_layers` with a cache, e.g. a prefill
+of a scanned model) reads the buffers through `stacked`; decoding always runs unrolled layers.
 
 Because slot = position, a row's slots below its current position are always filled: rows of a
 ragged batch may sit at different positions, and stale slots (e.g. padding written during a
@@ -27,36 +30,39 @@ import jax.numpy as jnp
 from transformer.config import ModelConfig
 
 Array = jax.Array
+Layers = tuple[Array, ...]  # one array per layer
 
 
 @flax.struct.dataclass
 class KVCache:
     """Keys and values of multi-head / grouped-query attention.
 
-    k: [L, B, G, S, K], v: [L, B, G, S, K]; one layer's view (inside the layer stack) drops the L axis.
+    The model's cache: k, v tuples of L arrays [B, G, S, K]. One layer's view (what a layer reads):
+    k, v arrays [B, G, S, K]. A layer's new entries: k, v [B, T, G, K].
     """
 
-    k: Array
-    v: Array
+    k: Layers | Array
+    v: Layers | Array
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[-2]
+        return jax.tree.leaves(self.k)[0].shape[-2]
 
 
 @flax.struct.dataclass
 class LatentCache:
     """Multi-head latent attention caches only the latent and the shared rotary key.
 
-    latent: [L, B, S, C + R]: the normalised key/value latent c (C = kv_latent_dim) followed by the
-    rotated rotary key (R = rope_head_dim, 0 without RoPE).
+    latent: a tuple of L arrays [B, S, C + R] (one layer's view: one array): the normalised
+    key/value latent c (C = kv_latent_dim) followed by the rotated rotary key (R = rope_head_dim,
+    0 without RoPE). A layer's new entries: latent [B, T, C + R].
     """
 
-    latent: Array
+    latent: Layers | Array
 
     @property
     def max_len(self) -> int:
-        return self.latent.shape[-2]
+        return jax.tree.leaves(self.latent)[0].shape[-2]
 
 
 Cache = KVCache | LatentCache
@@ -74,11 +80,11 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: str | Non
             "use a shorter cache (prompt length + new tokens)"
         )
     dtype = jnp.dtype(dtype or cfg.dtype)
+    zeros = lambda *shape: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))  # noqa: E731
     if cfg.attention == "mla":
-        width = cfg.kv_latent_dim + (cfg.rope_head_dim or 0)
-        return LatentCache(latent=jnp.zeros((cfg.num_layers, batch_size, max_len, width), dtype))
-    shape = (cfg.num_layers, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
-    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+        return LatentCache(latent=zeros(batch_size, max_len, cfg.kv_latent_dim + (cfg.rope_head_dim or 0)))
+    shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
+    return KVCache(k=zeros(*shape), v=zeros(*shape))
 
 
 def max_len(cache: Cache) -> int:
@@ -86,13 +92,31 @@ def max_len(cache: Cache) -> int:
     return cache.max_len
 
 
+def _is_layers(x) -> bool:
+    return isinstance(x, tuple)
+
+
+def layer(cache: Cache, i: int) -> Cache:
+    """Layer i's view: the same kind of cache holding that layer's arrays."""
+    return jax.tree.map(lambda layers: layers[i], cache, is_leaf=_is_layers)
+
+
+def stacked(cache: Cache) -> Cache:
+    """The layers' arrays stacked on a leading L axis, as a layer scan (nn.scan) takes them."""
+    return jax.tree.map(jnp.stack, cache, is_leaf=_is_layers)
+
+
+def per_layer(stack: Cache) -> Cache:
+    """The inverse of `stacked`: arrays [L, ...] -> tuples of L arrays."""
+    return jax.tree.map(tuple, stack)
+
+
 def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None) -> Cache:
     """Writes this call's entries into their slots.
 
     Args:
-      cache: the cache (KVCache [L, B, G, S, K] or LatentCache [L, B, S, C + R]).
-      new: this call's entries as the layers return them, KVCache([L, B, T, G, K]) or
-        LatentCache([L, B, T, C + R]).
+      cache: the cache, per layer KVCache [B, G, S, K] or LatentCache [B, S, C + R].
+      new: this call's entries, per layer KVCache [B, T, G, K] or LatentCache [B, T, C + R].
       positions: [B, T] slot (= position) of each new entry. Out-of-range slots are dropped: the
         decoder checks the range and reports it.
       after: an array computed from every layer's read of the cache (the decoder passes its final
@@ -106,11 +130,14 @@ def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None
         new = jax.tree.map(lambda n: n + zero.astype(n.dtype), new)
     rows = jnp.arange(positions.shape[0])[:, None]  # [B, 1], broadcasts against positions [B, T]
     if isinstance(cache, LatentCache):
-        return LatentCache(cache.latent.at[:, rows, positions].set(new.latent.astype(cache.latent.dtype)))
-    # Index [:, rows, :, positions]: the two index arrays are split by a slice, so NumPy rules put
-    # their broadcast [B, T] axes first: the values go in as [B, T, L, G, K].
-    put = lambda c, n: c.at[:, rows, :, positions].set(n.transpose(1, 2, 0, 3, 4).astype(c.dtype))  # noqa: E731
-    return KVCache(k=put(cache.k, new.k), v=put(cache.v, new.v))
+        put = lambda c, n: c.at[rows, positions].set(n.astype(c.dtype))  # noqa: E731
+    else:
+        # Index [rows, :, positions]: the two index arrays are split by a slice, so NumPy rules put
+        # their broadcast [B, T] axes first: the values go in as [B, T, G, K], as the layers give them.
+        put = lambda c, n: c.at[rows, :, positions].set(n.astype(c.dtype))  # noqa: E731
+    return jax.tree.map(
+        lambda cs, ns: tuple(put(c, n) for c, n in zip(cs, ns, strict=True)), cache, new, is_leaf=_is_layers
+    )
 
 
 def bytes_per_token(cfg: ModelConfig, dtype: str | None = None) -> int:
@@ -121,14 +148,14 @@ def bytes_per_token(cfg: ModelConfig, dtype: str | None = None) -> int:
     """
     itemsize = jnp.dtype(dtype or cfg.dtype).itemsize
     if cfg.attention == "mla":
-        per_layer = cfg.kv_latent_dim + (cfg.rope_head_dim or 0)
+        values = cfg.kv_latent_dim + (cfg.rope_head_dim or 0)
     else:
-        per_layer = 2 * cfg.num_kv_heads * cfg.head_dim
-    return cfg.num_layers * per_layer * itemsize
+        values = 2 * cfg.num_kv_heads * cfg.head_dim
+    return cfg.num_layers * values * itemsize
 
 
 def measured_bytes_per_token(cache: Cache) -> float:
     """Cache bytes per token measured on the pytree: all its bytes / (B * S)."""
-    batch = jax.tree.leaves(cache)[0].shape[1]
+    batch = jax.tree.leaves(cache)[0].shape[0]
     total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
     return total / float(batch * cache.max_len)

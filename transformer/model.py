@@ -150,16 +150,20 @@ class Decoder(nn.Module):
                 in_axes=(nn.broadcast, 0, 0),
                 length=cfg.num_layers,
             )(cfg, deterministic, return_attention, name="layers")
-            x, (new, weights) = layers(x, positions, cache, head_mask)
+            stack = None if cache is None else kv_cache.stacked(cache)  # the scan takes [L, ...] arrays
+            x, (new, weights) = layers(x, positions, stack, head_mask)
+            new = None if cache is None else kv_cache.per_layer(new)
         else:
-            outputs = []
+            news, weights = [], []
             for i in range(cfg.num_layers):
-                layer_view = lambda a: None if a is None else a[i]  # noqa: E731
-                x, out = block(cfg, deterministic, return_attention, name=f"layers_{i}")(
-                    x, positions, jax.tree.map(layer_view, cache), layer_view(head_mask)
+                x, (new_i, weights_i) = block(cfg, deterministic, return_attention, name=f"layers_{i}")(
+                    x, positions, None if cache is None else kv_cache.layer(cache, i),
+                    None if head_mask is None else head_mask[i],
                 )
-                outputs.append(out)
-            new, weights = jax.tree.map(lambda *a: jnp.stack(a), *outputs) if outputs else (None, None)
+                news.append(new_i)
+                weights.append(weights_i)
+            new = None if cache is None else jax.tree.map(lambda *layers: layers, *news)  # tuples of L
+            weights = jnp.stack(weights) if return_attention else None
 
         if cfg.prenorm:
             x = Norm(cfg.norm, cfg.norm_scale, cfg.norm_bias, cfg.norm_eps, name="final_norm")(x)

@@ -204,7 +204,7 @@ def _is_stop(tokens: Array, stop_tokens: tuple[int, ...]) -> Array:
 class DecodeState:
     """The `lax.scan` carry: everything one decode step needs and updates.
 
-    cache: the KV cache, arrays [L, B, S, ...].
+    cache: the KV cache, one buffer [B, ...] per layer (see cache.py).
     tokens: [B] int32, each row's last drawn token, fed at the next step.
     positions: [B] int32, row b's next position (where `tokens[b]` is written).
     keys: [B] per-row PRNG keys (see `row_keys`).

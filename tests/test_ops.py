@@ -346,9 +346,11 @@ def test_rope_dot_product_depends_only_on_relative_position(m, n, shift, seed):
     np.testing.assert_allclose(base, ref, rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("g", [4, 2])  # multi-head (scored as it lies) and grouped (transposed back)
-def test_heads_first_segment_equals_the_same_keys_sequence_first(g):
-    b, t, h, d, s1, s2 = 2, 3, 4, 8, 5, 3
+# Multi-head (scored as it lies), grouped and multi-query (transposed back), for several query
+# tokens and for one (decoding).
+@pytest.mark.parametrize("g,t", [(4, 3), (2, 3), (4, 1), (2, 1), (1, 1)])
+def test_heads_first_segment_equals_the_same_keys_sequence_first(g, t):
+    b, h, d, s1, s2 = 2, 4, 8, 5, 3
     q = jnp.asarray(_randn(0, b, t, h, d))
     k1, k2 = jnp.asarray(_randn(1, b, s1, g, d)), jnp.asarray(_randn(2, b, s2, g, d))
     v1, v2 = jnp.asarray(_randn(3, b, s1, g, d)), jnp.asarray(_randn(4, b, s2, g, d))

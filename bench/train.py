@@ -19,8 +19,9 @@ Ours and theirs run in alternating rounds (ours, theirs, ours, ...) so the noise
 machine hits both alike; each side's fastest round is reported. A second table compares our own
 variants (attention implementation, nn.scan over layers) on the baby GPT the same way. A third
 splits our step into forward, backward and optimizer, and times a program doing only the step's
-matrix multiplies (same shapes): the MFU this machine allows at these shapes if all else were free.
-Compare ratios from one run.
+matrix multiplies (same shapes): the MFU this machine allows at these shapes if all else were free,
+and how they compare with PyTorch's whole step. A fourth times one 2048 x 2048 matmul per library in
+float32 and bfloat16 (what each library's kernels make of this CPU). Compare ratios from one run.
 """
 
 from __future__ import annotations
@@ -85,6 +86,30 @@ class MatmulPeak:
             for name, call in self.calls.items():
                 best[name] = min(best[name], best_time(call, 1))
         return {name: self.flops / t for name, t in best.items()}
+
+
+def matmul_by_dtype(n: int = 2048, rounds: int = 3) -> dict[tuple[str, str], float]:
+    """FLOP/s of the best n x n @ n x n matmul per (library, dtype), float32 and bfloat16, the four
+    taking turns. Shows what each library's kernels make of this CPU (PyTorch's bfloat16 uses the
+    AMX units where the CPU has them; XLA:CPU's does not, as measured here)."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+    matmul = jax.jit(jnp.matmul)
+    calls = {}
+    for dtype in ("float32", "bfloat16"):
+        ja, jb = (jnp.asarray(x, dtype) for x in (a, b))
+        ta, tb = (torch.from_numpy(x).to(getattr(torch, dtype)) for x in (a, b))
+        calls["JAX", dtype] = lambda ja=ja, jb=jb: matmul(ja, jb).block_until_ready()
+        calls["PyTorch", dtype] = lambda ta=ta, tb=tb: torch.mm(ta, tb)
+    for call in calls.values():
+        call()  # compile, warm up
+    best = {key: float("inf") for key in calls}
+    for _ in range(rounds):
+        for key, call in calls.items():
+            best[key] = min(best[key], best_time(call, 1))
+    return {key: 2 * n**3 / t for key, t in best.items()}
 
 
 # --- the two trainers ------------------------------------------------------------------------
@@ -289,6 +314,7 @@ def main() -> None:
         return f"{max(p.values()) / 1e9:.0f} (JAX {p['jax'] / 1e9:.0f}, PyTorch {p['torch'] / 1e9:.0f})"
 
     rows = []
+    torch_step = {}  # seconds per PyTorch step, by config
     attention = ""
     for name, module in CONFIGS.items():
         config = module.get_config()
@@ -297,6 +323,7 @@ def main() -> None:
         print(f"{name}: {ours.num_params:,} parameters (PyTorch {theirs.num_params:,})", file=sys.stderr)
         sec, peaks = alternate({"ours": ours.run, "torch": theirs.run}, steps[name], rounds, peak)
         tps = {k: ours.tokens_per_step / v for k, v in sec.items()}
+        torch_step[name] = sec["torch"]
         mfu = {k: v * ours.flops_per_token / max(peaks.values()) for k, v in tps.items()}
         cfg, t = ours.cfg, config.train
         rows.append(
@@ -326,6 +353,7 @@ def main() -> None:
 
     print("baby_gpt breakdown:", file=sys.stderr)
     parts, part_peaks, matmul_flops = breakdown(config, steps["baby_gpt"], aux_rounds, peak)
+    by_dtype = matmul_by_dtype(rounds=aux_rounds)
 
     print(f"### Training throughput, float32 on {os.cpu_count()} CPU cores\n")
     print("FLOPs per token = 6N + 12·L·T·d (N: parameters without the position table; L layers, T "
@@ -361,7 +389,15 @@ def main() -> None:
           f"{rate / max(part_peaks.values()):.2f} of the 2048x2048 peak: the MFU ceiling at these shapes if "
           f"everything else were free. The full step reaches {matmul_flops / full / max(part_peaks.values()):.2f}; "
           f"the other {1 - parts['matmuls'] / full:.0%} of its time is everything that is not a matmul "
-          "(softmax, GELU, layer norms, transposes, residual adds, AdamW).")
+          "(softmax, GELU, layer norms, transposes, residual adds, AdamW). "
+          f"PyTorch's whole baby-GPT step took {torch_step['baby_gpt'] * 1e3:.0f} ms in the first table: our "
+          f"matmuls alone are {parts['matmuls'] / torch_step['baby_gpt']:.2f} of it.")
+    print("\n### 2048 x 2048 matmul by library and dtype (alternating rounds)\n")
+    print("| dtype | JAX (XLA:CPU) GFLOP/s | PyTorch GFLOP/s | JAX / PyTorch |")
+    print("|---|---|---|---|")
+    for dtype in ("float32", "bfloat16"):
+        jax_rate, torch_rate = by_dtype["JAX", dtype], by_dtype["PyTorch", dtype]
+        print(f"| {dtype} | {jax_rate / 1e9:,.0f} | {torch_rate / 1e9:,.0f} | {jax_rate / torch_rate:.2f} |")
 
 if __name__ == "__main__":
     main()

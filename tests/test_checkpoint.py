@@ -74,6 +74,13 @@ def test_checkpoint_in_the_old_weight_layout_is_refused_with_the_reason(tmp_path
     with pytest.raises(CheckpointError, match=r"fc_in'\]\['kernel'\]: got \(1, 32, 128\), model \(1, 128, 32\).*\[out, in\]"):
         restore_for_inference(str(tmp_path / "old"))
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state)
+    resume = Checkpointer(str(tmp_path / "old"))
+    restored = []  # what the manager was asked to restore: the layout is checked from metadata first
+    manager_restore = resume.manager.restore
+    resume.manager.restore = lambda step, args: (
+        restored.append(list(args.keys())) or manager_restore(step, args=args)
+    )
     with pytest.raises(CheckpointError, match=r"another layout.*train again"):
-        Checkpointer(str(tmp_path / "old")).restore_state(abstract, MODEL)
+        resume.restore_state(abstract, MODEL)
+    assert restored == [["config"]]  # no attempt to read the arrays into the wrong shapes
     assert Checkpointer(str(tmp_path / "old"), read_only=True).all_steps() == [3]

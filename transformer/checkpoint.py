@@ -52,7 +52,11 @@ class Checkpointer:
                 preservation_policy=policy, create=not read_only, read_only=read_only,
                 cleanup_tmp_directories=not read_only,
             ),
-            item_names=("state", "config", "tokenizer"),
+            item_handlers={  # named handlers also let item_metadata read shapes without the arrays
+                "state": ocp.StandardCheckpointHandler(),
+                "config": ocp.JsonCheckpointHandler(),
+                "tokenizer": ocp.JsonCheckpointHandler(),
+            },
         )
 
     def latest_step(self) -> int | None:
@@ -98,12 +102,15 @@ class Checkpointer:
         try:
             return self.manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # orbax raises many types for unreadable files
-            raise CheckpointError(
-                f"checkpoint step {step} in {self.directory} could not be read ({type(e).__name__}: "
-                f"{str(e)[:300]}); it may be corrupted: delete the folder "
-                f"{os.path.join(self.directory, str(step))} to fall back to an earlier checkpoint, "
-                "or start a new --workdir"
-            ) from e
+            raise self._unreadable(step, e) from e
+
+    def _unreadable(self, step: int, e: Exception) -> CheckpointError:
+        return CheckpointError(
+            f"checkpoint step {step} in {self.directory} could not be read ({type(e).__name__}: "
+            f"{str(e)[:300]}); it may be corrupted: delete the folder "
+            f"{os.path.join(self.directory, str(step))} to fall back to an earlier checkpoint, "
+            "or start a new --workdir"
+        )
 
     def config(self, step: int | None = None) -> dict[str, Any]:
         """The resolved run config saved with checkpoint `step` (default: the latest)."""
@@ -122,12 +129,16 @@ class Checkpointer:
         """
         step = self._step_or_latest(step)
         check_same_model(self.config(step)["model"], model_config, self.directory)
+        # Shapes first, from the metadata: a restore into the wrong shapes fails deep inside orbax.
+        check_layout(ModelConfig.from_dict(model_config), self.params_metadata(step), self.directory)
+        return self._restore(step, state=ocp.args.StandardRestore(abstract_state)).state
+
+    def params_metadata(self, step: int) -> Any:
+        """The saved parameters' metadata (shape, dtype per array) of checkpoint `step`; no array is read."""
         try:
-            return self._restore(step, state=ocp.args.StandardRestore(abstract_state)).state
-        except CheckpointError:
-            # Same config, yet unreadable: say so if the stored arrays have other shapes.
-            check_layout(ModelConfig.from_dict(model_config), self.restore_params(step), self.directory)
-            raise
+            return self.manager.item_metadata(step)["state"]["params"]
+        except Exception as e:  # orbax raises many types for unreadable files
+            raise self._unreadable(step, e) from e
 
     def restore_params(self, step: int | None = None) -> Any:
         """Only the parameters of checkpoint `step` (default: the latest), as saved."""

@@ -30,6 +30,17 @@ from transformer import ops
 L, H, K = 12, 12, 64
 
 
+def decode_loop(step, steps: int):
+    """run(cache, x, pos): `steps` decode steps in one jitted lax.scan carrying (cache, x, pos)."""
+
+    @jax.jit
+    def run(cache, x, pos):
+        carry, _ = jax.lax.scan(step, (cache, x, pos), None, length=steps)
+        return carry
+
+    return run
+
+
 def make_per_layer_decode(steps: int):
     """The cache.py scheme: a tuple of L buffers [B, G, S, K] for keys and for values."""
 
@@ -50,12 +61,7 @@ def make_per_layer_decode(steps: int):
         v_c = tuple(put(c, n) for c, (_, n) in zip(v_c, news, strict=True))
         return ((k_c, v_c), x, pos + 1), None
 
-    @jax.jit
-    def run(cache, x, pos):
-        carry, _ = jax.lax.scan(step, (cache, x, pos), None, length=steps)
-        return carry
-
-    return run
+    return decode_loop(step, steps)
 
 
 def make_decode(layout: str, scheme: str, steps: int):
@@ -99,12 +105,7 @@ def make_decode(layout: str, scheme: str, steps: int):
             k_c, v_c = write(k_c, ys[0], pos), write(v_c, ys[1], pos)
         return ((k_c, v_c), x, pos + 1), None
 
-    @jax.jit
-    def run(cache, x, pos):
-        carry, _ = jax.lax.scan(step, (cache, x, pos), None, length=steps)
-        return carry
-
-    return run
+    return decode_loop(step, steps)
 
 
 def main() -> None:

@@ -13,8 +13,9 @@ slice out of a stacked array before its attention dot, every step. GPT-2 small w
 (`python bench/op_profile.py --decode --config gpt2 --cache_len 1024`): 37 -> 28-29 ms per token,
 the slices were a third of the op time; no change at 64 slots. bench/cache_layout.py compares the
 layouts and update schemes on attention alone (1024 slots: 6.4x faster than a stacked heads-first
-cache read by a layer scan at batch 1, 2.1x at batch 8). A layer scan (`scan_layers` with a cache, e.g. a prefill
-of a scanned model) reads the buffers through `stacked`; decoding always runs unrolled layers.
+cache read by a layer scan at batch 1, 2.1x at batch 8). A layer scan (`scan_layers` with a cache,
+e.g. a prefill of a scanned model) reads the buffers through `stacked`; decoding always runs
+unrolled layers.
 
 Because slot = position, a row's slots below its current position are always filled: rows of a
 ragged batch may sit at different positions, and stale slots (e.g. padding written during a

@@ -1,35 +1,47 @@
-# Every target sets up .venv itself on a fresh machine.
+# Every target sets up .venv itself on a fresh machine, installing only what it needs:
+# training and sampling the package alone, the tests its `dev` extra, and so on.
 PY := .venv/bin/python
-STAMP := .venv/.installed
+PIP := $(PY) -m pip install -q
+RUN ?= runs/shakespeare
 
-.PHONY: setup train sample test bench notebooks plot clean
+.PHONY: setup train sample test bench notebooks tensorboard plot clean
 
-$(STAMP): pyproject.toml
+.venv/.created:
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
-	touch $(STAMP)
+	touch $@
 
-setup: $(STAMP)
+# One stamp per extra; each is redone when pyproject.toml changes.
+.venv/.installed-run: pyproject.toml .venv/.created
+	$(PIP) -e .
+	touch $@
 
-train: $(STAMP)
+.venv/.installed-%: pyproject.toml .venv/.created
+	$(PIP) -e '.[$*]'
+	touch $@
+
+setup: .venv/.installed-run
+
+train: .venv/.installed-run
 	$(PY) train.py --config configs/shakespeare.py --workdir runs/shakespeare
 
-sample: $(STAMP)
-	$(PY) sample.py --workdir runs/shakespeare --prompt "ROMEO:" --num_samples 2 --max_new_tokens 120
+sample: .venv/.installed-run
+	$(PY) sample.py --workdir $(RUN) --prompt "ROMEO:" --num_samples 2 --max_new_tokens 120
 
-test: $(STAMP)
+test: .venv/.installed-dev
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
-bench: $(STAMP)
+bench: .venv/.installed-dev
 	$(PY) bench/run_all.py --out bench/results.md
 
-plot: $(STAMP)
-	$(PY) scripts/plot_metrics.py runs/shakespeare/metrics.jsonl docs/loss_curve.png --target 1.88
-
-notebooks: $(STAMP)
-	$(PY) -m pip install -q -e '.[notebooks]'
+notebooks: .venv/.installed-notebooks
 	.venv/bin/jupyter lab notebooks/
+
+tensorboard: .venv/.installed-tensorboard
+	.venv/bin/tensorboard --logdir runs
+
+plot: .venv/.installed-run
+	$(PY) scripts/plot_metrics.py runs/shakespeare/metrics.jsonl docs/loss_curve.png --target 1.88
 
 clean:
 	rm -rf .venv .cache runs

@@ -18,11 +18,11 @@ def model_config(fields: dict) -> ml_collections.ConfigDict:
     All fields are present so that any of them can be overridden on the command line; fields whose
     default is None (derived, e.g. num_kv_heads = num_heads) become typed placeholders.
     """
-    unknown = set(fields) - {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = set(fields) - {f.name for f in ModelConfig.fields()}
     if unknown:
         raise ValueError(f"unknown model field(s) {sorted(unknown)}; see transformer/config.py")
     model = ml_collections.ConfigDict()
-    for f in dataclasses.fields(ModelConfig):
+    for f in ModelConfig.fields():
         value = fields.get(f.name, f.default)
         if value is dataclasses.MISSING:
             raise ValueError(f"the model config needs {f.name}")

@@ -7,19 +7,26 @@ folder and renames it when complete, so a run killed mid-save leaves the previou
 intact; the incomplete folder is ignored and cleaned up at the next start.
 
 Kept: the most recent `keep` checkpoints plus the one with the best validation loss.
+
+A checkpoint restores onto whatever devices are at hand, whatever mesh saved it: resuming places
+the state as the new run's mesh says, inference reads it onto one device. Resuming accepts a model
+config that differs in execution fields only (`config.EXECUTION_FIELDS`: dtype, remat, ...); a
+change of `scan_layers` converts the saved layer stack.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
-from transformer.config import ModelConfig
+from transformer.config import EXECUTION_FIELDS, ModelConfig
 from transformer.tokenizer import Tokenizer, tokenizer_from_json, tokenizer_to_json
 
 CHECKPOINT_DIR = "checkpoints"
@@ -33,6 +40,7 @@ class Checkpointer:
     """Saves and restores a run's checkpoints under `workdir/checkpoints`."""
 
     def __init__(self, workdir: str, keep: int = 3, read_only: bool = False):
+        _ignore_closed_loop_callbacks()
         self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
         if read_only and not os.path.isdir(self.directory):
             raise CheckpointError(
@@ -105,9 +113,16 @@ class Checkpointer:
             raise self._unreadable(step, e) from e
 
     def _unreadable(self, step: int, e: Exception) -> CheckpointError:
+        """The error for a checkpoint that failed to read; it advises deleting the checkpoint only
+        when its files are damaged (orbax reports a data-loss, decoding or missing-file error)."""
+        reason = f"{type(e).__name__}: {str(e)[:300]}"
+        if not _is_damage(e):
+            return CheckpointError(
+                f"checkpoint step {step} in {self.directory} could not be restored ({reason}). Its files "
+                "are not known to be damaged: keep them, and report this error"
+            )
         return CheckpointError(
-            f"checkpoint step {step} in {self.directory} could not be read ({type(e).__name__}: "
-            f"{str(e)[:300]}); it may be corrupted: delete the folder "
+            f"checkpoint step {step} in {self.directory} is damaged ({reason}): delete the folder "
             f"{os.path.join(self.directory, str(step))} to fall back to an earlier checkpoint, "
             "or start a new --workdir"
         )
@@ -121,17 +136,34 @@ class Checkpointer:
         step = self._step_or_latest(step)
         return tokenizer_from_json(self._restore(step, tokenizer=ocp.args.JsonRestore()).tokenizer)
 
-    def restore_state(self, abstract_state: Any, model_config: Mapping[str, Any],
-                      step: int | None = None) -> Any:
-        """Restores the train state into the structure and shardings of `abstract_state`.
+    def restore_state(self, state: Any, model_config: Mapping[str, Any], step: int | None = None) -> Any:
+        """Restores the train state into the structure and shardings of `state` (e.g. a fresh one).
 
-        Raises CheckpointError if the checkpoint was trained with a different model config.
+        `model_config` is the run's; the checkpoint may differ from it in execution fields only
+        (see `check_same_model`), and a different `scan_layers` converts the saved layer stack.
+        Raises CheckpointError for a different architecture or parameter layout.
         """
         step = self._step_or_latest(step)
-        check_same_model(self.config(step)["model"], model_config, self.directory)
+        saved = ModelConfig.from_dict(self.config(step)["model"])
+        check_same_model(saved.to_dict(), model_config, self.directory)
         # Shapes first, from the metadata: a restore into the wrong shapes fails deep inside orbax.
-        check_layout(ModelConfig.from_dict(model_config), self.params_metadata(step), self.directory)
-        return self._restore(step, state=ocp.args.StandardRestore(abstract_state)).state
+        check_layout(saved, self.params_metadata(step), self.directory)
+        if saved.scan_layers == ModelConfig.from_dict(model_config).scan_layers:
+            return self._restore(step, state=ocp.args.StandardRestore(state)).state
+        as_saved = self._restore_on_one_device(step)
+        return jax.tree.map(lambda x, like: jax.device_put(x, like.sharding),
+                            relayout_layers(as_saved, state, saved.num_layers), state)
+
+    def _restore_on_one_device(self, step: int) -> Any:
+        """The whole saved state as nested dicts and lists, on this process's first device,
+        whatever mesh saved it."""
+        try:
+            metadata = self.manager.item_metadata(step)["state"]
+        except Exception as e:  # orbax raises many types for unreadable files
+            raise self._unreadable(step, e) from e
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata.tree)
+        return self._restore(step, state=ocp.args.StandardRestore(target)).state
 
     def params_metadata(self, step: int) -> Any:
         """The saved parameters' metadata (shape, dtype per array) of checkpoint `step`; no array is read."""
@@ -141,22 +173,51 @@ class Checkpointer:
             raise self._unreadable(step, e) from e
 
     def restore_params(self, step: int | None = None) -> Any:
-        """Only the parameters of checkpoint `step` (default: the latest), as saved."""
-        step = self._step_or_latest(step)
-        return self._restore(step, state=ocp.args.StandardRestore()).state["params"]
+        """Only the parameters of checkpoint `step` (default: the latest), as saved, on one device."""
+        return self._restore_on_one_device(self._step_or_latest(step))["params"]
 
 
-def check_same_model(saved: Mapping[str, Any], current: Mapping[str, Any], where: str) -> None:
-    """Raises CheckpointError naming every model field that differs."""
+def relayout_layers(saved: Any, like: Any, num_layers: int) -> Any:
+    """`saved`'s arrays arranged as `like`, converting between the two layouts of a layer stack.
+
+    Scanned parameters hold one `layers` subtree whose arrays have a leading L axis; unscanned ones
+    hold `layers_0` ... `layers_{L-1}`. Works on any tree holding parameter-shaped subtrees (params,
+    AdamW moments), with its containers given as dicts or as the original classes: leaves are
+    matched by the names along their paths.
+    """
+    def names(path) -> tuple[str, ...]:
+        return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+    source = {names(p): x for p, x in jax.tree_util.tree_leaves_with_path(saved)}
+
+    def take(path, _) -> Any:
+        path = names(path)
+        if path in source:
+            return source[path]
+        if "layers" in path:  # scanned here, unscanned in `saved`: stack layers_0 ... layers_{L-1}
+            at = path.index("layers")
+            return jax.numpy.stack([source[path[:at] + (f"layers_{i}",) + path[at + 1:]]
+                                    for i in range(num_layers)])
+        at = next(i for i, n in enumerate(path) if re.fullmatch(r"layers_\d+", n))
+        return source[path[:at] + ("layers",) + path[at + 1:]][int(path[at][len("layers_"):])]
+
+    return jax.tree_util.tree_map_with_path(take, like)
+
+
+def check_same_model(saved: Mapping[str, Any], current: Mapping[str, Any], where: str) -> list[str]:
+    """Raises CheckpointError naming every architecture field that differs; returns the execution
+    fields that differ (EXECUTION_FIELDS: how the parameters are computed) as 'name: saved -> now'."""
     saved = ModelConfig.from_dict(saved).to_dict()
     current = ModelConfig.from_dict(current).to_dict()
-    diffs = [f"{k}: checkpoint {saved[k]!r}, config {current[k]!r}" for k in saved if saved[k] != current[k]]
+    differ = [k for k in saved if saved[k] != current[k]]
+    diffs = [f"{k}: checkpoint {saved[k]!r}, config {current[k]!r}" for k in differ if k not in EXECUTION_FIELDS]
     if diffs:
         raise CheckpointError(
             f"the checkpoints in {where} were trained with a different model ("
             + "; ".join(diffs)
             + "). Use a new --workdir for this model, or the config the checkpoint was made with."
         )
+    return [f"{k}: {saved[k]!r} -> {current[k]!r}" for k in differ]
 
 
 def check_layout(cfg: ModelConfig, params: Any, where: str) -> None:
@@ -167,9 +228,9 @@ def check_layout(cfg: ModelConfig, params: Any, where: str) -> None:
     if diff:
         raise CheckpointError(
             f"the checkpoint in {where} stores its parameters in another layout than this version of "
-            f"the model builds ({'; '.join(diff[:2])}). Since 2026-11-29 every weight matrix is stored "
-            "[out, in] (transformer/linear.py); checkpoints written before cannot be loaded by this "
-            "version: train again, or use the version of the code that wrote them"
+            f"the model builds ({'; '.join(diff[:2])}). This version stores every weight matrix "
+            "[out, in] (transformer/linear.py); checkpoints written in the older [in, out] layout cannot "
+            "be loaded by it: train again, or use the version of the code that wrote them"
         )
 
 
@@ -186,9 +247,35 @@ def restore_for_inference(workdir: str, step: int | None = None) -> tuple[ModelC
     ckpt = Checkpointer(workdir, read_only=True)
     step = ckpt._step_or_latest(step)
     cfg = ModelConfig.from_dict(ckpt.config(step)["model"])
-    params = jax.tree.map(jax.numpy.asarray, ckpt.restore_params(step))
-    check_layout(cfg, params, ckpt.directory)
-    return cfg, params, ckpt.tokenizer(step)
+    check_layout(cfg, ckpt.params_metadata(step), ckpt.directory)
+    return cfg, ckpt.restore_params(step), ckpt.tokenizer(step)
+
+
+# What orbax and TensorStore say when a checkpoint's files are truncated, garbled or missing.
+_DAMAGE = re.compile(r"DATA_LOSS|OUT_OF_RANGE|NOT_FOUND|Error reading|No such file|corrupt", re.IGNORECASE)
+
+
+def _is_damage(e: BaseException) -> bool:
+    """Whether a failed read is explained by damaged files (not by a mismatch on our side)."""
+    damaged_types = (json.JSONDecodeError, UnicodeDecodeError, FileNotFoundError, EOFError)
+    return isinstance(e, damaged_types) or bool(_DAMAGE.search(str(e)))
+
+
+def _ignore_closed_loop_callbacks() -> None:
+    """When a restore fails, orbax's reads still in flight call back into its closed event loop;
+    Python reports each through sys.unraisablehook as 'Event loop is closed', burying the real
+    error. Drop exactly those reports (installed once, by the first Checkpointer)."""
+    previous = sys.unraisablehook
+    if getattr(previous, "ignores_closed_loop", False):
+        return
+
+    def hook(unraisable) -> None:
+        e = unraisable.exc_value
+        if not (isinstance(e, RuntimeError) and str(e) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook.ignores_closed_loop = True
+    sys.unraisablehook = hook
 
 
 def save_json(path: str, obj: Any) -> None:

@@ -21,6 +21,14 @@ CHOICES = {
 }
 
 
+# How the parameters are computed with, not what they mean: a checkpoint trained with one setting
+# resumes, samples and fine-tunes with another (scan_layers changes the parameters' layout, which
+# resuming converts).
+EXECUTION_FIELDS = ("dropout", "dtype", "attention_impl", "scan_layers", "remat")
+# Fields whose None means "derived from other fields"; `replace` derives them again.
+DERIVED_FIELDS = ("num_kv_heads", "head_dim", "mlp_dim", "v_head_dim")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Hyper-parameters of a decoder-only transformer.
@@ -31,6 +39,11 @@ class ModelConfig:
     attention); its queries may go through a latent of width q_latent_dim; with RoPE, a separate
     rotary part of width rope_head_dim is added to each query and to one key shared by all heads;
     v_head_dim is the value width (defaults to head_dim).
+
+    The fields fall in two groups: the architecture (every field above `dropout`: what the
+    parameters mean) and the execution (EXECUTION_FIELDS: how they are computed). Fields left None
+    are derived (DERIVED_FIELDS); `replace` derives them again from the new values unless they were
+    set explicitly, so cfg.replace(d_model=128) also doubles head_dim and mlp_dim.
     """
 
     vocab_size: int
@@ -56,13 +69,17 @@ class ModelConfig:
     q_latent_dim: int | None = None  # MLA: width of the query latent (None: no query latent)
     rope_head_dim: int | None = None  # MLA with RoPE: width of the decoupled rotary part
     v_head_dim: int | None = None  # MLA: value head width (None: head_dim)
+    # --- execution (EXECUTION_FIELDS): changing these keeps the parameters' meaning ---
     dropout: float = 0.0
     dtype: str = "float32"  # compute dtype; parameters stay float32
     attention_impl: str = "reference"  # 'xla' / 'cudnn': jax.nn.dot_product_attention
     scan_layers: bool = True  # stack the layers with nn.scan (fast compile for deep models)
     remat: bool = False  # recompute each layer's activations in the backward pass
+    # Which DERIVED_FIELDS were given as None (filled by __post_init__); not a config field.
+    derived: frozenset = dataclasses.field(default=frozenset(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "derived", frozenset(f for f in DERIVED_FIELDS if getattr(self, f) is None))
         for name, choices in CHOICES.items():
             if getattr(self, name) not in choices:
                 raise ValueError(
@@ -159,10 +176,15 @@ class ModelConfig:
         return self.num_heads // self.num_kv_heads
 
     @classmethod
+    def fields(cls) -> tuple[dataclasses.Field, ...]:
+        """The config's fields (what a config file's `model` section holds)."""
+        return tuple(f for f in dataclasses.fields(cls) if f.init)
+
+    @classmethod
     def from_dict(cls, fields: Mapping[str, Any]) -> "ModelConfig":
         """Builds a ModelConfig from a mapping (e.g. a config file's `model` ConfigDict)."""
         fields = dict(fields)
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in cls.fields()}
         unknown = sorted(set(fields) - known)
         if unknown:
             raise ValueError(
@@ -170,7 +192,7 @@ class ModelConfig:
             )
         missing = sorted(
             f.name
-            for f in dataclasses.fields(cls)
+            for f in cls.fields()
             if f.default is dataclasses.MISSING and f.name not in fields
         )
         if missing:
@@ -179,11 +201,16 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """All fields, with the derived defaults filled in (JSON-serialisable)."""
-        return dataclasses.asdict(self)
+        return {f.name: getattr(self, f.name) for f in self.fields()}
+
+    def architecture(self) -> dict[str, Any]:
+        """The fields that say what the parameters mean (all but EXECUTION_FIELDS)."""
+        return {k: v for k, v in self.to_dict().items() if k not in EXECUTION_FIELDS}
 
     def replace(self, **changes: Any) -> "ModelConfig":
-        """A copy with some fields changed (derived defaults are recomputed only if unset)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with some fields changed; derived fields that were never set are derived again."""
+        fields = {k: v for k, v in self.to_dict().items() if k not in self.derived}
+        return ModelConfig(**{**fields, **changes})
 
 
 def _positive(name: str, value: Any) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs import gpt2
-from transformer import KVCache, LatentCache, ModelConfig, init_cache
+from transformer import KVCache, LatentCache, ModelConfig, init_cache, kv_cache_bytes_per_token
 from transformer import cache as kv_cache
 
 BASE = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)  # K = 8
@@ -66,6 +66,20 @@ def test_bytes_per_token_formula_and_measured(name):
     assert kv_cache.bytes_per_token(cfg, "bfloat16") == expected // 2
     assert kv_cache.measured_bytes_per_token(init_cache(cfg, 3, 10)) == expected
     assert kv_cache.measured_bytes_per_token(init_cache(cfg, 2, 5, dtype="bfloat16")) == expected // 2
+
+
+@pytest.mark.parametrize("name", list(EXPECTED_BYTES))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_exported_kv_cache_bytes_per_token_counts_init_cache_buffers(name, dtype):
+    """The package's public name, against the bytes init_cache allocates: every layer's buffers."""
+    cfg = CFGS[name].replace(dtype=dtype)
+    batch, slots = 3, 10
+    cache = init_cache(cfg, batch, slots)
+    buffers = jax.tree.leaves(cache)
+    assert len(buffers) == cfg.num_layers * (1 if cfg.attention == "mla" else 2)
+    assert kv_cache_bytes_per_token(cfg) == sum(b.nbytes for b in buffers) // (batch * slots)
+    assert kv_cache_bytes_per_token(cfg) == EXPECTED_BYTES[name] * jnp.dtype(dtype).itemsize // 4
+    assert kv_cache.bytes_per_token is kv_cache_bytes_per_token  # the old name still works
 
 
 def test_gqa_and_mla_caches_are_smaller_than_mha():

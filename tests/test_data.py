@@ -14,6 +14,7 @@ from transformer.data import (
     load_texts,
     markdown_to_play,
     shakespeare_plays,
+    skipped_files,
 )
 from transformer.tokenizer import BPETokenizer, ByteTokenizer
 
@@ -89,7 +90,7 @@ def test_load_texts_file_folder_and_glob(tmp_path):
     (tmp_path / "b.txt").write_text("bee")
     (tmp_path / "a.md").write_text("# ay")  # user Markdown is read as is
     (tmp_path / "sub" / "c.txt").write_text("sea")
-    (tmp_path / "skip.json").write_text("{}")
+    (tmp_path / "skip.bin").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
     assert load_texts(tmp_path / "b.txt") == ["bee"]
     assert load_texts(tmp_path) == ["# ay", "bee", "sea"]
     assert load_texts(str(tmp_path / "**" / "*.txt")) == ["bee", "sea"]
@@ -97,6 +98,61 @@ def test_load_texts_file_folder_and_glob(tmp_path):
         load_texts(tmp_path / "nothing-here")
     with pytest.raises(FileNotFoundError, match=r"\*\.rst"):
         load_texts(str(tmp_path / "*.rst"))
+
+
+def test_a_folder_contributes_every_utf8_text_file_whatever_its_name(tmp_path):
+    files = {
+        "train.py": "print('hi')\n",
+        "notes.txt": "notes",
+        "Makefile": "all:\n\techo ok\n",  # no suffix
+        "pkg/__init__.py": "",  # an empty file is text
+        "pkg/mod.py": "x = 'é🎭'\n",
+        "long.c": "a" * 8191 + "é",  # é straddles the first read's end
+        "image.png": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR",  # NUL bytes: binary
+        "latin1.txt": "café".encode("latin-1"),  # not UTF-8
+        "late_latin1.txt": b"a" * 20_000 + "café".encode("latin-1"),  # not UTF-8 past the first KB
+        ".env": "SECRET=1",  # hidden
+        ".git/HEAD": "ref: refs/heads/main\n",  # in a hidden folder
+        "pkg/__pycache__/mod.cpython-311.pyc": "looks like text",
+    }
+    for name, content in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        write = (tmp_path / name).write_bytes if isinstance(content, bytes) else (tmp_path / name).write_text
+        write(content)
+    text = ["Makefile", "long.c", "notes.txt", "pkg/__init__.py", "pkg/mod.py", "train.py"]
+    assert corpus_files(tmp_path) == [tmp_path / n for n in text]
+    assert load_texts(tmp_path) == [files[n] for n in text]
+    assert skipped_files(tmp_path) == [tmp_path / n for n in ("image.png", "late_latin1.txt", "latin1.txt")]
+    assert skipped_files(tmp_path / "notes.txt") == skipped_files(None) == []
+
+
+def test_a_folder_without_text_is_an_error_naming_it(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"No text file in the folder '.*empty'.*decodes as UTF-8"):
+        corpus_files(tmp_path / "empty")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "blob.dat").write_bytes(bytes(range(256)))
+    (tmp_path / "bin" / ".hidden.txt").write_text("hidden text does not count")
+    with pytest.raises(FileNotFoundError, match=r"'.*bin' \(1 skipped as binary or not UTF-8, e.g. .*blob\.dat\)"):
+        load_texts(tmp_path / "bin")
+
+
+def test_a_single_file_that_is_not_utf8_is_an_error_naming_it(tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.txt is not UTF-8 text"):
+        load_texts(tmp_path / "latin1.txt")
+
+
+def test_token_cache_key_follows_the_folder_s_text_files(tmp_path):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.py").write_text("alpha " * 50)
+    (folder / "b.bin").write_bytes(b"\x00" * 100)
+    first = load_corpus(folder, ByteTokenizer(), tmp_path / "cache", 0.1)
+    (folder / "b.bin").write_text("beta " * 50)  # now text: joins the corpus, new key
+    second = load_corpus(folder, ByteTokenizer(), tmp_path / "cache", 0.1)
+    assert len(list((tmp_path / "cache").glob("*.npy"))) == 2
+    assert len(second.train) + len(second.val) == len(first.train) + len(first.val) + len("\n\n") + 250
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import torch
 from safetensors.numpy import load_file, save_file
 from transformers import (
     AutoModelForCausalLM,
+    AutoTokenizer,
     BertConfig,
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
@@ -35,6 +36,7 @@ from transformer.config import ModelConfig
 from transformer.hf import check_same_architecture, from_hf, to_hf
 from transformer.model import Decoder, unstack_layers
 from transformer.sampling import generate
+from transformer.tokenizer import ByteTokenizer, load_tokenizer, make_tokenizer
 from transformer.training import init_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -262,6 +264,62 @@ def test_export_refuses_what_no_supported_architecture_represents(change, messag
     assert not os.listdir(tmp_path)
 
 
+SENTENCES = ["the cat sat on the mat.", "the dog sat on the log.", "a cat and a dog met at the gate."]
+# Every byte value that occurs in UTF-8 (ASCII, all 2-byte characters, 3- and 4-byte ones).
+ALL_UTF8 = "".join(map(chr, range(0x800))) + "€ ±≠ 漢字 🎭 \U0010ffff"
+
+
+def export_with_tokenizer(kind, directory):
+    """A tiny random model exported with a byte tokenizer (as GPT-2) or a small BPE (as Llama)."""
+    tok = make_tokenizer("bytes") if kind == "bytes" else make_tokenizer("bpe", SENTENCES * 4, vocab_size=300)
+    shape = EXPORTS["gpt2_tied"] if kind == "bytes" else EXPORTS["llama_gqa_untied"]
+    cfg = ModelConfig(vocab_size=tok.vocab_size, max_seq_len=T, d_model=32, num_layers=1, num_heads=4,
+                      mlp_dim=48, **{**shape, "head_dim": 8})
+    to_hf(cfg, random_params(cfg), directory, tokenizer=tok)
+    return tok
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bpe"])
+def test_export_writes_the_tokenizer_for_load_tokenizer_and_transformers(kind, tmp_path):
+    tok = export_with_tokenizer(kind, tmp_path)
+    back = load_tokenizer(tmp_path)
+    assert type(back) is type(tok) and back.fingerprint == tok.fingerprint
+    text = "the cat met a dog at the gate: ¿é? 🎭\n\r\t\x00" + ALL_UTF8
+    np.testing.assert_array_equal(back.encode(text), tok.encode(text))
+
+    theirs = AutoTokenizer.from_pretrained(tmp_path)
+    assert theirs(text)["input_ids"] == tok.encode(text).tolist()
+    assert theirs.decode(tok.encode(text).tolist()) == text
+    cut = list(range(tok.vocab_size))  # every id, with bytes that are no valid UTF-8 on their own
+    assert theirs.decode(cut) == tok.decode(cut)
+
+
+def test_export_refuses_a_tokenizer_larger_than_the_vocabulary(tmp_path):
+    cfg = ModelConfig(vocab_size=V, max_seq_len=T, d_model=64, num_layers=2, num_heads=4, **EXPORTS["gpt2_tied"])
+    with pytest.raises(ValueError, match=f"tokenizer has 256 ids but the model's vocab_size is {V}"):
+        to_hf(cfg, random_params(cfg), tmp_path, tokenizer=ByteTokenizer())
+    assert not os.listdir(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["bytes", "bpe"])
+def test_sample_cli_reads_an_export_with_its_tokenizer(kind, tmp_path):
+    """sample.py --hf_dir on to_hf's folder prints transformers' greedy continuation."""
+    tok = export_with_tokenizer(kind, tmp_path)
+    prompt = "the cat"
+    model = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        new = model.generate(torch.tensor([tok.encode(prompt).tolist()]), max_new_tokens=5, do_sample=False,
+                             pad_token_id=0)[0, len(tok.encode(prompt)):]
+    cmd = [sys.executable, os.path.join(ROOT, "sample.py"), f"--hf_dir={tmp_path}", f"--prompt={prompt}",
+           "--max_new_tokens=5", "--temperature=0"]
+    # Bytes, not text: a random byte model may print a \r, which text mode would turn into \n.
+    out = subprocess.run(cmd, capture_output=True, cwd=ROOT, timeout=300,
+                         env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+    assert out.returncode == 0, out.stderr.decode()[-3000:]
+    assert len(new) == 5 and prompt + tok.decode(new.numpy()) in out.stdout.decode("utf-8")
+
+
 # ---------------------------------------------------------------------------------------------
 # Unsupported inputs: clear errors, never a silently different model
 # ---------------------------------------------------------------------------------------------
@@ -404,10 +462,27 @@ def test_sample_cli_greedy_text_equals_transformers(tmp_path):
 def test_check_same_architecture_names_the_differing_fields():
     cfg, _ = from_hf(hf_model("llama_gqa_untied"))
     check_same_architecture(cfg, cfg.replace(scan_layers=False, remat=True, dtype="bfloat16", dropout=0.1,
-                                             attention_impl="xla"))
+                                             attention_impl="xla"), seq_len=cfg.max_seq_len)
     with pytest.raises(ValueError, match=r"d_model: imported 64, config 128.*num_kv_heads.*"
-                                         r"--config\.model\.d_model=64"):
+                                         r"--config\.model\.d_model=64") as e:
         check_same_architecture(cfg, cfg.replace(d_model=128, num_kv_heads=4))
+    assert "seq_len" not in str(e.value)
+
+
+def test_check_same_architecture_lists_every_override_seq_len_included():
+    """The case of issue 21: a config with a longer context and train.seq_len than the import."""
+    cfg, _ = from_hf(hf_model("llama_gqa_untied"))  # max_seq_len = T = 64
+    run = cfg.replace(max_seq_len=1024, d_model=128)
+    with pytest.raises(ValueError) as e:
+        check_same_architecture(cfg, run, seq_len=1024)
+    flags = str(e.value).split("overrides to match it: ")[1].split()
+    assert flags == [f"--config.model.max_seq_len={T}", "--config.model.d_model=64", f"--config.train.seq_len={T}"]
+    assert f"train.seq_len=1024 exceeds the imported max_seq_len={T}" in str(e.value)
+
+    # The model matches, only the run's windows are too long for the imported context.
+    with pytest.raises(ValueError, match=rf"overrides to match it: --config\.train\.seq_len={T}$"):
+        check_same_architecture(cfg, cfg, seq_len=T + 1)
+    check_same_architecture(cfg, cfg, seq_len=T // 2)  # shorter windows are fine
 
 
 @pytest.mark.slow

@@ -141,11 +141,16 @@ def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None
     )
 
 
-def bytes_per_token(cfg: ModelConfig, dtype: str | None = None) -> int:
-    """Cache bytes one token costs, from the formula.
+def kv_cache_bytes_per_token(cfg: ModelConfig, dtype: str | None = None) -> int:
+    """Bytes of KV cache one token of context costs, summed over every layer of the model.
 
-    MHA/GQA: L * 2 * G * K values (a key and a value per key/value head and layer).
-    MLA:     L * (C + R) values (one latent and one shared rotary key per layer).
+    What `init_cache` allocates per (row, slot), in `dtype` (default cfg.dtype, the dtype the
+    sampler's cache has):
+      MHA / GQA / MQA: L * 2 * G * K values (a key and a value per key/value head and layer;
+                       G = num_kv_heads: H for MHA, 1 for MQA, K = head_dim).
+      MLA:             L * (C + R) values (one latent and one shared rotary key per layer;
+                       C = kv_latent_dim, R = rope_head_dim or 0).
+    A cache of B rows and S slots takes B * S times this.
     """
     itemsize = jnp.dtype(dtype or cfg.dtype).itemsize
     if cfg.attention == "mla":
@@ -153,6 +158,9 @@ def bytes_per_token(cfg: ModelConfig, dtype: str | None = None) -> int:
     else:
         values = 2 * cfg.num_kv_heads * cfg.head_dim
     return cfg.num_layers * values * itemsize
+
+
+bytes_per_token = kv_cache_bytes_per_token  # the old name (notebooks/kv_cache.ipynb, tests)
 
 
 def measured_bytes_per_token(cache: Cache) -> float:

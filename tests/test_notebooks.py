@@ -1,14 +1,22 @@
-"""Every notebook runs top to bottom in smoke mode (tiny model, few steps) and draws its figures.
+"""The notebooks run top to bottom in smoke mode and leave the repository as it was; `make plot` and
+`make figures` write where they should.
 
-Each notebook executes in memory from a temporary copy of notebooks/: the committed notebooks, their
-outputs and docs/figures are not touched, and the tiny model the notebooks train goes to a temporary
-folder. The kernel is this test's own Python interpreter, whatever kernels are installed elsewhere.
+Each notebook executes in memory from a temporary copy of notebooks/ (its kernel starts there, as
+under Jupyter): the committed notebooks, their outputs and docs/ are not touched. Every notebook runs
+on a run of the user's own, named by a relative NOTEBOOK_CHECKPOINT as the README writes it: MLA
+attention, a BPE tokenizer and a relative data.path, trained by train.py under runs/ (git-ignored)
+and removed afterwards. The notebooks that load a model also run on their own tiny model, trained
+into a temporary folder by the first of them. The kernel is this test's own Python interpreter, whatever kernels are
+installed elsewhere.
 """
 
+import glob
 import json
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 
 import nbclient
 import nbformat
@@ -18,6 +26,16 @@ pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = ["attention_basics", "attention_maps", "head_ablation", "kv_cache"]
 KERNEL = "transformer-notebook-test"
+sys.path.insert(0, os.path.join(ROOT, "notebooks"))
+import _setup  # noqa: E402  (the notebooks' shared set-up)
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import plot_metrics  # noqa: E402
+
+
+def uses_a_model(name):
+    with open(os.path.join(ROOT, "notebooks", f"{name}.ipynb")) as f:
+        return "_setup.load_model()" in f.read()
 
 
 def test_every_notebook_is_tested():
@@ -25,10 +43,141 @@ def test_every_notebook_is_tested():
     assert found == sorted(NOTEBOOKS)
 
 
+# --- Where things go -------------------------------------------------------------------------
+
+
+def test_figures_go_to_the_run_unless_a_folder_is_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # holds no runs/: relative paths are read from the repository root
+    assert _setup.figures_folder({}, smoke=False) == os.path.join(ROOT, "runs", "notebook_model", "figures")
+    assert _setup.figures_folder({"NOTEBOOK_WORKDIR": "runs/mine"}, smoke=False) == os.path.join(
+        ROOT, "runs", "mine", "figures")
+    assert _setup.figures_folder({"NOTEBOOK_CHECKPOINT": "runs/x", "NOTEBOOK_WORKDIR": "runs/mine"},
+                                 smoke=False) == os.path.join(ROOT, "runs", "x", "figures")
+    assert _setup.figures_folder({"NOTEBOOK_FIGURES": "docs/figures"}, smoke=False) == os.path.join(
+        ROOT, "docs", "figures")  # what `make figures` sets: the only way into docs/
+    assert not _setup.figures_folder({}, smoke=True).startswith(ROOT + os.sep)
+
+    (tmp_path / "runs" / "x").mkdir(parents=True)  # a path that exists from the current folder wins
+    assert _setup.figures_folder({"NOTEBOOK_CHECKPOINT": "runs/x"}, smoke=False) == str(tmp_path / "runs" / "x" / "figures")
+
+
+def make(*args):
+    if not shutil.which("make"):
+        pytest.skip("make is not installed")
+    return subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def test_make_plot_draws_the_named_run_and_only_make_figures_writes_docs():
+    plot = make("plot", "RUN=x")
+    assert "scripts/plot_metrics.py x/metrics.jsonl x/loss_curve.png" in plot and "docs/" not in plot
+    assert "runs/shakespeare/metrics.jsonl runs/shakespeare/loss_curve.png" in make("plot")
+    figures = make("-W", "pyproject.toml", "figures")  # as if pyproject.toml had changed: installs first
+    assert "pip install -q -e '.[notebooks]'" in figures and "touch .venv/.installed-notebooks" in figures
+    assert "runs/shakespeare/metrics.jsonl docs/loss_curve.png" in figures
+    assert f"NOTEBOOK_FIGURES={ROOT}/docs/figures" in figures and "--execute --inplace notebooks/*.ipynb" in figures
+    assert "pip install -q -e '.[notebooks]'" in make("-W", "pyproject.toml", "notebooks")
+
+
+def test_plot_metrics(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": s, "loss": 3.0 - 0.1 * s} for s in range(1, 6)] + [{"step": 5, "val_loss": 2.6}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for source in (run / "metrics.jsonl", run):  # the file or the run's folder
+        (run / "loss_curve.png").unlink(missing_ok=True)
+        plot_metrics.plot(str(source), str(run / "loss_curve.png"), target=2.5)
+        assert (run / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    with pytest.raises(SystemExit, match="cannot write .*curve.txt.*image extension such as .png"):
+        plot_metrics.plot(str(run), str(tmp_path / "curve.txt"))
+    (run / "metrics.jsonl").write_text("")
+    with pytest.raises(SystemExit, match="holds no training rows yet"):
+        plot_metrics.plot(str(run), str(tmp_path / "out.png"))
+
+    missing = tmp_path / "nothing" / "metrics.jsonl"  # what `make plot RUN=...` shows before training
+    done = subprocess.run([sys.executable, plot_metrics.__file__, str(missing), str(tmp_path / "out.png")],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and f"no metrics file at {missing}: train the run first" in done.stderr
+    assert not (tmp_path / "out.png").exists()
+
+
+# --- A run of the user's own: MLA, BPE, a relative data.path ----------------------------------
+
+
+def set_saved_data_path(workdir, path):
+    """Rewrites data.path in every saved config of the run, as an old train.py stored it."""
+    files = glob.glob(os.path.join(workdir, "checkpoints", "*", "config", "metadata"))
+    assert files, f"no saved config under {workdir}/checkpoints/*/config/: has the checkpoint layout changed?"
+    for file in files:
+        with open(file) as f:
+            config = json.load(f)
+        config["data"]["path"] = path
+        with open(file, "w") as f:
+            json.dump(config, f)
+    from transformer.checkpoint import Checkpointer
+
+    assert Checkpointer(workdir, read_only=True).config()["data"]["path"] == path
+
+
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    """A kernel spec that runs this interpreter, and one folder for the tiny model (trained by the
-    first notebook that needs it, reused by the others)."""
+def own_run(tmp_path_factory):
+    """A relative workdir under runs/ of a 6-step MLA + BPE run on a small text at a relative path."""
+    os.makedirs(os.path.join(ROOT, "runs"), exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix="test-notebooks-", dir=os.path.join(ROOT, "runs"))
+    rel = os.path.relpath(workdir, ROOT)
+    words = "the king spoke to his queen while a fox ran over the hill and the dog slept".split()
+    lines = [" ".join(words[(7 * i + j) % len(words)] for j in range(9)) for i in range(400)]
+    with open(os.path.join(workdir, "corpus.txt"), "w") as f:
+        f.write("\n".join(lines))
+    cache = tmp_path_factory.mktemp("tokens")
+    try:
+        subprocess.run(
+            [sys.executable, "train.py", "--config", "configs/tiny.py", "--workdir", rel,
+             "--config.model.attention=mla", "--config.model.kv_latent_dim=16",
+             "--config.data.tokenizer=bpe", "--config.model.vocab_size=300", f"--config.data.path={rel}/corpus.txt",
+             "--config.train.steps=6", "--config.train.eval_every=3", "--config.train.checkpoint_every=3",
+             "--config.train.sample_tokens=0", f"--config.data.cache_dir={cache}"],
+            cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, check=True, capture_output=True, timeout=600)
+        set_saved_data_path(workdir, f"{rel}/corpus.txt")  # train.py may store it absolute now
+        yield rel
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_data_path_of_a_run(own_run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("NOTEBOOK_DATA", raising=False)
+    workdir = os.path.join(ROOT, own_run)
+    assert _setup.data_path(workdir) == os.path.join(ROOT, own_run, "corpus.txt")  # from the root, not cwd
+
+    moved = tmp_path / "moved"
+    shutil.copytree(workdir, moved)
+    set_saved_data_path(str(moved), "runs/gone/corpus.txt")
+    with pytest.raises(FileNotFoundError) as e:
+        _setup.data_path(str(moved))
+    assert "data.path 'runs/gone/corpus.txt': no text at " + os.path.join(ROOT, "runs/gone/corpus.txt") in str(e.value)
+    assert "Set NOTEBOOK_DATA" in str(e.value)
+
+    monkeypatch.setenv("NOTEBOOK_DATA", os.path.join(own_run, "corpus.txt"))  # from the root
+    assert _setup.data_path(str(moved)) == os.path.join(ROOT, own_run, "corpus.txt")
+    monkeypatch.setenv("NOTEBOOK_DATA", "nowhere.txt")
+    with pytest.raises(FileNotFoundError, match="NOTEBOOK_DATA='nowhere.txt': no text at .*Set NOTEBOOK_DATA"):
+        _setup.data_path(str(moved))
+
+
+def test_a_missing_checkpoint_is_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NOTEBOOK_CHECKPOINT", "runs/no-such-run")
+    with pytest.raises(FileNotFoundError, match="NOTEBOOK_CHECKPOINT='runs/no-such-run' is not a folder.*make train"):
+        _setup.load_model()
+
+
+# --- Running the notebooks ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    """A Jupyter folder with a kernel spec that runs this interpreter."""
     jupyter = tmp_path_factory.mktemp("jupyter")
     spec = jupyter / "kernels" / KERNEL
     spec.mkdir(parents=True)
@@ -36,26 +185,43 @@ def shared(tmp_path_factory):
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "transformer tests", "language": "python",
     }))
-    return jupyter, tmp_path_factory.mktemp("notebook_model")
+    return jupyter
 
 
-def mtimes(folder):
-    return {f: os.path.getmtime(os.path.join(folder, f)) for f in os.listdir(folder)} if os.path.isdir(folder) else {}
+@pytest.fixture(scope="module")
+def notebook_model(tmp_path_factory):
+    """The folder of the notebooks' own tiny model, trained by the first notebook that needs it."""
+    return tmp_path_factory.mktemp("notebook_model")
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs(name, tmp_path, shared, monkeypatch):
-    jupyter, model_dir = shared
+def docs_state():
+    """git's view of docs/ and every file's modification time there."""
+    status = subprocess.run(["git", "status", "--porcelain", "docs/"], cwd=ROOT, capture_output=True, text=True)
+    files = glob.glob(os.path.join(ROOT, "docs", "**"), recursive=True)
+    return status.stdout, {f: os.stat(f).st_mtime_ns for f in files if os.path.isfile(f)}
+
+
+# Every notebook on the user's run; those that load a model also on the notebooks' own.
+@pytest.mark.parametrize("name,model", [(n, "own_run") for n in NOTEBOOKS]
+                         + [(n, "notebook_model") for n in NOTEBOOKS if uses_a_model(n)])
+def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
     work = tmp_path / "notebooks"
     shutil.copytree(os.path.join(ROOT, "notebooks"), work, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    monkeypatch.setenv("JUPYTER_PATH", str(jupyter))  # searched before any other kernel folder
+    for var in ("NOTEBOOK_CHECKPOINT", "NOTEBOOK_WORKDIR", "NOTEBOOK_FIGURES", "NOTEBOOK_DATA"):
+        monkeypatch.delenv(var, raising=False)
+    if model == "notebook_model":
+        run = str(request.getfixturevalue("notebook_model"))
+        monkeypatch.setenv("NOTEBOOK_WORKDIR", run)
+    else:
+        relative = request.getfixturevalue("own_run")
+        assert not (work / relative).exists()  # so it must be found from the repository root
+        monkeypatch.setenv("NOTEBOOK_CHECKPOINT", relative)
+        run = os.path.join(ROOT, relative)
+    monkeypatch.setenv("JUPYTER_PATH", str(kernels))  # searched before any other kernel folder
     monkeypatch.setenv("NOTEBOOK_SMOKE", "1")
     monkeypatch.setenv("TRANSFORMER_ROOT", ROOT)
-    monkeypatch.setenv("NOTEBOOK_WORKDIR", str(model_dir))
-    monkeypatch.delenv("NOTEBOOK_CHECKPOINT", raising=False)
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    figures = os.path.join(ROOT, "docs", "figures")
-    before = mtimes(figures)
+    before = docs_state()
 
     nb = nbformat.read(work / f"{name}.ipynb", as_version=4)
     for cell in nb.cells:
@@ -67,4 +233,8 @@ def test_notebook_runs(name, tmp_path, shared, monkeypatch):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 1, f"{name} drew no figure"
-    assert mtimes(figures) == before, "smoke mode must not overwrite docs/figures"
+    if uses_a_model(name):
+        text = "".join(o.get("text", "") for o in outputs)
+        assert f"model: {os.path.relpath(run, ROOT) if model == 'own_run' else run}, step" in text
+    assert os.path.isfile(os.path.join(run, "figures", f"{name}.png")), "figures go to the run's folder"
+    assert docs_state() == before, "running a notebook must not change docs/"

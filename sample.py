@@ -12,6 +12,7 @@ the same one it would get as row i of a batch, so a sample is reproducible from 
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -20,8 +21,10 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
+from transformer.cache import kv_cache_bytes_per_token
 from transformer.checkpoint import CheckpointError, restore_for_inference
 from transformer.config import ModelConfig
+from transformer.model import count_params
 from transformer.sampling import SamplingOptions, generate_stream, row_keys
 
 FLAGS = flags.FLAGS
@@ -53,14 +56,21 @@ def load_model() -> tuple[ModelConfig, Any, Any]:
     return restore_for_inference(FLAGS.workdir, step=FLAGS.step)
 
 
-def read_prompt() -> str:
-    """The prompt text: --prompt_file's contents if given, else --prompt."""
-    if FLAGS.prompt_file is None:
-        return FLAGS.prompt
+def read_prompt(prompt: str, prompt_file: str | None) -> str:
+    """The prompt text: the contents of `prompt_file` (UTF-8) if given, else `prompt`."""
+    if prompt_file is None:
+        return prompt
     if FLAGS["prompt"].present:
         raise ValueError("give either --prompt or --prompt_file, not both")
-    with open(FLAGS.prompt_file, encoding="utf-8") as f:
-        return f.read()
+    if not os.path.isfile(prompt_file):
+        what = "a folder" if os.path.isdir(prompt_file) else "not a file"
+        raise ValueError(f"--prompt_file {prompt_file!r} is {what}; pass a UTF-8 text file")
+    try:
+        with open(prompt_file, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--prompt_file {prompt_file!r} is not UTF-8 text ({e.reason} at byte {e.start}); "
+                         "convert it, e.g. iconv -f latin1 -t utf-8") from None
 
 
 def encode_prompt(cfg: ModelConfig, tokenizer: Any, prompt: str) -> np.ndarray:
@@ -130,8 +140,11 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; the prompt goes in --prompt")
     logging.set_verbosity(logging.ERROR)  # orbax logs every restore; the samples are the output
     try:
+        prompt = read_prompt(FLAGS.prompt, FLAGS.prompt_file)  # a bad file fails before any loading
         cfg, params, tokenizer = load_model()
-        print_samples(cfg, params, tokenizer, read_prompt())
+        print(f"model: {count_params(params):,} parameters, context {cfg.max_seq_len} tokens, KV cache "
+              f"{kv_cache_bytes_per_token(cfg):,} bytes per token", file=sys.stderr)
+        print_samples(cfg, params, tokenizer, prompt)
     except (FileNotFoundError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

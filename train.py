@@ -3,67 +3,97 @@
     python train.py --config configs/shakespeare.py --workdir runs/shakespeare
     python train.py --config configs/llama.py --workdir runs/llama --config.train.steps=2000
 
-Any config field can be overridden from the command line (--config.section.field=value).
-Starting in a workdir that has checkpoints resumes from the latest one. SIGTERM (or Ctrl-C)
-saves a checkpoint and exits; a kill -9 loses at most the steps since the last checkpoint.
-Metrics go to the console, to workdir/metrics.jsonl and to TensorBoard files in workdir/tb.
+Any config field can be overridden from the command line (--config.section.field=value). Starting
+in a workdir that has checkpoints resumes from the latest one; nothing is written to the workdir
+until the run's set-up (config, tokenizer, corpus, state, compiled steps) has succeeded.
+
+Exit codes: 0 when the run reached train.steps (or train.run_steps of them), 1 for an error (one
+line naming it), 2 for a bad command line, 130 / 143 after SIGINT (Ctrl-C) / SIGTERM: training
+stops at the next step, saves a checkpoint and exits, so `train.py ... && sample.py ...` does not
+go on with a partial model. A kill -9 loses at most the steps since the last checkpoint.
+
+Output: the model line, a progress bar, the evaluation lines and a summary. Metrics also go to
+workdir/metrics.jsonl and TensorBoard files in workdir/tb. `--verbosity=0` shows the libraries'
+INFO logs (absl, orbax), which are hidden by default.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import signal
+
+if __name__ == "__main__":  # Ctrl-C while the libraries load: end at once (nothing is written yet)
+    for _sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_sig, lambda signum, frame: os._exit(128 + signum))
+
+import difflib
+import importlib.util
+import json
+import math
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from absl import app, flags
-from ml_collections import config_flags
+import jax
+import numpy as np
+from absl import app, flags, logging
+from ml_collections import ConfigDict, config_flags
+from tqdm import tqdm
 
-if TYPE_CHECKING:  # for annotations only: the functions import jax and the model code when run
-    import jax
-    import numpy as np
-    from jax.sharding import Mesh
-    from ml_collections import ConfigDict
-    from optax import GradientTransformation
-    from tqdm import tqdm
+from transformer import data, training
+from transformer.cache import kv_cache_bytes_per_token
+from transformer.checkpoint import CheckpointError, Checkpointer, check_same_model, save_json
+from transformer.config import ModelConfig
+from transformer.metrics import MetricWriter
+from transformer.model import count_params
+from transformer.tokenizer import Tokenizer, load_tokenizer, make_tokenizer, save_tokenizer
 
-    from transformer.checkpoint import Checkpointer
-    from transformer.config import ModelConfig
-    from transformer.data import Prefetcher
-    from transformer.metrics import MetricWriter
-    from transformer.tokenizer import Tokenizer
-    from transformer.training import TrainState
+ROOT = os.path.dirname(os.path.abspath(__file__))  # the repository
+DEFAULT_CACHE_DIR = os.path.join(ROOT, ".cache", "tokens")  # data.cache_dir = ""
+DEFAULT_CONFIG = os.path.join(ROOT, "configs", "shakespeare.py")
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", "configs/shakespeare.py", "Config file (get_config()).")
+# No default here: absl would load it while defining the flag, before parse_flags can report a bad
+# override; parse_flags adds --config=DEFAULT_CONFIG when none is given.
+config_flags.DEFINE_config_file("config", None, f"Config file (get_config()); default {DEFAULT_CONFIG}.")
 flags.DEFINE_string("workdir", None, "Folder for checkpoints, metrics and the tokenizer.", required=True)
 
 
-def maybe_initialize_distributed() -> None:
-    """Joins a multi-host run when the environment describes one (see the README)."""
-    import jax
+class Diverged(RuntimeError):
+    """The loss became NaN or infinite."""
 
-    if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("JAX_NUM_PROCESSES"):
-        jax.distributed.initialize()
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM stopped the run; the exit code is 128 + the signal's number."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.exit_code = 128 + signum
 
 
 class StopOnSignal:
-    """While active, SIGTERM / SIGINT set `requested`: the loop saves and exits at the next step.
+    """While active, SIGTERM / SIGINT stop the run: during set-up at once, during training at the
+    next step, which saves a checkpoint.
 
-    A context manager, so the previous handlers come back afterwards (Ctrl-C in a notebook kernel
-    works again once train() returns).
+    During set-up nothing is written yet: the command line (`hard_exit`) ends the process there and
+    then, so no library is left half-way through an import or a compile; called from Python (a
+    notebook), set-up raises Interrupted instead. A context manager, so the previous handlers come
+    back afterwards (Ctrl-C in a notebook kernel works again once train() returns).
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self):
-        self.requested = False
+    def __init__(self, hard_exit: bool = False):
+        self.hard_exit = hard_exit
+        self.signum: int | None = None
+        self.training = False  # set once the loop may save: signals then wait for the next step
         self.previous = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
 
     def __enter__(self) -> "StopOnSignal":
         for sig in self.SIGNALS:
@@ -71,49 +101,154 @@ class StopOnSignal:
         return self
 
     def _handle(self, signum, frame) -> None:
-        self.requested = True
+        self.signum = signum
+        if self.training:
+            return
+        message = f"{signal.Signals(signum).name} during set-up: stopped; nothing was written to the workdir"
+        if self.hard_exit:
+            print(message, file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        raise Interrupted(signum, message)
 
     def __exit__(self, *exc_info) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
 
-class Diverged(RuntimeError):
-    """The loss became NaN or infinite."""
-
-
-def train(config: ConfigDict, workdir: str, progress: bool = True) -> dict:
+def train(config: ConfigDict, workdir: str, progress: bool = True, hard_exit: bool = False) -> dict:
     """Runs (or resumes) training; returns the last evaluation's metrics.
 
     progress=False hides the progress bar (e.g. in a notebook); metrics still go to the workdir.
+    Raises Interrupted after saving if SIGINT or SIGTERM stopped the run early (during set-up:
+    without saving; with hard_exit, as the command line does, the process ends there).
     """
-    from tqdm import tqdm
-
-    from transformer.checkpoint import save_json
-    from transformer.metrics import MetricWriter
-
-    run = set_up_run(config, workdir)
-    t = config.train
-    start = int(run.state.step)
-    writer = MetricWriter(workdir, enabled=run.host == 0)
-    save_json(os.path.join(workdir, "config.json"), config.to_dict())
-    batches = training_batches(run, start)
-    throughput = Throughput(start, tokens_per_step=t.batch_size * t.seq_len)
-    bar = tqdm(total=t.steps, initial=start, disable=run.host != 0 or not progress, dynamic_ncols=True,
-               file=sys.stdout)
-    end = t.steps if t.run_steps <= 0 else min(t.steps, start + t.run_steps)  # run_steps: a part, then resume
-    with StopOnSignal() as stop:
+    started = time.perf_counter()
+    config = resolve(config)
+    with StopOnSignal(hard_exit) as stop:
+        run = set_up_run(config, workdir)
+        stop.training = True
+        t = config.train
+        start = int(run.state.step)
+        if start >= t.steps:
+            print(f"the run in {workdir} is already complete at step {start} (train.steps={t.steps}); "
+                  "raise train.steps to continue it (README: 'Continuing a run')")
+            return {}
+        write_run_files(run, workdir)
+        writer = MetricWriter(workdir, enabled=run.host == 0)
+        writer.write({"step": start, "compile_seconds": run.compile_seconds})
+        batches = training_batches(run, start)
+        bar = tqdm(total=t.steps, initial=start, disable=run.host != 0 or not progress, dynamic_ncols=True,
+                   file=sys.stdout)
+        report = Report(writer, Throughput(start, tokens_per_step=t.batch_size * t.seq_len), bar)
+        end = t.steps if t.run_steps <= 0 else min(t.steps, start + t.run_steps)  # run_steps: a part, then resume
+        looping = time.perf_counter()
         try:
-            done, last_eval = train_steps(run, batches, Report(writer, throughput, bar), stop, start, end)
+            done, last_eval = train_steps(run, batches, report, stop, start, end)
         finally:
             bar.close()
             batches.close()
             run.ckpt.wait()  # saves are asynchronous: the last one must be on disk before we return
             writer.close()
 
+    if run.host == 0:
+        print_summary(run, done - start, last_eval, time.perf_counter() - looping, time.perf_counter() - started)
+    if stop.requested:
+        raise Interrupted(stop.signum, f"{signal.Signals(stop.signum).name}: stopped after saving the "
+                                       f"checkpoint at step {done}; rerun the same command to resume")
     if done == t.steps and t.sample_tokens and run.host == 0:
         print_sample(run.cfg, run.state.params, run.tokenizer, t.sample_tokens, t.seed)
     return last_eval
+
+
+# --- the config --------------------------------------------------------------------------------
+
+
+def resolve(config: ConfigDict) -> ConfigDict:
+    """A copy of the config with its paths absolute, so the saved config finds its data from any
+    folder: data.path against the current folder, an empty data.cache_dir as DEFAULT_CACHE_DIR."""
+    config = config.copy_and_resolve_references()
+    if config.data.path:
+        config.data.path = os.path.abspath(os.path.expanduser(config.data.path))
+    config.data.cache_dir = os.path.abspath(os.path.expanduser(config.data.cache_dir or DEFAULT_CACHE_DIR))
+    return config
+
+
+# Fields that must be positive integers, and what each one counts.
+POSITIVE = {
+    "train.steps": "optimizer steps", "train.batch_size": "sequences per step",
+    "train.seq_len": "tokens per sequence", "train.grad_accum": "micro-batches per step",
+    "train.log_every": "steps between logs", "train.eval_every": "steps between evaluations",
+    "train.checkpoint_every": "steps between checkpoints", "train.eval_batches": "validation batches",
+    "train.keep_checkpoints": "checkpoints kept",
+}
+# Fields that must be numbers in a range: (low, high, high included).
+IN_RANGE = {
+    "optim.min_lr_ratio": (0.0, 1.0, True), "optim.b1": (0.0, 1.0, False), "optim.b2": (0.0, 1.0, False),
+    "data.val_fraction": (0.0, 1.0, False),
+}
+NOT_NEGATIVE = ("train.run_steps", "train.sample_tokens", "optim.warmup_steps", "optim.decay_steps",
+                "optim.weight_decay", "optim.grad_clip")
+
+
+def check_train_config(config: ConfigDict, cfg: ModelConfig) -> None:
+    """Errors for training fields that cannot work, each naming the field and the fix; run
+    before anything is compiled or written."""
+    field = lambda name: config[name.split(".")[0]][name.split(".")[1]]  # noqa: E731
+    for name, what in POSITIVE.items():
+        if not isinstance(field(name), int) or field(name) <= 0:
+            raise ValueError(f"{name}={field(name)!r} must be a positive integer ({what})")
+    for name in NOT_NEGATIVE:
+        if not math.isfinite(field(name)) or field(name) < 0:
+            raise ValueError(f"{name}={field(name)!r} must be a number >= 0")
+    for name, (low, high, closed) in IN_RANGE.items():
+        if not (low <= field(name) <= high if closed else low <= field(name) < high):
+            raise ValueError(f"{name}={field(name)!r} must be in [{low}, {high}{']' if closed else ')'}")
+    lr, eps = config.optim.learning_rate, config.optim.eps
+    if not (math.isfinite(lr) and lr >= 0):
+        raise ValueError(f"optim.learning_rate={lr!r} must be a number >= 0 (the peak rate, e.g. 1e-3)")
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"optim.eps={eps!r} must be a small positive number, e.g. 1e-8")
+    if not config.train.peak_flops > 0:
+        raise ValueError(f"train.peak_flops={config.train.peak_flops!r} must be positive (the hardware's FLOP/s)")
+    if config.data.tokenizer not in ("bytes", "bpe"):
+        raise ValueError(f"data.tokenizer={config.data.tokenizer!r} is not known; use 'bytes' or 'bpe'")
+    t = config.train
+    if t.seq_len > cfg.max_seq_len:
+        raise ValueError(f"train.seq_len={t.seq_len} exceeds model.max_seq_len={cfg.max_seq_len}")
+    if t.batch_size % t.grad_accum:
+        raise ValueError(f"train.batch_size={t.batch_size} is not divisible by train.grad_accum={t.grad_accum}")
+    n = jax.device_count()
+    if (t.batch_size // t.grad_accum) % n:
+        raise ValueError(
+            f"each micro-batch of {t.batch_size // t.grad_accum} rows must split evenly over {n} devices; "
+            "change train.batch_size or train.grad_accum"
+        )
+    decay_steps = config.optim.decay_steps or t.steps
+    if decay_steps <= config.optim.warmup_steps:
+        warn(f"the learning rate warms up for optim.warmup_steps={config.optim.warmup_steps} steps but decays "
+             f"over {decay_steps}: it never decays; lower optim.warmup_steps or raise train.steps")
+
+
+def check_workdir(workdir: str) -> None:
+    """A clear error for a workdir that is empty, a file, or cannot be created or written."""
+    if not workdir or not workdir.strip():
+        raise ValueError("--workdir is empty; name a folder for the run, e.g. --workdir runs/my_run")
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise ValueError(f"--workdir {workdir!r} is a file, not a folder; choose another --workdir")
+    existing = os.path.abspath(workdir)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"--workdir {workdir!r} cannot be created: {existing} is a file")
+    try:  # the only sure test of writing is to write (and remove) something
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".write-test-"))
+    except OSError as e:
+        raise ValueError(f"--workdir {workdir!r} cannot be written ({e.strerror} in {existing}); "
+                         "choose a folder you can write to") from None
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
 
 
 # --- set-up ------------------------------------------------------------------------------------
@@ -126,119 +261,183 @@ class Run:
     config: ConfigDict
     cfg: ModelConfig
     tokenizer: Tokenizer
-    ckpt: Checkpointer
-    state: TrainState
-    train_step: Callable  # (state, inputs, targets) -> (state, metrics); donates the state
-    eval_step: Callable  # (params, inputs, targets) -> mean loss
+    ckpt: Checkpointer | None  # None until write_run_files, for a new run
+    state: training.TrainState
+    train_step: Callable  # (state, inputs, targets) -> (state, metrics); compiled, donates the state
+    eval_step: Callable  # (params, inputs, targets) -> mean loss; compiled
     put: Callable  # a host-local batch -> a global array split over the mesh
     train_tokens: np.ndarray
     eval_set: list[tuple[jax.Array, jax.Array]]  # fixed validation batches, on the mesh
     bytes_per_token: float
     flops_per_token: float
+    compile_seconds: float
     host: int
     hosts: int
 
 
 def set_up_run(config: ConfigDict, workdir: str) -> Run:
-    """Tokenizer, corpus, mesh, optimizer, checkpointer, state and compiled steps for a run.
-
-    The state is the latest checkpoint's when the workdir has one (the run resumes).
-    """
-    import jax
-
-    from transformer import data, training
-    from transformer.checkpoint import Checkpointer
-    from transformer.config import ModelConfig
-    from transformer.model import count_params
-
+    """Checks, tokenizer, corpus, mesh, optimizer, state and compiled steps for a run; writes
+    nothing to the workdir. The state is the latest checkpoint's when the workdir has one."""
     cfg = ModelConfig.from_dict(config.model)
-    t = config.train
     check_train_config(config, cfg)
-    os.makedirs(workdir, exist_ok=True)
+    check_workdir(workdir)
+    t = config.train
     host, hosts = jax.process_index(), jax.process_count()
-    tokenizer = load_or_make_tokenizer(config, cfg, workdir)
+    resuming = os.path.isdir(os.path.join(workdir, "checkpoints"))
+    ckpt = Checkpointer(workdir, keep=t.keep_checkpoints) if resuming else None
+    saved = check_resume(config, ckpt, workdir) if ckpt else None
+    tokenizer = ckpt.tokenizer(saved["step"]) if saved else load_or_make_tokenizer(config, workdir)
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size={cfg.vocab_size}; "
+                         f"set --config.model.vocab_size={tokenizer.vocab_size}")
     train_tokens, val_tokens, bytes_per_token = data.load_corpus(
         config.data.path or None, tokenizer, config.data.cache_dir, config.data.val_fraction
     )
+    if host == 0 and (skipped := data.skipped_files(config.data.path or None)):
+        print(f"data: left out {len(skipped)} files under {config.data.path} that are not UTF-8 text, "
+              f"e.g. {skipped[0]}")
 
     mesh = training.make_mesh(config.mesh.data, config.mesh.fsdp)
     tx, schedule = training.make_optimizer(config.optim, t.steps)
-    ckpt = Checkpointer(workdir, keep=t.keep_checkpoints)
     state = create_or_restore_state(config, cfg, tx, mesh, ckpt)
-
-    num_params = count_params(state.params)
-    flops_per_token = training.flops_per_token(cfg, num_params, t.seq_len)
-    print(f"model: {num_params:,} parameters, {flops_per_token / 1e6:.1f} MFLOP per token "
-          f"(6N + 12 L T d); {len(jax.devices())} device(s), mesh {dict(mesh.shape)}")
-    train_step = training.make_train_step(cfg, tx, schedule, mesh, state, t.grad_accum)
-    eval_step = training.make_eval_step(cfg, mesh, state)
     put = lambda x: jax.make_array_from_process_local_data(training.batch_sharding(mesh), x)  # noqa: E731
     eval_set = [
         (put(x), put(y))
         for x, y in data.eval_batches(val_tokens, num_batches=t.eval_batches, batch_size=t.batch_size,
                                       seq_len=t.seq_len, host_index=host, host_count=hosts)
     ]
+    compiling = time.perf_counter()  # compiled here, so the first step's time is training only
+    x, y = eval_set[0]
+    train_step = training.make_train_step(cfg, tx, schedule, mesh, state, t.grad_accum).lower(state, x, y).compile()
+    eval_step = training.make_eval_step(cfg, mesh, state).lower(state.params, x, y).compile()
+    compile_seconds = time.perf_counter() - compiling
+
+    num_params = count_params(state.params)
+    flops_per_token = training.flops_per_token(cfg, num_params, t.seq_len)
+    if host == 0:
+        print(f"model: {num_params:,} parameters, {flops_per_token / 1e6:.1f} MFLOP per token (6N + 12 L T d), "
+              f"KV cache {kv_cache_bytes_per_token(cfg):,} bytes per token; {len(jax.devices())} device(s), "
+              f"mesh {dict(mesh.shape)}; compiled in {compile_seconds:.1f} s")
     return Run(config=config, cfg=cfg, tokenizer=tokenizer, ckpt=ckpt, state=state, train_step=train_step,
                eval_step=eval_step, put=put, train_tokens=train_tokens, eval_set=eval_set,
-               bytes_per_token=bytes_per_token, flops_per_token=flops_per_token, host=host, hosts=hosts)
+               bytes_per_token=bytes_per_token, flops_per_token=flops_per_token,
+               compile_seconds=compile_seconds, host=host, hosts=hosts)
 
 
-def load_or_make_tokenizer(config: ConfigDict, cfg: ModelConfig, workdir: str) -> Tokenizer:
-    """The run's tokenizer: the one saved in the workdir, else the imported model's, else a new one.
+# What a resumed run must share with the run that saved the checkpoint, beyond the model.
+SAME_DATA = ("tokenizer", "vocab_size", "path")
 
-    It is saved with the run, so a resumed run and sample.py encode the same way.
+
+def check_resume(config: ConfigDict, ckpt: Checkpointer, workdir: str) -> dict:
+    """Checks the config against the latest checkpoint's; returns that config (with its "step").
+
+    Errors for another model or data, or fewer train.steps than done; warnings for a learning
+    rate schedule that changes on steps already taken; a note listing changed execution fields.
     """
-    from transformer import data
-    from transformer.tokenizer import load_tokenizer, make_tokenizer, save_tokenizer
+    step = ckpt.latest_step()
+    if step is None:
+        raise CheckpointError(f"{ckpt.directory} holds no complete checkpoint; delete that folder to start "
+                              "the run afresh, or choose another --workdir")
+    saved = ckpt.config(step)
+    changed = check_same_model(saved["model"], config.model, ckpt.directory)
+    differ = [f"data.{k}: checkpoint {v!r}, config {config.data[k]!r}"
+              for k, v in saved_data_fields(saved).items() if v != config.data[k]]
+    if differ:
+        raise CheckpointError(f"the checkpoints in {workdir} were trained on other data ({'; '.join(differ)}); "
+                              "resume with the same data fields, or start a new --workdir")
+    if config.train.steps < step:
+        raise ValueError(f"train.steps={config.train.steps} is below the checkpoint's step {step} in {workdir}; "
+                         f"set train.steps >= {step}, or start a new --workdir")
+    if changed:
+        print(f"resuming with other execution settings: {', '.join(changed)}")
+    if "optim" in saved:
+        check_schedule_kept(saved, config, step)
+    return {**saved, "step": step}
 
+
+def check_schedule_kept(saved: dict, config: ConfigDict, step: int) -> None:
+    """Warns if the learning rate of steps already taken differs under the new config: the run
+    then continues on another schedule than the one it followed (e.g. a cosine re-spanned)."""
+    before = training.make_schedule(saved["optim"], saved["train"]["steps"])
+    now = training.make_schedule(config.optim, config.train.steps)
+    steps = np.arange(step)
+    moved = np.flatnonzero(~np.isclose(np.asarray(before(steps)), np.asarray(now(steps)), rtol=1e-5, atol=0))
+    if moved.size:
+        s = int(moved[-1])
+        old_decay = saved["optim"].get("decay_steps", 0) or saved["train"]["steps"]
+        warn(f"this resume changes the learning rate schedule of the steps already taken (step {s}: "
+             f"{float(before(s)):.2e} then, {float(now(s)):.2e} now), so training continues on another curve. "
+             f"To extend the finished schedule at its final rate, add --config.optim.decay_steps={old_decay}")
+
+
+def load_or_make_tokenizer(config: ConfigDict, workdir: str) -> Tokenizer:
+    """A new run's tokenizer: one left in the workdir by a run that saved no checkpoint (if made
+    for the same data), else the imported model's, else a new one."""
     tok_dir = os.path.join(workdir, "tokenizer")
-    hf_tokenizer = config.init_from_hf and os.path.isfile(os.path.join(config.init_from_hf, "tokenizer.json"))
     if os.path.isdir(tok_dir):
-        tokenizer = load_tokenizer(tok_dir)
-    elif hf_tokenizer:  # imported weights only make sense with the ids they were trained on
-        tokenizer = load_tokenizer(config.init_from_hf)
-        save_tokenizer(tokenizer, tok_dir)
-    else:
-        texts = [] if config.data.tokenizer == "bytes" else data.load_texts(config.data.path or None)
-        tokenizer = make_tokenizer(config.data.tokenizer, texts, config.data.vocab_size)
-        save_tokenizer(tokenizer, tok_dir)
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise ValueError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size={cfg.vocab_size}; "
-            f"set --config.model.vocab_size={tokenizer.vocab_size}"
-        )
-    return tokenizer
+        config_json = os.path.join(workdir, "config.json")
+        left = {}
+        if os.path.isfile(config_json):
+            with open(config_json) as f:
+                left = saved_data_fields(json.load(f))
+        differ = [f"data.{k}: {left.get(k)!r} there, {config.data[k]!r} now" for k in SAME_DATA
+                  if left.get(k) != config.data[k]]
+        if differ:
+            raise ValueError(f"{tok_dir} was made for other data ({'; '.join(differ)}); delete that folder "
+                             "(the run saved no checkpoint) or choose another --workdir")
+        return load_tokenizer(tok_dir)
+    if config.init_from_hf and os.path.isfile(os.path.join(config.init_from_hf, "tokenizer.json")):
+        return load_tokenizer(config.init_from_hf)  # imported weights need the ids they were trained on
+    if config.data.tokenizer == "bytes":
+        return make_tokenizer("bytes")
+    print(f"training a {config.data.vocab_size}-token BPE tokenizer on {config.data.path or 'the bundled plays'} ...",
+          flush=True)
+    return make_tokenizer("bpe", data.load_texts(config.data.path or None), config.data.vocab_size)
 
 
-def create_or_restore_state(config: ConfigDict, cfg: ModelConfig, tx: GradientTransformation, mesh: Mesh,
-                            ckpt: Checkpointer) -> TrainState:
+def saved_data_fields(saved: dict) -> dict:
+    """The SAME_DATA fields of a saved config, a relative data.path made absolute as `resolve` does."""
+    fields = {k: saved.get("data", {}).get(k) for k in SAME_DATA}
+    if fields["path"]:
+        fields["path"] = os.path.abspath(os.path.expanduser(fields["path"]))
+    return fields
+
+
+def create_or_restore_state(config: ConfigDict, cfg: ModelConfig, tx, mesh, ckpt: Checkpointer | None
+                            ) -> training.TrainState:
     """The latest checkpoint's state if there is one (resume), else a new one at step 0.
 
     A new state starts from the weights in config.init_from_hf when set, else from a random init.
     """
-    from transformer import training
-
-    resuming = ckpt.latest_step() is not None
     params = None
-    if config.init_from_hf and not resuming:  # a resumed run has its own weights in the checkpoint
+    if config.init_from_hf and ckpt is None:  # a resumed run has its own weights in the checkpoint
         from transformer.hf import check_same_architecture, from_hf
 
         hf_cfg, params = from_hf(config.init_from_hf, scan_layers=cfg.scan_layers)
-        check_same_architecture(hf_cfg, cfg)
+        check_same_architecture(hf_cfg, cfg, seq_len=config.train.seq_len)
     state = training.create_state(cfg, tx, config.train.seed, mesh, params)
-    if resuming:  # the fresh state gives the shapes and shardings to restore into
+    if ckpt is not None:  # the fresh state gives the shapes and shardings to restore into
         state = ckpt.restore_state(state, config.model)
         print(f"resumed from the checkpoint at step {int(state.step)} in {ckpt.directory}")
     return state
 
 
-def training_batches(run: Run, start: int) -> Prefetcher:
+def write_run_files(run: Run, workdir: str) -> None:
+    """After a successful set-up: the workdir, its tokenizer and config.json, the checkpointer."""
+    os.makedirs(workdir, exist_ok=True)
+    tok_dir = os.path.join(workdir, "tokenizer")
+    if not os.path.isdir(tok_dir):
+        save_tokenizer(run.tokenizer, tok_dir)
+    save_json(os.path.join(workdir, "config.json"), run.config.to_dict())
+    if run.ckpt is None:
+        run.ckpt = Checkpointer(workdir, keep=run.config.train.keep_checkpoints)
+
+
+def training_batches(run: Run, start: int) -> data.Prefetcher:
     """Batches for steps start, start + 1, ..., loaded in a background thread.
 
     Batch s depends only on (seed, s), so a resumed run sees the batches an unbroken run would.
     """
-    from transformer import data
-
     t = run.config.train
     return data.Prefetcher(
         lambda s: data.batch_at(run.train_tokens, seed=t.seed, step=s, batch_size=t.batch_size,
@@ -276,7 +475,7 @@ class Report:
     bar: tqdm
 
 
-def train_steps(run: Run, batches: Prefetcher, report: Report, stop: StopOnSignal, start: int,
+def train_steps(run: Run, batches: data.Prefetcher, report: Report, stop: StopOnSignal, start: int,
                 end: int) -> tuple[int, dict]:
     """Trains until `end` steps are done or a stop is requested, logging, evaluating and saving on
     the config's schedule; returns the number of steps done and the last evaluation.
@@ -307,12 +506,11 @@ def train_steps(run: Run, batches: Prefetcher, report: Report, stop: StopOnSigna
             last_eval = save_checkpoint(run, report, done, last_eval)
         report.bar.update(1)
         if stopping:
-            report.bar.write(f"stop requested: saved the checkpoint at step {done}; rerun to resume")
             break
     return done, last_eval
 
 
-def take_step(run: Run, batches: Prefetcher) -> dict:
+def take_step(run: Run, batches: data.Prefetcher) -> dict:
     """One optimizer step on the next batch; advances run.state and returns the step's metrics.
 
     The metrics stay on the device: reading them waits for the step to finish.
@@ -335,8 +533,6 @@ def log_train_metrics(run: Run, report: Report, step: int, metrics: dict) -> Non
 
 def evaluate(run: Run, step: int) -> dict:
     """The validation loss of the current parameters (and its perplexity and bits per byte)."""
-    import numpy as np
-
     loss = float(np.mean([float(run.eval_step(run.state.params, x, y)) for x, y in run.eval_set]))
     return {"step": step, "val_loss": loss, "val_perplexity": math.exp(min(loss, 50.0)),
             "val_bits_per_byte": loss / math.log(2) / run.bytes_per_token}
@@ -374,30 +570,19 @@ def check_finite(step: int, metrics: dict) -> None:
             )
 
 
-def check_train_config(config, cfg) -> None:
-    """Errors for training fields that cannot work together, naming the fix."""
-    t = config.train
-    import jax
-
-    if t.seq_len > cfg.max_seq_len:
-        raise ValueError(f"train.seq_len={t.seq_len} exceeds model.max_seq_len={cfg.max_seq_len}")
-    if t.batch_size % t.grad_accum:
-        raise ValueError(f"train.batch_size={t.batch_size} is not divisible by train.grad_accum={t.grad_accum}")
-    n = jax.device_count()
-    if (t.batch_size // t.grad_accum) % n:
-        raise ValueError(
-            f"each micro-batch of {t.batch_size // t.grad_accum} rows must split evenly over {n} devices; "
-            "change train.batch_size or train.grad_accum"
-        )
-    for name in ("steps", "log_every", "eval_every", "checkpoint_every", "eval_batches", "keep_checkpoints"):
-        if t[name] <= 0:
-            raise ValueError(f"train.{name}={t[name]} must be positive")
+def print_summary(run: Run, steps: int, last_eval: dict, training_seconds: float, seconds: float) -> None:
+    """One line: steps, wall time (set-up and compiling included), training throughput, the last
+    validation loss, where the checkpoints are."""
+    tokens_per_sec = steps * run.config.train.batch_size * run.config.train.seq_len / max(training_seconds, 1e-9)
+    loss = (f"; val loss {last_eval['val_loss']:.4f} nats/token, {last_eval['val_bits_per_byte']:.3f} bits/byte"
+            if last_eval else "")
+    print(f"done: step {int(run.state.step)} of {run.config.train.steps} in {seconds:.0f} s "
+          f"({run.compile_seconds:.1f} s compiling; {tokens_per_sec:,.0f} tokens/s training){loss}; "
+          f"checkpoints in {run.ckpt.directory}")
 
 
-def print_sample(cfg, params, tokenizer, num_tokens: int, seed: int) -> None:
+def print_sample(cfg: ModelConfig, params, tokenizer: Tokenizer, num_tokens: int, seed: int) -> None:
     """A short sample from the trained model, to see what it learned."""
-    import jax
-
     from transformer.sampling import generate
 
     prompt = tokenizer.encode("\n")
@@ -406,16 +591,99 @@ def print_sample(cfg, params, tokenizer, num_tokens: int, seed: int) -> None:
     print("\n--- sample ---\n" + tokenizer.decode(list(out.tokens[0][: int(out.lengths[0])])))
 
 
-def main(argv) -> None:
-    del argv
-    maybe_initialize_distributed()
-    from transformer.checkpoint import CheckpointError
+# --- the command line --------------------------------------------------------------------------
 
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with a one-line error (exit 2) for a missing config file or an unknown
+    or ill-typed --config.* override, naming the closest valid field."""
+    path = config_path(argv)
+    if path == DEFAULT_CONFIG:
+        argv = [argv[0], f"--config={DEFAULT_CONFIG}", *argv[1:]]
+    if not os.path.isfile(path):
+        hint = (f" (it is in the repository: pass {os.path.join(ROOT, path)})"
+                if os.path.isfile(os.path.join(ROOT, path)) else "")
+        exit_usage(f"--config {path!r}: no such file (looked from {os.getcwd()}){hint}")
     try:
-        train(FLAGS.config, FLAGS.workdir)
+        return FLAGS(argv)
+    except Exception as e:  # flags.Error, AttributeError, KeyError, ValueError, ...
+        exit_usage(explain_flag_error(path, argv, e))
+
+
+def exit_usage(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def config_path(argv: list[str]) -> str:
+    """The --config file named in argv, else the default."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+    return DEFAULT_CONFIG
+
+
+def explain_flag_error(path: str, argv: list[str], error: Exception) -> str:
+    """What went wrong on the command line, in one sentence with the fix."""
+    try:
+        spec = importlib.util.spec_from_file_location("config_file", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        fields = leaf_fields(module.get_config())
+    except Exception as e:  # the config file itself is broken
+        return f"the config file {path!r} failed to load: {type(e).__name__}: {e}"
+    for arg in argv[1:]:
+        if arg.startswith("--config."):
+            name = arg[len("--config."):].split("=", 1)[0]
+            if name not in fields:
+                close = closest_field(name, fields)
+                hint = f"; did you mean config.{close}?" if close else "; configs/common.py lists the fields"
+                return f"unknown config field config.{name}{hint}"
+    message = str(error).strip()
+    return message.splitlines()[0] if message else type(error).__name__
+
+
+def closest_field(name: str, fields: list[str]) -> str | None:
+    """The valid field most like `name`: a sibling in its section (train.stpes -> train.steps), or
+    for an unknown section the closest full name."""
+    section, _, leaf = name.rpartition(".")
+    siblings = [f.rpartition(".")[2] for f in fields if f.rpartition(".")[0] == section]
+    if siblings:
+        close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
+        return f"{section}.{close[0]}" if close else None
+    close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def leaf_fields(config: ConfigDict, prefix: str = "") -> list[str]:
+    """Every field's dotted name ('train.steps', 'model.d_model', ...)."""
+    names = []
+    for key, value in config.items():
+        if isinstance(value, ConfigDict):
+            names += leaf_fields(value, f"{prefix}{key}.")
+        else:
+            names.append(f"{prefix}{key}")
+    return names
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}; overrides take the form --config.train.steps=10")
+    if not FLAGS["verbosity"].present:  # the libraries' INFO lines (orbax logs ~45 per save)
+        logging.set_verbosity(logging.WARNING)
+    if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("JAX_NUM_PROCESSES"):
+        jax.distributed.initialize()  # a multi-host run (see the README)
+    try:
+        train(FLAGS.config, FLAGS.workdir, hard_exit=True)
+    except Interrupted as e:
+        print(str(e), file=sys.stderr)
+        sys.exit(e.exit_code)
     except (ValueError, FileNotFoundError, CheckpointError, Diverged) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
 
+
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -40,11 +40,12 @@ def base_config(model: dict) -> ml_collections.ConfigDict:
     c.data.tokenizer = "bytes"  # 'bytes' (vocab 256, no training) or 'bpe' (trained on the corpus)
     c.data.vocab_size = c.model.get_ref("vocab_size")  # BPE vocabulary = the model's vocab_size
     c.data.val_fraction = 0.05  # the last 5% of the token stream is the validation set
-    c.data.cache_dir = ".cache/tokens"  # memory-mapped token arrays, reused across runs
+    c.data.cache_dir = ""  # memory-mapped token arrays, reused across runs; "" = .cache/tokens in the repository
 
     c.optim = ml_collections.ConfigDict()
     c.optim.learning_rate = 1e-3  # peak learning rate after warm-up
     c.optim.warmup_steps = 100  # linear warm-up from 0
+    c.optim.decay_steps = 0  # cosine decay over this many steps, then constant; 0 = train.steps
     c.optim.min_lr_ratio = 0.1  # cosine decay ends at this fraction of the peak
     c.optim.b1 = 0.9  # AdamW first-moment decay
     c.optim.b2 = 0.99  # AdamW second-moment decay

@@ -84,3 +84,36 @@ def test_checkpoint_in_the_old_weight_layout_is_refused_with_the_reason(tmp_path
         resume.restore_state(abstract, MODEL)
     assert restored == [["config"]]  # no attempt to read the arrays into the wrong shapes
     assert Checkpointer(str(tmp_path / "old"), read_only=True).all_steps() == [3]
+
+
+def test_execution_changes_are_returned_not_refused():
+    changes = check_same_model(MODEL, dict(MODEL, dtype="bfloat16", remat=True), "runs/x")
+    assert changes == ["dtype: 'float32' -> 'bfloat16'", "remat: False -> True"]
+
+
+@pytest.mark.parametrize("saved_scan", [True, False])
+def test_resume_converts_the_layer_stack_of_params_and_adam_moments(tmp_path, saved_scan):
+    """A checkpoint saved with scan_layers=saved_scan restores into the other layout, the AdamW
+    moments included, each array equal to its saved counterpart."""
+    from transformer.model import stack_layers, unstack_layers
+
+    model = dict(MODEL, num_layers=3, scan_layers=saved_scan)
+    cfg = ModelConfig(**model)
+    mesh = training.make_mesh(devices=jax.devices()[:1])
+    tx, _ = training.make_optimizer(OPTIM, 10)
+    saved = training.create_state(cfg, tx, 0, mesh)
+    mu = jax.tree.map(lambda p: p + 1.0, saved.params)  # distinct values, to see where each goes
+    saved = saved.replace(opt_state=(saved.opt_state[0], (saved.opt_state[1][0]._replace(mu=mu),
+                                                           *saved.opt_state[1][1:])))
+    ckpt = Checkpointer(str(tmp_path))
+    ckpt.save(3, saved, {"model": model}, ByteTokenizer(), val_loss=1.0)
+    ckpt.wait()
+
+    other = dict(model, scan_layers=not saved_scan)
+    fresh = training.create_state(ModelConfig(**other), tx, 1, mesh)
+    restored = Checkpointer(str(tmp_path)).restore_state(fresh, other)
+    convert = unstack_layers if saved_scan else stack_layers
+    jax.tree.map(np.testing.assert_array_equal, restored.params, convert(saved.params, 3))
+    jax.tree.map(np.testing.assert_array_equal, restored.opt_state[1][0].mu, convert(mu, 3))
+    assert jax.tree.structure(restored) == jax.tree.structure(fresh)
+    assert all(a.sharding == b.sharding for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(fresh)))

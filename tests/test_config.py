@@ -131,3 +131,26 @@ def test_every_config_file_builds_a_model_config(name):
     cfg = ModelConfig.from_dict(config.model)
     assert isinstance(cfg, ModelConfig)
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_replace_derives_unset_fields_again_and_keeps_set_ones():
+    """A sweep over widths must build the model it names: derived fields follow their sources."""
+    cfg = ModelConfig(**dict(BASE, d_model=64))
+    wide = cfg.replace(d_model=128)
+    assert (wide.head_dim, wide.mlp_dim) == (128 // 4, 4 * 128)
+    assert wide == ModelConfig(**dict(BASE, d_model=128))
+    fixed = ModelConfig(**dict(BASE, d_model=64, head_dim=8, mlp_dim=100)).replace(d_model=128)
+    assert (fixed.head_dim, fixed.mlp_dim) == (8, 100)  # set explicitly: kept
+    assert cfg.replace(num_heads=2).num_kv_heads == 2  # MHA stays MHA
+    gqa = ModelConfig(**dict(BASE, num_kv_heads=2)).replace(num_heads=8)
+    assert gqa.num_kv_heads == 2
+    mla = ModelConfig(**MLA_ROPE).replace(head_dim=12)
+    assert mla.v_head_dim == 12
+
+
+def test_architecture_leaves_out_the_execution_fields():
+    from transformer.config import EXECUTION_FIELDS
+
+    cfg = ModelConfig(**BASE)
+    assert set(cfg.architecture()) == set(cfg.to_dict()) - set(EXECUTION_FIELDS)
+    assert cfg.replace(dtype="bfloat16", remat=True, scan_layers=False).architecture() == cfg.architecture()

@@ -4,29 +4,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
+from tests.helpers.cli import ROOT, losses, run, train_cmd
 from transformer.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def train_cmd(workdir, *overrides):
-    return [sys.executable, os.path.join(ROOT, "train.py"), "--config", os.path.join(ROOT, "configs/tiny.py"),
-            "--workdir", str(workdir), f"--config.data.cache_dir={workdir.parent / 'tokens'}", *overrides]
-
-
-def run(workdir, *overrides, timeout=300):
-    return subprocess.run(train_cmd(workdir, *overrides), capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout)
-
-
-def losses(workdir):
-    return {r["step"]: r["loss"] for r in read_metrics(os.path.join(workdir, "metrics.jsonl")) if "loss" in r}
 
 
 def test_loss_goes_down_and_run_leaves_checkpoints_and_sample(tmp_path):
@@ -90,7 +75,10 @@ def test_kill_9_at_any_moment_then_resume(tmp_path):
     assert complete + 2 in losses(workdir)
 
 
-def test_sigterm_saves_and_exits(tmp_path):
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_saves_then_exits_non_zero(tmp_path, sig, code):
+    """SIGTERM / Ctrl-C while training: a checkpoint is saved, and the exit code says the run was
+    stopped (128 + the signal), so `train.py ... && sample.py ...` does not go on."""
     workdir = tmp_path / "t"
     proc = subprocess.Popen(train_cmd(workdir, "--config.train.steps=100000", "--config.train.log_every=1",
                                       "--config.train.checkpoint_every=100000"),
@@ -98,12 +86,29 @@ def test_sigterm_saves_and_exits(tmp_path):
     deadline = time.time() + 180
     while time.time() < deadline and not ((workdir / "metrics.jsonl").exists() and losses(workdir)):
         time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 0, stderr[-3000:]
-    assert "stop requested" in stdout
+    assert proc.returncode == code, stderr[-3000:]
     saved = [int(s) for s in os.listdir(workdir / "checkpoints")]
     assert len(saved) == 1 and saved[0] >= 1
+    assert f"{sig.name}: stopped after saving the checkpoint at step {saved[0]}" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_a_signal_during_set_up_ends_cleanly_and_writes_nothing(tmp_path):
+    """Ctrl-C at any moment of the set-up (imports, tokenizing, init, compiling) exits 130, cleanly."""
+    for i, delay in enumerate((0.3, 1.0, 2.5, 4.0, 6.0)):
+        workdir = tmp_path / f"s{i}"
+        proc = subprocess.Popen(train_cmd(workdir, "--config.train.steps=100000"), cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+        if "model:" in stdout:  # set-up was over: the run stopped at a step instead, after saving
+            assert proc.returncode == 130 and os.listdir(workdir / "checkpoints"), stderr[-3000:]
+            continue
+        assert proc.returncode == 130, (delay, proc.returncode, stderr[-3000:])
+        assert not workdir.exists()
 
 
 def test_bad_override_fails_clearly(tmp_path):
@@ -119,9 +124,9 @@ def test_diverged_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     workdir = tmp_path / "nan"
     ok = run(workdir, "--config.train.steps=4", "--config.train.checkpoint_every=4", "--config.train.sample_tokens=0")
     assert ok.returncode == 0, ok.stderr[-3000:]
-    bad = run(workdir, "--config.train.steps=8", "--config.optim.learning_rate=nan")
+    bad = run(workdir, "--config.train.steps=8", "--config.optim.learning_rate=1e38")
     assert bad.returncode == 1
-    assert "at step 5" in bad.stderr and "Traceback" not in bad.stderr
+    assert "became" in bad.stderr and "at step 5" in bad.stderr and "Traceback" not in bad.stderr
     assert os.listdir(workdir / "checkpoints") == ["4"]
 
 

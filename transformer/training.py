@@ -76,20 +76,30 @@ def decay_mask(params: Any, decay_embeddings: bool = False) -> Any:
     return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def make_optimizer(optim: Mapping[str, Any], steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW with linear warm-up then cosine decay, global-norm clipping and a weight-decay mask.
+def make_schedule(optim: Mapping[str, Any], steps: int) -> optax.Schedule:
+    """The learning rate at each step: linear warm-up from 0, cosine decay to min_lr_ratio x the peak
+    over `optim.decay_steps` steps (0: all `steps`), then constant at that final rate.
 
-    optim: the config's `optim` fields (learning_rate, warmup_steps, min_lr_ratio, b1, b2, eps,
-    weight_decay, decay_embeddings, grad_clip).
+    A run extended past its decay (train.steps raised, decay_steps kept) continues at the final rate.
     """
-    warmup = min(optim["warmup_steps"], max(steps - 1, 0))
-    schedule = optax.warmup_cosine_decay_schedule(
+    decay_steps = optim.get("decay_steps", 0) or steps
+    warmup = min(optim["warmup_steps"], max(decay_steps - 1, 0))
+    return optax.warmup_cosine_decay_schedule(
         init_value=0.0,
         peak_value=optim["learning_rate"],
         warmup_steps=warmup,
-        decay_steps=max(steps, warmup + 1),
+        decay_steps=max(decay_steps, warmup + 1),
         end_value=optim["learning_rate"] * optim["min_lr_ratio"],
     )
+
+
+def make_optimizer(optim: Mapping[str, Any], steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW on `make_schedule`'s learning rate, with global-norm clipping and a weight-decay mask.
+
+    optim: the config's `optim` fields (learning_rate, warmup_steps, decay_steps, min_lr_ratio, b1,
+    b2, eps, weight_decay, decay_embeddings, grad_clip).
+    """
+    schedule = make_schedule(optim, steps)
     tx = optax.chain(
         optax.clip_by_global_norm(optim["grad_clip"]) if optim["grad_clip"] > 0 else optax.identity(),
         optax.adamw(

@@ -89,6 +89,7 @@ def test_a_failed_attempt_writes_nothing_and_the_corrected_run_uses_its_own_toke
     ok = run(workdir, f"--config.data.path={corpus}", "--config.data.tokenizer=bpe",
              "--config.model.vocab_size=300", *QUICK)
     assert ok.returncode == 0, ok.stderr[-3000:]
+    assert f"training a 300-token BPE tokenizer on {corpus} ..." in ok.stdout  # a sign of the slow part
     assert json.loads((workdir / "tokenizer" / "tokenizer_kind.json").read_text()) == {"kind": "bpe"}
     saved = json.loads((workdir / "config.json").read_text())
     assert saved["data"]["tokenizer"] == "bpe" and saved["data"]["path"] == str(corpus)  # absolute

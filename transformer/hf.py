@@ -59,9 +59,6 @@ from transformer.tokenizer import HF_FILE, BPETokenizer, ByteTokenizer, Tokenize
 SUPPORTED = ("GPT2LMHeadModel", "LlamaForCausalLM", "DeepseekV3ForCausalLM")
 MODEL_TYPES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
 
-# ModelConfig fields that do not change the parameters or the function a model computes.
-NON_ARCHITECTURE_FIELDS = ("scan_layers", "remat", "dtype", "dropout", "attention_impl")
-
 # Hugging Face's class defaults for the keys we read, used when a config.json omits one.
 _DEFAULTS = {
     "GPT2LMHeadModel": dict(
@@ -141,12 +138,12 @@ def check_same_architecture(imported: ModelConfig, run: ModelConfig, *, seq_len:
 
     Names every architectural field where `run` differs from `imported` and, when the run's
     train.seq_len (`seq_len`) is longer than the imported context, that too: the message ends with
-    all the --config overrides that make the run fit, in one go. Fields that change neither the
-    parameters nor the function (scan_layers, remat, dtype, dropout, attention_impl) are ignored.
+    all the --config overrides that make the run fit, in one go. The execution fields
+    (config.EXECUTION_FIELDS: how the parameters are computed) are not compared.
     Used by `train.py --config.init_from_hf=DIR`.
     """
-    a, b = imported.to_dict(), run.to_dict()
-    diffs = [k for k in a if k not in NON_ARCHITECTURE_FIELDS and a[k] != b[k]]
+    a, b = imported.architecture(), run.architecture()
+    diffs = [k for k in a if a[k] != b[k]]
     problems = [f"{k}: imported {a[k]!r}, config {b[k]!r}" for k in diffs]
     flags = [f"--config.model.{k}={a[k]}" for k in diffs]
     # Checked against the imported context, not run.max_seq_len: once the flags above are applied,

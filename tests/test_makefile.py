@@ -1,0 +1,41 @@
+"""The Makefile installs what each target needs and no more (`make -n`: printed, not run)."""
+
+import os
+import subprocess
+import tomllib
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def dry_run(target: str) -> str:
+    """The commands `make TARGET` would run on a fresh checkout (pyproject.toml taken as new)."""
+    out = subprocess.run(["make", "-n", "-W", "pyproject.toml", target], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_train_and_sample_install_the_package_alone():
+    for target in ("train", "sample"):
+        commands = dry_run(target)
+        assert "pip install -q -e .\n" in commands
+        assert "[dev]" not in commands and "torch" not in commands
+    assert "train.py --config configs/shakespeare.py" in dry_run("train")
+
+
+@pytest.mark.parametrize("target, extra, command", [
+    ("test", "dev", "pytest"),
+    ("tensorboard", "tensorboard", "tensorboard --logdir runs"),
+    ("notebooks", "notebooks", "jupyter lab"),
+])
+def test_each_tool_installs_its_extra(target, extra, command):
+    commands = dry_run(target)
+    assert f"pip install -q -e '.[{extra}]'" in commands and command in commands
+
+
+def test_training_needs_none_of_the_test_extras():
+    project = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))["project"]
+    runtime = " ".join(project["dependencies"])
+    assert "torch" not in runtime and "transformers" not in runtime and "pytest" not in runtime
+    assert any(d.startswith("tensorboard") for d in project["optional-dependencies"]["tensorboard"])

@@ -362,6 +362,95 @@ def test_cache_overflow_under_jit_gives_nan_logits_for_that_row():
     assert np.any(k[:, 0, :, 3] != 0) and np.all(k[:, 1] == 0)  # row 1's write was dropped
 
 
+# Out-of-range inputs under jit: a row's logits are NaN from its first out-of-range token on, and
+# everything before it and every other row is bitwise what the same program computes without it.
+GUARDED = {  # scanned and unscanned stacks, GQA and MLA (naive and, with a cache, absorbed)
+    "gqa-scanned": ("gqa", "rope", True, dict(scan_layers=True)),
+    "gqa-unscanned": ("gqa", "learned", True, dict(scan_layers=False)),
+    "mla-scanned": ("mla", "learned", True, dict(scan_layers=True)),
+    "mla_q_rope-unscanned": ("mla_q_rope", "rope", False, dict(scan_layers=False)),
+}
+BAD_AT = 3  # row 1's bad token sits at this index
+
+
+def with_bad_token(tokens: np.ndarray, bad_id: int) -> np.ndarray:
+    """A copy of tokens [2, T'] with row 1's token at index BAD_AT replaced by bad_id."""
+    tokens = tokens.copy()
+    tokens[1, BAD_AT] = bad_id
+    return tokens
+
+
+def assert_nan_from(logits, clean, row: int, start: int) -> None:
+    """logits [B, T, V]: row `row` is NaN from index `start` on and bitwise equal to `clean` before
+    it; the other rows are bitwise equal to `clean` (which is finite)."""
+    logits, clean = np.asarray(logits), np.asarray(clean)
+    chex.assert_tree_all_finite(clean)
+    assert np.isnan(logits[row, start:]).all(), f"row {row} is not NaN from index {start} on"
+    np.testing.assert_array_equal(logits[row, :start], clean[row, :start], err_msg="earlier positions changed")
+    others = np.arange(len(logits)) != row
+    np.testing.assert_array_equal(logits[others], clean[others], err_msg="another row changed")
+
+
+@pytest.mark.parametrize("bad_id", [BASE["vocab_size"], 10**6, -1])
+def test_out_of_vocabulary_ids_raise_eagerly_naming_id_place_and_vocabulary(bad_id):
+    m = build("gqa", "rope")
+    message = rf"token id {bad_id} at row 1, position {BAD_AT} is outside .*vocab_size={BASE['vocab_size']}"
+    with pytest.raises(ValueError, match=message):
+        m.model.apply({"params": m.params}, with_bad_token(m.tokens, bad_id))
+    with pytest.raises(ValueError, match=message):  # the same check with a cache
+        m.model.apply({"params": m.params}, with_bad_token(m.tokens, bad_id),
+                      np.broadcast_to(np.arange(T), (2, T)), init_cache(m.cfg, 2, T))
+
+
+@pytest.mark.parametrize("variant", GUARDED.values(), ids=GUARDED.keys())
+def test_out_of_vocabulary_ids_under_jit_give_nan_from_that_token_on(variant):
+    """Without a cache, a prefill with one, and a decode step: the bad id's row is NaN from it on,
+    everything else unchanged, and nothing non-finite enters the cache."""
+    attention, position, prenorm, extra = variant
+    m = build(attention, position, prenorm, **extra)
+    clean = m.forward(m.params, m.tokens)
+    prompt = m.tokens[:, :PREFILL]
+    positions = np.broadcast_to(np.arange(PREFILL), (2, PREFILL))
+    clean_prefill, cache = m.step(m.params, prompt, positions, init_cache(m.cfg, 2, T))
+    clean_step, _ = m.step(m.params, m.tokens[:, PREFILL:PREFILL + 1], np.full((2, 1), PREFILL), cache)
+    for bad_id in (m.cfg.vocab_size, -1):
+        assert_nan_from(m.forward(m.params, with_bad_token(m.tokens, bad_id)), clean, row=1, start=BAD_AT)
+        logits, bad_cache = m.step(m.params, with_bad_token(prompt, bad_id), positions, init_cache(m.cfg, 2, T))
+        assert_nan_from(logits, clean_prefill, row=1, start=BAD_AT)
+        chex.assert_tree_all_finite(bad_cache)
+        step_tokens = np.array([[m.tokens[0, PREFILL]], [bad_id]], np.int32)
+        logits, _ = m.step(m.params, step_tokens, np.full((2, 1), PREFILL), cache)
+        assert_nan_from(logits, clean_step, row=1, start=0)
+
+
+@pytest.mark.parametrize("scan_layers", [True, False], ids=["scanned", "unscanned"])
+def test_positions_past_the_context_under_jit_give_nan_from_there_on(scan_layers):
+    """Row 1 at positions 8..19 with max_seq_len 16: NaN from index 8 (position 16) on. RoPE has no
+    position table, so the same weights with a 32-token context give the values to compare with."""
+    m = build("gqa", "rope", scan_layers=scan_layers)
+    longer = build("gqa", "rope", scan_layers=scan_layers, max_seq_len=32)
+    positions = np.stack([np.arange(T), np.arange(T) + 8])
+    start = m.cfg.max_seq_len - 8
+    assert_nan_from(m.forward(m.params, m.tokens, positions), longer.forward(m.params, m.tokens, positions),
+                    row=1, start=start)
+
+
+def test_cache_overflow_under_jit_gives_nan_from_the_first_position_past_the_cache():
+    """A prefill of 7 tokens into 12 slots, row 1 at positions 8..14: NaN from position 12 on; its
+    earlier positions equal the same tokens with room in the cache (prefill of 7 into 16 slots)."""
+    m = build("gqa", "rope")
+    tokens = m.tokens[:, :PREFILL]
+    positions = np.stack([np.arange(PREFILL), np.arange(PREFILL) + 8])
+    room = np.stack([np.arange(PREFILL), np.arange(PREFILL) + 5])  # row 1 at 5..11 fits
+    logits, _ = m.step(m.params, tokens, positions, init_cache(m.cfg, 2, T))
+    clean, _ = m.step(m.params, tokens, room, init_cache(m.cfg, 2, T))
+    start = T - 8
+    assert np.isnan(np.asarray(logits[1, start:])).all()
+    np.testing.assert_array_equal(logits[0], clean[0])
+    roomy, _ = m.step(m.params, tokens, positions, init_cache(m.cfg, 2, m.cfg.max_seq_len))
+    np.testing.assert_allclose(logits[1, :start], roomy[1, :start], **TOL)
+
+
 # ----------------------------------------------------------------------------- dropout, dtype, remat
 
 

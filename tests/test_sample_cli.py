@@ -119,3 +119,21 @@ def test_hf_dir_samples_a_hugging_face_model(tmp_path):
     prompt = ByteTokenizer().encode("Hi")
     expected = sampling.generate(params, cfg, [prompt], jax.random.key(0), 12, temperature=0).tokens[0]
     assert out.stdout == f"--- sample 1 of 1 ---\nHi{ByteTokenizer().decode(expected)}\n"
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--temperature", "nan", "temperature must be >= 0 and finite (0 = greedy), got nan"),
+        ("--temperature", "inf", "temperature must be >= 0 and finite (0 = greedy), got inf"),
+        ("--top_p", "nan", "top_p must be in (0, 1], got nan; use None or 1.0 to keep every token"),
+    ],
+    ids=["temperature-nan", "temperature-inf", "top_p-nan"],
+)
+def test_non_finite_sampling_options_fail_with_one_error_line(workdir, flag, value, message):
+    """A NaN temperature once printed NUL bytes (all-NaN logits draw token 0) and exited 0."""
+    out = sample("--workdir", workdir, "--prompt", "A", "--max_new_tokens", "5", flag, value)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert out.stdout == ""  # stopped before sampling
+    assert [line for line in out.stderr.splitlines() if line.startswith("error:")] == [f"error: {message}"]
+    assert "Traceback" not in out.stderr

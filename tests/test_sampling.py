@@ -99,11 +99,32 @@ def test_sample_token_rows_do_not_depend_on_the_batch():
         (dict(top_k=0), "top_k must be at least 1"),
         (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
         (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+        # Not a number or infinite: rejected, not turned into all-NaN logits and token 0.
+        (dict(temperature=float("nan")), r"temperature must be >= 0 and finite .*got nan"),
+        (dict(temperature=float("inf")), r"temperature must be >= 0 and finite .*got inf"),
+        (dict(top_p=float("nan")), r"top_p must be in \(0, 1\], got nan"),
+        (dict(top_k=float("nan")), "top_k must be at least 1, got nan"),
+        (dict(top_k=float("inf")), "top_k must be a whole number, got inf"),
     ],
 )
 def test_bad_sampling_options_are_named(options, message):
     with pytest.raises(ValueError, match=message):
+        sampling.SamplingOptions(**options)
+    with pytest.raises(ValueError, match=message):
         sampling.sample_token(jnp.zeros((1, 8)), jax.random.key(0), **options)
+
+
+@pytest.mark.parametrize("options", [dict(pad_id=float("nan")), dict(stop_tokens=(1, float("inf")))])
+def test_non_finite_token_ids_in_options_are_named(options):
+    (option,) = options
+    with pytest.raises(ValueError, match=f"{option} must be a whole number"):
+        sampling.SamplingOptions(**options)
+
+
+def test_apply_temperature_rejects_nan_and_inf():
+    for temperature in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="finite temperature > 0"):
+            sampling.apply_temperature(jnp.zeros((1, 8)), temperature)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,6 +258,14 @@ def test_bad_prompts_are_named(prompts, message):
     cfg, params = model("mha")
     with pytest.raises(ValueError, match=message):
         sampling.generate(params, cfg, prompts, jax.random.key(0), max_new_tokens=4)
+
+
+def test_generate_and_generate_stream_reject_a_nan_temperature():
+    cfg, params = model("mha")
+    with pytest.raises(ValueError, match="temperature must be >= 0 and finite"):
+        sampling.generate(params, cfg, PROMPTS, jax.random.key(0), NEW, temperature=float("nan"))
+    with pytest.raises(ValueError, match="temperature must be >= 0 and finite"):
+        next(sampling.generate_stream(params, cfg, PROMPTS, jax.random.key(0), NEW, temperature=float("nan")))
 
 
 def test_stream_equals_one_shot_generate():

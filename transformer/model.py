@@ -12,6 +12,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer import cache as kv_cache
 from transformer import ops
@@ -111,6 +112,15 @@ class Decoder(nn.Module):
     position plus this call's tokens up to itself: the same code serves prefill (T tokens) and
     decoding (T = 1), and rows may sit at different positions. S_total is T without a cache and
     S + T with one (cached slots first).
+
+    Out-of-range inputs: a token id outside [0, vocab_size), or a position at or past max_seq_len
+    (with a cache: at or past its S slots). Concrete tokens and positions (not traced by jit)
+    raise a ValueError naming the id or position and where it is. Under jit nothing can raise;
+    instead a row's logits are NaN from its first out-of-range token onwards (later tokens attend
+    to it), while its earlier positions and the other rows are exactly what they would be without
+    it (a bad id is looked up clipped into range, so nothing non-finite enters the attention). Its
+    cache entries are written from that clipped id (a position past the cache writes nothing), so
+    a later call whose queries see that slot is not flagged: validate ids before a jitted call.
     """
 
     cfg: ModelConfig
@@ -129,11 +139,14 @@ class Decoder(nn.Module):
         b, t = tokens.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t), (b, t))
+        check_tokens(cfg, tokens)
         check_positions(cfg, positions, cache)
 
         embed = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=nn.initializers.normal(0.02),
                          dtype=cfg.dtype, name="embed")
-        x = embed(tokens)  # [B, T, D]
+        # Clipped: nn.Embed looks up an id >= V as NaN, which the attention would spread to every
+        # position of the row. A bad id's logits are set to NaN after the layers instead.
+        x = embed(jnp.clip(tokens, 0, cfg.vocab_size - 1))  # [B, T, D]
         if cfg.position == "learned":
             pos_embed = self.param("pos_embed", nn.initializers.normal(0.01), (cfg.max_seq_len, cfg.d_model))
             x = x + jnp.take(pos_embed, positions, axis=0, mode="clip").astype(cfg.dtype)
@@ -167,23 +180,56 @@ class Decoder(nn.Module):
 
         if cfg.prenorm:
             x = Norm(cfg.norm, cfg.norm_scale, cfg.norm_bias, cfg.norm_eps, name="final_norm")(x)
+        # Under jit check_tokens and check_positions cannot run: what they would reject gets a NaN
+        # hidden state, so all its logits are NaN (set here, D numbers per token rather than V).
+        h = jnp.where(out_of_range_onwards(cfg, tokens, positions, cache)[..., None], jnp.nan, x)
         if cfg.tie_embeddings:
-            # x E^T, contracting E's rows in place. (Flax's embed.attend transposes E first, and
+            # h E^T, contracting E's rows in place. (Flax's embed.attend transposes E first, and
             # XLA:CPU then fuses the final norm into a slow loop over E: 1.5x this at decoding.)
-            logits = jnp.einsum("btd,vd->btv", x, embed.embedding.astype(cfg.dtype))
+            logits = jnp.einsum("btd,vd->btv", h, embed.embedding.astype(cfg.dtype))
         else:
-            logits = Linear(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, name="head")(x)  # W [V, D]
+            logits = Linear(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, name="head")(h)  # W [V, D]
         logits = logits.astype(jnp.float32)
 
         if cache is not None:
-            cache = kv_cache.write(cache, new, positions, after=x)
-            # Under jit the range check in check_positions cannot run; a row that wrote past the
-            # cache gets NaN logits instead of silently attending to a truncated history.
-            overflow = positions.max(axis=1) >= cache.max_len
-            logits = jnp.where(overflow[:, None, None], jnp.nan, logits)
+            cache = kv_cache.write(cache, new, positions, after=x)  # x, not h: 0 * NaN would poison every row
         if return_attention:
             return logits, cache, weights
         return logits, cache
+
+
+def out_of_range_onwards(cfg: ModelConfig, tokens: Array, positions: Array, cache: Cache | None) -> Array:
+    """[B, T] bool: True from a row's first out-of-range input onwards (whose logits become NaN).
+
+    An input is out of range when its token id is outside [0, vocab_size) or its position is at or
+    past the context (max_seq_len) or the cache (S slots: the write is dropped). Positions increase
+    along a row, so every later token of the row attends to it; earlier ones and other rows do not.
+
+    Args:
+      tokens, positions: [B, T] integers.
+    """
+    t = tokens.shape[1]
+    limit = cfg.max_seq_len if cache is None else min(cfg.max_seq_len, cache.max_len)
+    bad = (tokens < 0) | (tokens >= cfg.vocab_size) | (positions >= limit)
+    index = jnp.arange(t)
+    first_bad = jnp.where(bad, index, t).min(axis=1, keepdims=True, initial=t)  # [B, 1], T if none
+    return index >= first_bad
+
+
+def check_tokens(cfg: ModelConfig, tokens: Array) -> None:
+    """Raises a clear error for token ids outside [0, vocab_size), when they are known."""
+    if isinstance(tokens, jax.core.Tracer):
+        return
+    tokens = np.asarray(tokens)
+    bad = np.argwhere((tokens < 0) | (tokens >= cfg.vocab_size))
+    if len(bad):
+        row, t = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise ValueError(
+            f"token id {tokens[row, t]} at row {row}, position {t}{more} is outside the vocabulary "
+            f"of vocab_size={cfg.vocab_size} (ids 0..{cfg.vocab_size - 1}); encode the text with "
+            "the model's tokenizer, or use a model whose vocab_size covers every id"
+        )
 
 
 def check_positions(cfg: ModelConfig, positions: Array, cache: Cache | None) -> None:

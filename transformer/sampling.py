@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
@@ -52,9 +53,9 @@ def apply_temperature(logits: Array, temperature: float) -> Array:
 
     Temperature 0 (greedy decoding) is not a division; `sample_token` takes the argmax instead.
     """
-    if temperature <= 0:
+    if not 0 < temperature < math.inf:  # also rejects NaN
         raise ValueError(
-            f"apply_temperature needs temperature > 0, got {temperature}; "
+            f"apply_temperature needs a finite temperature > 0, got {temperature}; "
             "for greedy decoding call sample_token with temperature=0"
         )
     return logits / temperature
@@ -121,9 +122,10 @@ class SamplingOptions:
     pad_id: int = 0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
+        # Each check reads "not (valid)": every comparison with NaN is False, so NaN fails it.
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be >= 0 and finite (0 = greedy), got {self.temperature}")
+        if self.top_k is not None and not self.top_k >= 1:
             raise ValueError(f"top_k must be at least 1, got {self.top_k}; use None to keep every token")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise ValueError(
@@ -132,10 +134,17 @@ class SamplingOptions:
         # Normalise (numpy scalars, a list of stop tokens) so that equal options hash equally.
         set_field = functools.partial(object.__setattr__, self)
         set_field("temperature", float(self.temperature))
-        set_field("top_k", None if self.top_k is None else int(self.top_k))
+        set_field("top_k", None if self.top_k is None else _whole("top_k", self.top_k))
         set_field("top_p", None if self.top_p is None else float(self.top_p))
-        set_field("stop_tokens", tuple(int(t) for t in self.stop_tokens))
-        set_field("pad_id", int(self.pad_id))
+        set_field("stop_tokens", tuple(_whole("stop_tokens", t) for t in self.stop_tokens))
+        set_field("pad_id", _whole("pad_id", self.pad_id))
+
+
+def _whole(option: str, value: int | float) -> int:
+    """value as an int, or a ValueError naming the option (inf, NaN and 2.5 are neither counts nor ids)."""
+    if not float(value).is_integer():
+        raise ValueError(f"{option} must be a whole number, got {value}")
+    return int(value)
 
 
 def sample_token(

@@ -15,7 +15,7 @@ Randomness: row b owns the key fold_in(key, b) and draws its i-th new token with
 fold_in(fold_in(key, b), i). A row's tokens therefore depend neither on the other rows of the batch
 nor on how the decoding is cut into chunks, and `row_keys` reproduces a batch row on its own.
 
-Shapes (see DESIGN.md): B batch, P padded prompt length, S cache slots, V vocabulary, N new tokens.
+Shapes (see docs/design.md): B batch, P padded prompt length, S cache slots, V vocabulary, N new tokens.
 """
 
 from __future__ import annotations

@@ -25,10 +25,9 @@ def get_config():
             dropout=0.0,  # nanoGPT uses 0.2 for this model; 0 keeps the benchmark deterministic
             dtype="float32",  # compute dtype (the default, stated): bfloat16 gains nothing on XLA:CPU
             scan_layers=False,  # default True; on XLA:CPU an unrolled loop over 6 layers trains
-            # 10-20% faster than nn.scan (bench/train.py) and still compiles in ~3 s (bench/compile.py).
-            # Why: the scan writes each layer's saved activations into stacked [L, ...] buffers and
-            # reads them back in the backward pass (dynamic-update-slice / dynamic-slice, ~22% of
-            # the scanned step in a profile). Keep True for deep models, and for remat: unrolled,
+            # faster than nn.scan and still compiles quickly (docs/performance.md, "Scanned layers"):
+            # the scan writes each layer's saved activations into stacked [L, ...] buffers and reads
+            # them back in the backward pass. Keep True for deep models, and for remat: unrolled,
             # XLA:CPU undoes the recomputation.
         )
     )

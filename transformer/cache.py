@@ -9,13 +9,9 @@ O(cache read) and never copies the cache. Heads-first keeps each head's [S, K] k
 multi-head attention scores them as they lie (`ops.dot_product_attention` heads_first).
 
 Why one buffer per layer rather than one stacked [L, B, G, S, K] array: XLA:CPU copied each layer's
-slice out of a stacked array before its attention dot, every step. GPT-2 small with 1024 slots
-(`python bench/op_profile.py --decode --config gpt2 --cache_len 1024`): 37 -> 28-29 ms per token,
-the slices were a third of the op time; no change at 64 slots. bench/cache_layout.py compares the
-layouts and update schemes on attention alone (1024 slots: 6.4x faster than a stacked heads-first
-cache read by a layer scan at batch 1, 2.1x at batch 8). A layer scan (`scan_layers` with a cache,
-e.g. a prefill of a scanned model) reads the buffers through `stacked`; decoding always runs
-unrolled layers.
+slice out of a stacked array before its attention dot, every step (docs/performance.md, "KV-cache
+layout"). A layer scan (`scan_layers` with a cache, e.g. a prefill of a scanned model) reads the
+buffers through `stacked`; decoding always runs unrolled layers.
 
 Because slot = position, a row's slots below its current position are always filled: rows of a
 ragged batch may sit at different positions, and stale slots (e.g. padding written during a
@@ -54,9 +50,9 @@ class KVCache:
 class LatentCache:
     """Multi-head latent attention caches only the latent and the shared rotary key.
 
-    latent: a tuple of L arrays [B, S, C + R] (one layer's view: one array): the normalised
-    key/value latent c (C = kv_latent_dim) followed by the rotated rotary key (R = rope_head_dim,
-    0 without RoPE). A layer's new entries: latent [B, T, C + R].
+    latent: a tuple of L arrays [B, S, C + Kr] (one layer's view: one array): the normalised
+    key/value latent c (C = kv_latent_dim) followed by the rotated rotary key (Kr = rope_head_dim,
+    0 without RoPE). A layer's new entries: latent [B, T, C + Kr].
     """
 
     latent: Layers | Array
@@ -116,8 +112,8 @@ def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None
     """Writes this call's entries into their slots.
 
     Args:
-      cache: the cache, per layer KVCache [B, G, S, K] or LatentCache [B, S, C + R].
-      new: this call's entries, per layer KVCache [B, T, G, K] or LatentCache [B, T, C + R].
+      cache: the cache, per layer KVCache [B, G, S, K] or LatentCache [B, S, C + Kr].
+      new: this call's entries, per layer KVCache [B, T, G, K] or LatentCache [B, T, C + Kr].
       positions: [B, T] slot (= position) of each new entry. Out-of-range slots are dropped: the
         decoder checks the range and reports it.
       after: an array computed from every layer's read of the cache (the decoder passes its final
@@ -148,8 +144,8 @@ def kv_cache_bytes_per_token(cfg: ModelConfig, dtype: str | None = None) -> int:
     sampler's cache has):
       MHA / GQA / MQA: L * 2 * G * K values (a key and a value per key/value head and layer;
                        G = num_kv_heads: H for MHA, 1 for MQA, K = head_dim).
-      MLA:             L * (C + R) values (one latent and one shared rotary key per layer;
-                       C = kv_latent_dim, R = rope_head_dim or 0).
+      MLA:             L * (C + Kr) values (one latent and one shared rotary key per layer;
+                       C = kv_latent_dim, Kr = rope_head_dim or 0).
     A cache of B rows and S slots takes B * S times this.
     """
     itemsize = jnp.dtype(dtype or cfg.dtype).itemsize

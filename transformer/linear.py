@@ -2,9 +2,8 @@
 
 Flax's nn.Dense stores the transpose, [in, out]. The choice matters for decoding: one token at a
 time, every step reads every weight once in a matrix-vector product, and XLA:CPU reads [out, in]
-weights faster there (bench/weight_layout.py, GPT-2 small's layers: 1.2-1.4x at batch 1, 1.1-1.2x
-at batch 8, over four runs); a training step's products ran at the same speed either way. It is also PyTorch's layout, so Hugging Face
-Llama-style checkpoints load without transposes.
+weights faster there (docs/performance.md, "Weight layout"); training runs at the same speed either
+way. It is also PyTorch's layout, so Hugging Face checkpoints load without transposes.
 """
 
 from __future__ import annotations

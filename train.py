@@ -44,8 +44,9 @@ from tqdm import tqdm
 
 from transformer import data, training
 from transformer.cache import kv_cache_bytes_per_token
-from transformer.checkpoint import CheckpointError, Checkpointer, check_same_model, save_json
+from transformer.checkpoint import CheckpointError, Checkpointer, check_same_model
 from transformer.config import ModelConfig
+from transformer.files import save_json
 from transformer.metrics import MetricWriter
 from transformer.model import count_params
 from transformer.tokenizer import Tokenizer, load_tokenizer, make_tokenizer, save_tokenizer

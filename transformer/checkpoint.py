@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from transformer.config import EXECUTION_FIELDS, ModelConfig
+from transformer.config import ModelConfig
 from transformer.tokenizer import Tokenizer, tokenizer_from_json, tokenizer_to_json
 
 CHECKPOINT_DIR = "checkpoints"
@@ -207,17 +207,16 @@ def relayout_layers(saved: Any, like: Any, num_layers: int) -> Any:
 def check_same_model(saved: Mapping[str, Any], current: Mapping[str, Any], where: str) -> list[str]:
     """Raises CheckpointError naming every architecture field that differs; returns the execution
     fields that differ (EXECUTION_FIELDS: how the parameters are computed) as 'name: saved -> now'."""
-    saved = ModelConfig.from_dict(saved).to_dict()
-    current = ModelConfig.from_dict(current).to_dict()
-    differ = [k for k in saved if saved[k] != current[k]]
-    diffs = [f"{k}: checkpoint {saved[k]!r}, config {current[k]!r}" for k in differ if k not in EXECUTION_FIELDS]
+    saved, current = ModelConfig.from_dict(saved), ModelConfig.from_dict(current)
+    diffs = [f"{k}: checkpoint {getattr(saved, k)!r}, config {getattr(current, k)!r}"
+             for k in saved.architecture_differences(current)]
     if diffs:
         raise CheckpointError(
             f"the checkpoints in {where} were trained with a different model ("
             + "; ".join(diffs)
             + "). Use a new --workdir for this model, or the config the checkpoint was made with."
         )
-    return [f"{k}: {saved[k]!r} -> {current[k]!r}" for k in differ]
+    return [f"{k}: {getattr(saved, k)!r} -> {getattr(current, k)!r}" for k in saved.differences(current)]
 
 
 def check_layout(cfg: ModelConfig, params: Any, where: str) -> None:
@@ -277,10 +276,3 @@ def _ignore_closed_loop_callbacks() -> None:
     hook.ignores_closed_loop = True
     sys.unraisablehook = hook
 
-
-def save_json(path: str, obj: Any) -> None:
-    """Writes JSON atomically (temp file + rename), so a kill never leaves half a file."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)

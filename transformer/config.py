@@ -207,6 +207,16 @@ class ModelConfig:
         """The fields that say what the parameters mean (all but EXECUTION_FIELDS)."""
         return {k: v for k, v in self.to_dict().items() if k not in EXECUTION_FIELDS}
 
+    def differences(self, other: "ModelConfig") -> list[str]:
+        """The names of the fields whose values differ between `self` and `other`, in field order."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        return [k for k in mine if mine[k] != theirs[k]]
+
+    def architecture_differences(self, other: "ModelConfig") -> list[str]:
+        """The architecture fields (all but EXECUTION_FIELDS) that differ, in field order: empty when
+        `other` gives the same parameters the same meaning (it may still compute them otherwise)."""
+        return [k for k in self.differences(other) if k not in EXECUTION_FIELDS]
+
     def replace(self, **changes: Any) -> "ModelConfig":
         """A copy with some fields changed; derived fields that were never set are derived again."""
         fields = {k: v for k, v in self.to_dict().items() if k not in self.derived}

@@ -21,13 +21,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from transformer.files import write_atomically
 
 KIND_FILE = "tokenizer_kind.json"
 HF_FILE = "tokenizer.json"
@@ -183,13 +184,13 @@ def save_tokenizer(tok: Tokenizer, directory: str | os.PathLike) -> None:
         kind = "bytes"
     elif isinstance(tok, BPETokenizer):
         kind = "bpe"
-        _write_atomically(directory / HF_FILE, tok.hf.to_str(pretty=True))
+        write_atomically(directory / HF_FILE, tok.hf.to_str(pretty=True))
     else:
         raise TypeError(
             f"save_tokenizer got a {type(tok).__name__}; expected ByteTokenizer or BPETokenizer."
         )
     # The kind file goes last: a directory with a kind file is complete.
-    _write_atomically(directory / KIND_FILE, json.dumps({"kind": kind}) + "\n")
+    write_atomically(directory / KIND_FILE, json.dumps({"kind": kind}) + "\n")
 
 
 def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
@@ -253,15 +254,3 @@ def _unknown_token_id(tok: tokenizers.Tokenizer) -> int | None:
     if model.get("unk_token") is not None:  # BPE, WordPiece, WordLevel store the token
         return tok.token_to_id(model["unk_token"])
     return None
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Writes via a temporary file and os.replace, so a crash never leaves a half-written file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

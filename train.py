@@ -49,6 +49,8 @@ from transformer.config import ModelConfig
 from transformer.files import save_json
 from transformer.metrics import MetricWriter
 from transformer.model import count_params
+from transformer.optim import make_optimizer, make_schedule
+from transformer.sharding import batch_sharding, make_mesh
 from transformer.tokenizer import Tokenizer, load_tokenizer, make_tokenizer, save_tokenizer
 
 ROOT = os.path.dirname(os.path.abspath(__file__))  # the repository
@@ -298,10 +300,10 @@ def set_up_run(config: ConfigDict, workdir: str) -> Run:
         print(f"data: left out {len(skipped)} files under {config.data.path} that are not UTF-8 text, "
               f"e.g. {skipped[0]}")
 
-    mesh = training.make_mesh(config.mesh.data, config.mesh.fsdp)
-    tx, schedule = training.make_optimizer(config.optim, t.steps)
+    mesh = make_mesh(config.mesh.data, config.mesh.fsdp)
+    tx, schedule = make_optimizer(config.optim, t.steps)
     state = create_or_restore_state(config, cfg, tx, mesh, ckpt)
-    put = lambda x: jax.make_array_from_process_local_data(training.batch_sharding(mesh), x)  # noqa: E731
+    put = lambda x: jax.make_array_from_process_local_data(batch_sharding(mesh), x)  # noqa: E731
     eval_set = [
         (put(x), put(y))
         for x, y in data.eval_batches(val_tokens, num_batches=t.eval_batches, batch_size=t.batch_size,
@@ -359,8 +361,8 @@ def check_resume(config: ConfigDict, ckpt: Checkpointer, workdir: str) -> dict:
 def check_schedule_kept(saved: dict, config: ConfigDict, step: int) -> None:
     """Warns if the learning rate of steps already taken differs under the new config: the run
     then continues on another schedule than the one it followed (e.g. a cosine re-spanned)."""
-    before = training.make_schedule(saved["optim"], saved["train"]["steps"])
-    now = training.make_schedule(config.optim, config.train.steps)
+    before = make_schedule(saved["optim"], saved["train"]["steps"])
+    now = make_schedule(config.optim, config.train.steps)
     steps = np.arange(step)
     moved = np.flatnonzero(~np.isclose(np.asarray(before(steps)), np.asarray(now(steps)), rtol=1e-5, atol=0))
     if moved.size:

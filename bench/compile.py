@@ -31,17 +31,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from configs import baby_gpt  # noqa: E402
 from transformer import training  # noqa: E402
 from transformer.config import ModelConfig  # noqa: E402
+from transformer.optim import make_optimizer  # noqa: E402
+from transformer.sharding import batch_sharding, make_mesh  # noqa: E402
 
 
 def abstract_step(config, **model_overrides):
     """(jitted train step, abstract state, abstract batch) for `config` with some model fields changed."""
     cfg = ModelConfig.from_dict({**config.model.to_dict(), **model_overrides})
     t = config.train
-    mesh = training.make_mesh(devices=jax.devices()[:1])
-    tx, schedule = training.make_optimizer(config.optim, t.steps)
+    mesh = make_mesh(devices=jax.devices()[:1])
+    tx, schedule = make_optimizer(config.optim, t.steps)
     state = jax.eval_shape(lambda: training.create_state(cfg, tx, t.seed, mesh))
     step = training.make_train_step(cfg, tx, schedule, mesh, state)
-    batch = jax.ShapeDtypeStruct((t.batch_size, t.seq_len), jnp.int32, sharding=training.batch_sharding(mesh))
+    batch = jax.ShapeDtypeStruct((t.batch_size, t.seq_len), jnp.int32, sharding=batch_sharding(mesh))
     return step, state, batch
 
 

@@ -41,7 +41,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from configs import baby_gpt, shakespeare  # noqa: E402
 from transformer import training  # noqa: E402
 from transformer.config import ModelConfig  # noqa: E402
+from transformer.loss import loss_fn  # noqa: E402
 from transformer.model import count_params  # noqa: E402
+from transformer.optim import make_optimizer  # noqa: E402
+from transformer.sharding import batch_sharding, make_mesh  # noqa: E402
 
 CONFIGS = {"shakespeare": shakespeare, "baby_gpt": baby_gpt}
 
@@ -117,14 +120,14 @@ class Ours:
     def __init__(self, config, **model_overrides):
         self.cfg = ModelConfig.from_dict({**config.model.to_dict(), **model_overrides})
         t = config.train
-        self.mesh = training.make_mesh(devices=jax.devices()[:1])
-        tx, schedule = training.make_optimizer(config.optim, t.steps)
+        self.mesh = make_mesh(devices=jax.devices()[:1])
+        tx, schedule = make_optimizer(config.optim, t.steps)
         self.state = training.create_state(self.cfg, tx, t.seed, self.mesh)
         self.num_params = count_params(self.state.params)
         self.tokens_per_step = t.batch_size * t.seq_len
         self.flops_per_token = training.flops_per_token(self.cfg, self.num_params, t.seq_len)
         self.train_step = training.make_train_step(self.cfg, tx, schedule, self.mesh, self.state)
-        self.sharding = training.batch_sharding(self.mesh)
+        self.sharding = batch_sharding(self.mesh)
         self.batches = random_batches(self.cfg.vocab_size, t.batch_size, t.seq_len)
         self.i = 0
 
@@ -164,7 +167,7 @@ class Theirs:
             bos_token_id=None, eos_token_id=None,
         )).train()
         self.attn_implementation = self.model.config._attn_implementation
-        # Decay what training.decay_mask decays: the projection matrices, not embeddings, norms, biases.
+        # Decay what optim.decay_mask decays: the projection matrices, not embeddings, norms, biases.
         named = dict(self.model.named_parameters())
         decay = [p for n, p in named.items() if p.dim() >= 2 and "wte" not in n and "wpe" not in n]
         rest = [p for n, p in named.items() if not (p.dim() >= 2 and "wte" not in n and "wpe" not in n)]
@@ -273,8 +276,8 @@ def breakdown(config, steps: int, rounds: int, peak: MatmulPeak):
     ours = Ours(config)
     cfg = ours.cfg
     x, y = (ours.put(a) for a in ours.batches[0])
-    forward = jax.jit(lambda p, x, y: training.loss_fn(p, cfg, x, y, None))
-    backward = jax.jit(jax.value_and_grad(lambda p, x, y: training.loss_fn(p, cfg, x, y, None)))
+    forward = jax.jit(lambda p, x, y: loss_fn(p, cfg, x, y, None))
+    backward = jax.jit(jax.value_and_grad(lambda p, x, y: loss_fn(p, cfg, x, y, None)))
     matmuls, flops = step_matmuls(cfg, config.train.batch_size, config.train.seq_len)
     runners = {
         # ours.state is read at each call: the full step donates it and returns a new one.

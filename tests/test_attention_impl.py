@@ -18,7 +18,7 @@ import pytest
 
 from transformer import ModelConfig, init_cache
 from transformer.model import Decoder
-from transformer.training import loss_fn
+from transformer.loss import loss_fn
 
 BASE = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)
 ATTENTION = {

@@ -9,6 +9,8 @@ import pytest
 from transformer import training
 from transformer.checkpoint import CheckpointError, Checkpointer, check_same_model, restore_for_inference
 from transformer.config import ModelConfig
+from transformer.optim import make_optimizer
+from transformer.sharding import make_mesh
 from transformer.tokenizer import ByteTokenizer
 
 MODEL = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=1, num_heads=2)
@@ -18,8 +20,8 @@ OPTIM = dict(learning_rate=1e-3, warmup_steps=1, min_lr_ratio=0.1, b1=0.9, b2=0.
 
 def save_one(workdir):
     cfg = ModelConfig(**MODEL)
-    tx, _ = training.make_optimizer(OPTIM, 10)
-    state = training.create_state(cfg, tx, 0, training.make_mesh(devices=jax.devices()[:1]))
+    tx, _ = make_optimizer(OPTIM, 10)
+    state = training.create_state(cfg, tx, 0, make_mesh(devices=jax.devices()[:1]))
     ckpt = Checkpointer(str(workdir))
     ckpt.save(3, state, {"model": MODEL}, ByteTokenizer(), val_loss=1.0)
     ckpt.wait()
@@ -99,8 +101,8 @@ def test_resume_converts_the_layer_stack_of_params_and_adam_moments(tmp_path, sa
 
     model = dict(MODEL, num_layers=3, scan_layers=saved_scan)
     cfg = ModelConfig(**model)
-    mesh = training.make_mesh(devices=jax.devices()[:1])
-    tx, _ = training.make_optimizer(OPTIM, 10)
+    mesh = make_mesh(devices=jax.devices()[:1])
+    tx, _ = make_optimizer(OPTIM, 10)
     saved = training.create_state(cfg, tx, 0, mesh)
     mu = jax.tree.map(lambda p: p + 1.0, saved.params)  # distinct values, to see where each goes
     saved = saved.replace(opt_state=(saved.opt_state[0], (saved.opt_state[1][0]._replace(mu=mu),

@@ -1,34 +1,32 @@
-"""Training: the loss, the optimizer, the device mesh and the jitted train and eval steps.
+"""Training: the train state, its creation on the mesh, and the jitted train and eval steps.
 
-    state = create_state(cfg, optim, steps, seed, mesh)       # params + AdamW state, sharded
-    step_fn = make_train_step(cfg, tx, mesh, grad_accum)      # jit, donated state
+    state = create_state(cfg, tx, seed, mesh)                   # params + AdamW state, sharded
+    step_fn = make_train_step(cfg, tx, schedule, mesh, state)   # jit, donated state
     state, metrics = step_fn(state, inputs [B, T], targets [B, T])
 
-Parameters and optimizer state are placed by `state_sharding`: replicated for pure data
-parallelism, or each array split over the 'fsdp' mesh axis (FSDP). The batch is split over both
-axes. Everything is `jax.jit` with shardings; XLA inserts the collectives.
+`TrainState` holds step, params, optimizer state and PRNG key; `flops_per_token` counts a training
+step's FLOPs per token (for MFU). The pieces come from their own modules: the loss (`loss.py`), the
+optimizer and its schedule (`optim.py`), the device mesh and shardings (`sharding.py`). Everything
+is `jax.jit` with shardings; XLA inserts the collectives.
 """
 
 from __future__ import annotations
 
 import functools
-import math
-from collections.abc import Mapping
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh
 
 from transformer.config import ModelConfig
+from transformer.loss import loss_fn
 from transformer.model import Decoder
+from transformer.sharding import batch_sharding, state_sharding
 
 Array = jax.Array
-BATCH_AXES = ("data", "fsdp")  # the batch is split over every device
 
 
 @flax.struct.dataclass
@@ -39,122 +37,6 @@ class TrainState:
     params: Any
     opt_state: Any
     rng: Array  # uint32 [2]: raw base key; dropout at step s uses fold_in(rng, s)
-
-
-# --- the loss --------------------------------------------------------------------------------
-
-
-def cross_entropy(logits: Array, targets: Array) -> Array:
-    """Mean next-token cross-entropy in nats, in float32. logits [B, T, V], targets [B, T]."""
-    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets).mean()
-
-
-def loss_fn(params: Any, cfg: ModelConfig, inputs: Array, targets: Array, dropout_key: Array | None) -> Array:
-    """The training objective: cross-entropy of the decoder's logits on [B, T] token windows."""
-    deterministic = dropout_key is None or cfg.dropout == 0.0
-    rngs = None if deterministic else {"dropout": dropout_key}
-    logits, _ = Decoder(cfg).apply({"params": params}, inputs, deterministic=deterministic, rngs=rngs)
-    return cross_entropy(logits, targets)
-
-
-# --- the optimizer ---------------------------------------------------------------------------
-
-
-def decay_mask(params: Any, decay_embeddings: bool = False) -> Any:
-    """True for the weights AdamW decays: projection matrices (and embeddings if asked).
-
-    Norm gains and biases are never decayed; matching by name, not by ndim, because scanned
-    layers give every bias a leading layer axis.
-    """
-
-    def decays(path, _) -> bool:
-        name = path[-1].key
-        if name in ("embedding", "pos_embed"):
-            return decay_embeddings
-        return name in ("kernel", "k_up", "v_up")
-
-    return jax.tree_util.tree_map_with_path(decays, params)
-
-
-def make_schedule(optim: Mapping[str, Any], steps: int) -> optax.Schedule:
-    """The learning rate at each step: linear warm-up from 0, cosine decay to min_lr_ratio x the peak
-    over `optim.decay_steps` steps (0: all `steps`), then constant at that final rate.
-
-    A run extended past its decay (train.steps raised, decay_steps kept) continues at the final rate.
-    """
-    decay_steps = optim.get("decay_steps", 0) or steps
-    warmup = min(optim["warmup_steps"], max(decay_steps - 1, 0))
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=optim["learning_rate"],
-        warmup_steps=warmup,
-        decay_steps=max(decay_steps, warmup + 1),
-        end_value=optim["learning_rate"] * optim["min_lr_ratio"],
-    )
-
-
-def make_optimizer(optim: Mapping[str, Any], steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW on `make_schedule`'s learning rate, with global-norm clipping and a weight-decay mask.
-
-    optim: the config's `optim` fields (learning_rate, warmup_steps, decay_steps, min_lr_ratio, b1,
-    b2, eps, weight_decay, decay_embeddings, grad_clip).
-    """
-    schedule = make_schedule(optim, steps)
-    tx = optax.chain(
-        optax.clip_by_global_norm(optim["grad_clip"]) if optim["grad_clip"] > 0 else optax.identity(),
-        optax.adamw(
-            schedule, b1=optim["b1"], b2=optim["b2"], eps=optim["eps"],
-            weight_decay=optim["weight_decay"],
-            mask=lambda p: decay_mask(p, optim["decay_embeddings"]),
-        ),
-    )
-    return tx, schedule
-
-
-# --- devices ---------------------------------------------------------------------------------
-
-
-def make_mesh(data: int = -1, fsdp: int = 1, devices: list | None = None) -> Mesh:
-    """A 2-D device mesh with axes ('data', 'fsdp'); data=-1 takes all remaining devices."""
-    devices = jax.devices() if devices is None else devices
-    n = len(devices)
-    if fsdp < 1 or n % fsdp:
-        raise ValueError(f"mesh.fsdp={fsdp} must divide the {n} available devices")
-    if data == -1:
-        data = n // fsdp
-    if data * fsdp != n:
-        raise ValueError(
-            f"mesh.data={data} x mesh.fsdp={fsdp} = {data * fsdp} devices, but {n} are available; "
-            "set mesh.data=-1 to use them all"
-        )
-    return Mesh(np.asarray(devices).reshape(data, fsdp), ("data", "fsdp"))
-
-
-def _leaf_spec(x: Any, fsdp: int) -> P:
-    """FSDP placement of one array: split its largest axis that the fsdp size divides."""
-    shape = getattr(x, "shape", ())
-    if fsdp == 1 or not shape or math.prod(shape) < 2**14:  # small arrays: not worth a collective
-        return P()
-    for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
-        if shape[axis] % fsdp == 0:
-            spec = [None] * len(shape)
-            spec[axis] = "fsdp"
-            return P(*spec)
-    return P()
-
-
-def state_sharding(state: Any, mesh: Mesh) -> Any:
-    """NamedShardings for a state pytree: replicated, or FSDP-split over the 'fsdp' axis."""
-    fsdp = mesh.shape["fsdp"]
-    return jax.tree.map(lambda x: NamedSharding(mesh, _leaf_spec(x, fsdp)), state)
-
-
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """[B, T] batches: rows split over every device of the mesh."""
-    return NamedSharding(mesh, P(BATCH_AXES))
-
-
-# --- state and steps -------------------------------------------------------------------------
 
 
 @functools.partial(jax.jit, static_argnums=0)  # eager Flax init is slow; cfg is hashable

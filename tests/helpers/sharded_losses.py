@@ -13,6 +13,8 @@ import numpy as np  # noqa: E402
 
 from transformer import training  # noqa: E402
 from transformer.config import ModelConfig  # noqa: E402
+from transformer.optim import make_optimizer  # noqa: E402
+from transformer.sharding import batch_sharding, make_mesh  # noqa: E402
 
 OPTIM = dict(learning_rate=3e-3, warmup_steps=2, min_lr_ratio=0.1, b1=0.9, b2=0.99, eps=1e-8,
              weight_decay=0.1, decay_embeddings=False, grad_clip=1.0)
@@ -20,10 +22,10 @@ OPTIM = dict(learning_rate=3e-3, warmup_steps=2, min_lr_ratio=0.1, b1=0.9, b2=0.
 
 def losses(mesh, steps=5):
     cfg = ModelConfig(vocab_size=64, max_seq_len=16, d_model=64, num_layers=2, num_heads=4, mlp_dim=128)
-    tx, schedule = training.make_optimizer(OPTIM, steps)
+    tx, schedule = make_optimizer(OPTIM, steps)
     state = training.create_state(cfg, tx, 0, mesh)
     step = training.make_train_step(cfg, tx, schedule, mesh, state)
-    sharding = training.batch_sharding(mesh)
+    sharding = batch_sharding(mesh)
     rng = np.random.default_rng(0)
     out = []
     for _ in range(steps):
@@ -36,7 +38,7 @@ def losses(mesh, steps=5):
 
 
 assert jax.device_count() == 8, jax.devices()
-one, _ = losses(training.make_mesh(devices=jax.devices()[:1]))
-dp8, _ = losses(training.make_mesh(data=8, fsdp=1))
-fsdp, specs = losses(training.make_mesh(data=4, fsdp=2))
+one, _ = losses(make_mesh(devices=jax.devices()[:1]))
+dp8, _ = losses(make_mesh(data=8, fsdp=1))
+fsdp, specs = losses(make_mesh(data=4, fsdp=2))
 print(json.dumps({"1": one, "dp8": dp8, "dp4_fsdp2": fsdp, "fsdp_specs": specs}))

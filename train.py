@@ -42,15 +42,19 @@ from absl import app, flags, logging
 from ml_collections import ConfigDict, config_flags
 from tqdm import tqdm
 
-from transformer import data, training
+from transformer import training
+from transformer.batches import batch_at, eval_batches
 from transformer.cache import kv_cache_bytes_per_token
 from transformer.checkpoint import CheckpointError, Checkpointer, check_same_model
 from transformer.config import ModelConfig
+from transformer.corpus import load_texts, skipped_files
 from transformer.files import save_json
 from transformer.metrics import MetricWriter
 from transformer.model import count_params
 from transformer.optim import make_optimizer, make_schedule
+from transformer.prefetch import Prefetcher
 from transformer.sharding import batch_sharding, make_mesh
+from transformer.token_cache import load_corpus
 from transformer.tokenizer import Tokenizer, load_tokenizer, make_tokenizer, save_tokenizer
 
 ROOT = os.path.dirname(os.path.abspath(__file__))  # the repository
@@ -293,10 +297,10 @@ def set_up_run(config: ConfigDict, workdir: str) -> Run:
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size={cfg.vocab_size}; "
                          f"set --config.model.vocab_size={tokenizer.vocab_size}")
-    train_tokens, val_tokens, bytes_per_token = data.load_corpus(
+    train_tokens, val_tokens, bytes_per_token = load_corpus(
         config.data.path or None, tokenizer, config.data.cache_dir, config.data.val_fraction
     )
-    if host == 0 and (skipped := data.skipped_files(config.data.path or None)):
+    if host == 0 and (skipped := skipped_files(config.data.path or None)):
         print(f"data: left out {len(skipped)} files under {config.data.path} that are not UTF-8 text, "
               f"e.g. {skipped[0]}")
 
@@ -306,8 +310,8 @@ def set_up_run(config: ConfigDict, workdir: str) -> Run:
     put = lambda x: jax.make_array_from_process_local_data(batch_sharding(mesh), x)  # noqa: E731
     eval_set = [
         (put(x), put(y))
-        for x, y in data.eval_batches(val_tokens, num_batches=t.eval_batches, batch_size=t.batch_size,
-                                      seq_len=t.seq_len, host_index=host, host_count=hosts)
+        for x, y in eval_batches(val_tokens, num_batches=t.eval_batches, batch_size=t.batch_size,
+                                 seq_len=t.seq_len, host_index=host, host_count=hosts)
     ]
     compiling = time.perf_counter()  # compiled here, so the first step's time is training only
     x, y = eval_set[0]
@@ -395,7 +399,7 @@ def load_or_make_tokenizer(config: ConfigDict, workdir: str) -> Tokenizer:
         return make_tokenizer("bytes")
     print(f"training a {config.data.vocab_size}-token BPE tokenizer on {config.data.path or 'the bundled plays'} ...",
           flush=True)
-    return make_tokenizer("bpe", data.load_texts(config.data.path or None), config.data.vocab_size)
+    return make_tokenizer("bpe", load_texts(config.data.path or None), config.data.vocab_size)
 
 
 def saved_data_fields(saved: dict) -> dict:
@@ -436,15 +440,15 @@ def write_run_files(run: Run, workdir: str) -> None:
         run.ckpt = Checkpointer(workdir, keep=run.config.train.keep_checkpoints)
 
 
-def training_batches(run: Run, start: int) -> data.Prefetcher:
+def training_batches(run: Run, start: int) -> Prefetcher:
     """Batches for steps start, start + 1, ..., loaded in a background thread.
 
     Batch s depends only on (seed, s), so a resumed run sees the batches an unbroken run would.
     """
     t = run.config.train
-    return data.Prefetcher(
-        lambda s: data.batch_at(run.train_tokens, seed=t.seed, step=s, batch_size=t.batch_size,
-                                seq_len=t.seq_len, host_index=run.host, host_count=run.hosts),
+    return Prefetcher(
+        lambda s: batch_at(run.train_tokens, seed=t.seed, step=s, batch_size=t.batch_size,
+                           seq_len=t.seq_len, host_index=run.host, host_count=run.hosts),
         start,
     )
 
@@ -478,7 +482,7 @@ class Report:
     bar: tqdm
 
 
-def train_steps(run: Run, batches: data.Prefetcher, report: Report, stop: StopOnSignal, start: int,
+def train_steps(run: Run, batches: Prefetcher, report: Report, stop: StopOnSignal, start: int,
                 end: int) -> tuple[int, dict]:
     """Trains until `end` steps are done or a stop is requested, logging, evaluating and saving on
     the config's schedule; returns the number of steps done and the last evaluation.
@@ -513,7 +517,7 @@ def train_steps(run: Run, batches: data.Prefetcher, report: Report, stop: StopOn
     return done, last_eval
 
 
-def take_step(run: Run, batches: data.Prefetcher) -> dict:
+def take_step(run: Run, batches: Prefetcher) -> dict:
     """One optimizer step on the next batch; advances run.state and returns the step's metrics.
 
     The metrics stay on the device: reading them waits for the step to finish.

@@ -150,8 +150,8 @@ def data_path(workdir: str) -> str | None:
     """The text the run in `workdir` was trained on: NOTEBOOK_DATA if set, else the run's data.path
     (a relative one from the repository root); None for the bundled plays. Raises FileNotFoundError
     naming the path and the fix if no text is there."""
-    from transformer import data
     from transformer.checkpoint import Checkpointer
+    from transformer.corpus import corpus_files
 
     if os.environ.get("NOTEBOOK_DATA"):
         given, path = f"NOTEBOOK_DATA={os.environ['NOTEBOOK_DATA']!r}", resolve(os.environ["NOTEBOOK_DATA"])
@@ -161,7 +161,7 @@ def data_path(workdir: str) -> str | None:
             return None
         given, path = f"the run's data.path {saved!r}", os.path.join(ROOT, os.path.expanduser(saved))
     try:
-        data.corpus_files(path)
+        corpus_files(path)
     except FileNotFoundError:
         raise FileNotFoundError(
             f"{given}: no text at {path} (run {workdir}). Set NOTEBOOK_DATA to the file, folder or glob the "
@@ -173,10 +173,10 @@ def data_path(workdir: str) -> str | None:
 def validation_tokens(workdir: str, tokenizer):
     """The validation split of the corpus the run in `workdir` was trained on (1-D token array),
     from the run's token cache if its data.cache_dir is still there, else from .cache/tokens."""
-    from transformer import data
     from transformer.checkpoint import Checkpointer
+    from transformer.token_cache import load_corpus
 
     saved = Checkpointer(workdir, read_only=True).config()["data"]
     cache = os.path.join(ROOT, os.path.expanduser(saved["cache_dir"]))
     cache = cache if os.path.isdir(cache) else TOKEN_CACHE
-    return data.load_corpus(data_path(workdir), tokenizer, cache, saved["val_fraction"]).val
+    return load_corpus(data_path(workdir), tokenizer, cache, saved["val_fraction"]).val

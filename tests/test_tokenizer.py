@@ -8,7 +8,7 @@ import tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer.data import shakespeare_plays
+from transformer.corpus import shakespeare_plays
 from transformer.tokenizer import (
     BPETokenizer,
     ByteTokenizer,

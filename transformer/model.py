@@ -5,6 +5,9 @@
         x = x + attention(norm(x))    or        x = norm(x + attention(x))
         x = x + mlp(norm(x))                    x = norm(x + mlp(x))
     logits = head(norm(x))                      (the final norm only with pre-norm)
+
+`Decoder.__call__` is that forward pass; its helpers below it hold the mechanics: `_embed`,
+`_layers` (an nn.scan or a Python loop), `_logits`, and the out-of-range guard.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from transformer.cache import Cache
 from transformer.config import ModelConfig
 from transformer.linear import Linear
 from transformer.norm import Norm
+# Re-exported: callers (sampling.py, bench/, checkpoint.py) import these from here.
+from transformer.param_tree import layout_differences, stack_layers, unrolled, unstack_layers  # noqa: F401
 
 Array = jax.Array
 
@@ -84,18 +89,17 @@ class Block(nn.Module):
         self, x: Array, positions: Array, cached: Cache | None, head_mask: Array | None
     ) -> tuple[Array, tuple[Cache | None, Array | None]]:
         cfg = self.cfg
-        norm = lambda name: Norm(cfg.norm, cfg.norm_scale, cfg.norm_bias, cfg.norm_eps, name=name)  # noqa: E731
         drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
         attention = (LatentAttention if cfg.attention == "mla" else Attention)(cfg, name="attn")
         mlp = MLP(cfg, name="mlp")
         if cfg.prenorm:
-            a, new, weights = attention(norm("attn_norm")(x), positions, cached, head_mask, self.return_weights)
+            a, new, weights = attention(norm(cfg, "attn_norm")(x), positions, cached, head_mask, self.return_weights)
             x = x + drop(a)
-            x = x + drop(mlp(norm("mlp_norm")(x)))
+            x = x + drop(mlp(norm(cfg, "mlp_norm")(x)))
         else:
             a, new, weights = attention(x, positions, cached, head_mask, self.return_weights)
-            x = norm("attn_norm")(x + drop(a))
-            x = norm("mlp_norm")(x + drop(mlp(x)))
+            x = norm(cfg, "attn_norm")(x + drop(a))
+            x = norm(cfg, "mlp_norm")(x + drop(mlp(x)))
         return x, (new if cached is not None else None, weights)
 
 
@@ -136,24 +140,51 @@ class Decoder(nn.Module):
         deterministic: bool = True,
     ):
         cfg = self.cfg
-        b, t = tokens.shape
         if positions is None:
-            positions = jnp.broadcast_to(jnp.arange(t), (b, t))
-        check_tokens(cfg, tokens)
-        check_positions(cfg, positions, cache)
-
+            positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)  # [B, T]: 0..T-1
+        check_tokens(cfg, tokens)  # ids in [0, V), when they are known (not traced)
+        check_positions(cfg, positions, cache)  # positions < max_seq_len and < S, likewise
         embed = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=nn.initializers.normal(0.02),
-                         dtype=cfg.dtype, name="embed")
+                         dtype=cfg.dtype, name="embed")  # E [V, D]
+        x = self._embed(embed, tokens, positions, deterministic)  # [B, T, D]: E[tokens] + positions
+        x, new, weights = self._layers(x, positions, cache, head_mask, return_attention, deterministic)  # [B, T, D]
+        if cfg.prenorm:
+            x = norm(cfg, "final_norm")(x)  # [B, T, D]
+        h = nan_from_out_of_range(cfg, x, tokens, positions, cache)  # [B, T, D]: jit's stand-in for the checks
+        logits = self._logits(embed, h)  # [B, T, V] float32
+        if cache is not None:
+            cache = kv_cache.write(cache, new, positions, after=x)  # x, not h: 0 * NaN would poison every row
+        if return_attention:
+            return logits, cache, weights  # weights [L, B, H, T, S_total]
+        return logits, cache
+
+    @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
+    def _embed(self, embed: nn.Embed, tokens: Array, positions: Array, deterministic: bool) -> Array:
+        """tokens, positions [B, T] -> x [B, T, D]: token embeddings plus learned or sinusoidal
+        position embeddings (RoPE rotates inside the attention; 'none' adds nothing), then dropout."""
+        cfg = self.cfg
         # Clipped: nn.Embed looks up an id >= V as NaN, which the attention would spread to every
         # position of the row. A bad id's logits are set to NaN after the layers instead.
         x = embed(jnp.clip(tokens, 0, cfg.vocab_size - 1))  # [B, T, D]
         if cfg.position == "learned":
             pos_embed = self.param("pos_embed", nn.initializers.normal(0.01), (cfg.max_seq_len, cfg.d_model))
-            x = x + jnp.take(pos_embed, positions, axis=0, mode="clip").astype(cfg.dtype)
+            x = x + jnp.take(pos_embed, positions, axis=0, mode="clip").astype(cfg.dtype)  # + P[positions]
         elif cfg.position == "sinusoidal":
-            x = x + ops.sinusoidal_positions(positions, cfg.d_model).astype(cfg.dtype)
-        x = nn.Dropout(cfg.dropout, deterministic=deterministic)(x)
+            x = x + ops.sinusoidal_positions(positions, cfg.d_model).astype(cfg.dtype)  # + [B, T, D]
+        return nn.Dropout(cfg.dropout, deterministic=deterministic)(x)  # [B, T, D]
 
+    @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
+    def _layers(
+        self, x: Array, positions: Array, cache: Cache | None, head_mask: Array | None,
+        return_attention: bool, deterministic: bool,
+    ) -> tuple[Array, Cache | None, Array | None]:
+        """x [B, T, D] through the L blocks -> (x [B, T, D], the layers' new cache entries (tuples of
+        L, as the cache holds them) or None, attention weights [L, B, H, T, S_total] or None).
+
+        scan_layers: one `nn.scan` over a block whose params have a leading L axis (`layers`);
+        otherwise a Python loop over layers_0 ... layers_{L-1}.
+        """
+        cfg = self.cfg
         block = nn.remat(Block) if cfg.remat else Block
         if cfg.scan_layers:
             layers = nn.scan(
@@ -165,55 +196,54 @@ class Decoder(nn.Module):
             )(cfg, deterministic, return_attention, name="layers")
             stack = None if cache is None else kv_cache.stacked(cache)  # the scan takes [L, ...] arrays
             x, (new, weights) = layers(x, positions, stack, head_mask)
-            new = None if cache is None else kv_cache.per_layer(new)
-        else:
-            news, weights = [], []
-            for i in range(cfg.num_layers):
-                x, (new_i, weights_i) = block(cfg, deterministic, return_attention, name=f"layers_{i}")(
-                    x, positions, None if cache is None else kv_cache.layer(cache, i),
-                    None if head_mask is None else head_mask[i],
-                )
-                news.append(new_i)
-                weights.append(weights_i)
-            new = None if cache is None else jax.tree.map(lambda *layers: layers, *news)  # tuples of L
-            weights = jnp.stack(weights) if return_attention else None
+            return x, None if cache is None else kv_cache.per_layer(new), weights
+        news, weights = [], []  # unscanned: a Python loop, each layer its own params and cache buffers
+        for i in range(cfg.num_layers):
+            x, (new_i, weights_i) = block(cfg, deterministic, return_attention, name=f"layers_{i}")(
+                x, positions, None if cache is None else kv_cache.layer(cache, i),
+                None if head_mask is None else head_mask[i],
+            )
+            news.append(new_i)
+            weights.append(weights_i)
+        new = None if cache is None else jax.tree.map(lambda *layers: layers, *news)  # tuples of L
+        return x, new, jnp.stack(weights) if return_attention else None
 
-        if cfg.prenorm:
-            x = Norm(cfg.norm, cfg.norm_scale, cfg.norm_bias, cfg.norm_eps, name="final_norm")(x)
-        # Under jit check_tokens and check_positions cannot run: what they would reject gets a NaN
-        # hidden state, so all its logits are NaN (set here, D numbers per token rather than V).
-        h = jnp.where(out_of_range_onwards(cfg, tokens, positions, cache)[..., None], jnp.nan, x)
+    @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
+    def _logits(self, embed: nn.Embed, h: Array) -> Array:
+        """h [B, T, D] -> logits [B, T, V] float32: h E^T with tied embeddings, else a head W [V, D]."""
+        cfg = self.cfg
         if cfg.tie_embeddings:
             # h E^T, contracting E's rows in place. (Flax's embed.attend transposes E first, and
             # XLA:CPU then fuses the final norm into a slow loop over E: 1.5x this at decoding.)
             logits = jnp.einsum("btd,vd->btv", h, embed.embedding.astype(cfg.dtype))
         else:
-            logits = Linear(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, name="head")(h)  # W [V, D]
-        logits = logits.astype(jnp.float32)
-
-        if cache is not None:
-            cache = kv_cache.write(cache, new, positions, after=x)  # x, not h: 0 * NaN would poison every row
-        if return_attention:
-            return logits, cache, weights
-        return logits, cache
+            logits = Linear(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, name="head")(h)
+        return logits.astype(jnp.float32)
 
 
-def out_of_range_onwards(cfg: ModelConfig, tokens: Array, positions: Array, cache: Cache | None) -> Array:
-    """[B, T] bool: True from a row's first out-of-range input onwards (whose logits become NaN).
+def norm(cfg: ModelConfig, name: str) -> Norm:
+    """The config's norm (layer norm or RMSNorm, with or without gain and bias) as a module `name`."""
+    return Norm(cfg.norm, cfg.norm_scale, cfg.norm_bias, cfg.norm_eps, name=name)
 
-    An input is out of range when its token id is outside [0, vocab_size) or its position is at or
-    past the context (max_seq_len) or the cache (S slots: the write is dropped). Positions increase
-    along a row, so every later token of the row attends to it; earlier ones and other rows do not.
+
+def nan_from_out_of_range(cfg: ModelConfig, x: Array, tokens: Array, positions: Array, cache: Cache | None) -> Array:
+    """x [B, T, D] with NaN from each row's first out-of-range input on, so all its logits are NaN.
+
+    Under jit check_tokens and check_positions cannot run: what they would reject gets a NaN hidden
+    state (D numbers per token rather than V logits). An input is out of range when its token id
+    is outside [0, vocab_size) or its position is at or past the context (max_seq_len) or the cache
+    (S slots: the write is dropped). Positions increase along a row, so every later token of the
+    row attends to it; earlier ones and other rows do not.
 
     Args:
-      tokens, positions: [B, T] integers.
+      x: [B, T, D] hidden states. tokens, positions: [B, T] integers.
     """
     t = tokens.shape[1]
     limit = cfg.max_seq_len if cache is None else min(cfg.max_seq_len, cache.max_len)
     bad = (tokens < 0) | (tokens >= cfg.vocab_size) | (positions >= limit)
     index = jnp.arange(t)
     first_bad = jnp.where(bad, index, t).min(axis=1, keepdims=True, initial=t)  # [B, 1], T if none
-    return index >= first_bad
+    return jnp.where((index >= first_bad)[..., None], jnp.nan, x)
 
 
 def check_tokens(cfg: ModelConfig, tokens: Array) -> None:
@@ -252,45 +282,3 @@ def check_positions(cfg: ModelConfig, positions: Array, cache: Cache | None) -> 
 def count_params(params) -> int:
     """Total number of parameters in a pytree."""
     return sum(x.size for x in jax.tree.leaves(params))
-
-
-def layout_differences(cfg: ModelConfig, params) -> list[str]:
-    """Where a parameter tree differs from the one Decoder(cfg) builds (names and shapes), as
-    'path: got (shape), model (shape)' lines; empty when they match. Nothing is computed."""
-    model = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))
-
-    def shapes(tree) -> dict[str, tuple]:
-        return {jax.tree_util.keystr(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
-
-    got, want = shapes(params), shapes(model["params"])
-    return [f"{k}: got {got.get(k, 'nothing')}, model {want.get(k, 'nothing')}"
-            for k in sorted(got.keys() | want.keys()) if got.get(k) != want.get(k)]
-
-
-def stack_layers(params: dict, num_layers: int) -> dict:
-    """Unscanned params (layers_0 ... layers_{L-1}) -> scanned params (one `layers` with an L axis)."""
-    params = dict(params)
-    per_layer = [params.pop(f"layers_{i}") for i in range(num_layers)]
-    params["layers"] = jax.tree.map(lambda *a: jnp.stack(a), *per_layer)
-    return params
-
-
-def unstack_layers(params: dict, num_layers: int) -> dict:
-    """Scanned params (`layers` with a leading L axis) -> unscanned (layers_0 ... layers_{L-1})."""
-    params = dict(params)
-    stacked = params.pop("layers")
-    for i in range(num_layers):
-        params[f"layers_{i}"] = jax.tree.map(lambda a: a[i], stacked)
-    return params
-
-
-def unrolled(params: dict, cfg: ModelConfig) -> tuple[dict, ModelConfig]:
-    """The same model with its layer stack unrolled: (params with layers_i, cfg with scan_layers off).
-
-    For decoding: a scanned stack reads each layer's weights through a dynamic slice, which XLA:CPU
-    copies every step (all the weights, twice the bytes a step must read); unrolled layers read
-    static slices made once per call.
-    """
-    if not cfg.scan_layers:
-        return params, cfg
-    return unstack_layers(params, cfg.num_layers), cfg.replace(scan_layers=False)

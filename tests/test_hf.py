@@ -1,4 +1,4 @@
-"""Hugging Face import / export (transformer/hf.py) against `transformers` itself, on tiny random models.
+"""Hugging Face import / export (transformer/hf/) against `transformers` itself, on tiny random models.
 
 Every model is built from a config with random weights (nothing is downloaded), in float32 on the
 CPU. Weights are drawn with initializer_range=0.1 and the norm gains are perturbed, so attention is
@@ -34,7 +34,8 @@ from transformers import (
 
 from transformer.config import ModelConfig
 from transformer.hf import check_same_architecture, from_hf, to_hf
-from transformer.model import Decoder, unstack_layers
+from transformer.model import Decoder
+from transformer.param_tree import unstack_layers
 from transformer.sampling import generate
 from transformer.tokenizer import ByteTokenizer, load_tokenizer, make_tokenizer
 from transformer.training import init_params

@@ -1,0 +1,152 @@
+"""Hugging Face model files: reading a model's config and tensors, writing an exported model.
+
+A source is a local folder written by `save_pretrained` (config.json, and model.safetensors or the
+shards listed in model.safetensors.index.json), read with `safetensors` and NumPy only (no
+PyTorch, no `transformers`), or a `transformers` model object in memory (its `config` and
+`state_dict()`). Either way the tensors are read lazily, one at a time, as float32 NumPy arrays
+(bfloat16 and float16 widened), and `Tensors` tracks which were read, so that a tensor the
+importer leaves unused is an error rather than a silently different model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+class Tensors:
+    """Named tensors, read lazily as float32 NumPy arrays; tracks which were used.
+
+    `get(name, shape)` also finds a name without its first component ('transformer.', 'model.'),
+    as old checkpoints (e.g. the original `gpt2`) store them.
+    """
+
+    def __init__(self, names: list[str], read: Callable[[str], np.ndarray], where: str):
+        self.names = set(names)
+        self.read = read
+        self.where = where
+        self.used: set[str] = set()
+
+    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        stored = name
+        if stored not in self.names and "." in name and name.split(".", 1)[1] in self.names:
+            stored = name.split(".", 1)[1]
+        if stored not in self.names:
+            raise ValueError(f"tensor {name} is missing from {self.where}")
+        self.used.add(stored)
+        array = self.read(stored)
+        if tuple(array.shape) != tuple(shape):
+            raise ValueError(
+                f"tensor {stored} in {self.where} has shape {tuple(array.shape)}, but the config "
+                f"implies {tuple(shape)}; the weights do not belong to this config.json"
+            )
+        return array
+
+    def check_all_used(self, ignore: list) -> None:
+        """Raises if a tensor was neither read nor matched by `ignore` (regexes or predicates)."""
+        tests = [p if callable(p) else re.compile(p).fullmatch for p in ignore]
+        full = lambda n: [n] + [f"{p}.{n}" for p in ("transformer", "model")]  # noqa: E731
+        left = sorted(
+            n for n in self.names - self.used if not any(t(m) for t in tests for m in full(n))
+        )
+        if left:
+            shown = ", ".join(left[:8]) + (f" and {len(left) - 8} more" if len(left) > 8 else "")
+            raise ValueError(
+                f"{self.where} holds tensors the importer does not use ({shown}): the model uses "
+                "a feature this code does not implement, so it would not compute the same function"
+            )
+
+
+def open_source(source: Any) -> tuple[dict, str | None, Callable[[], Tensors]]:
+    """(config dict, architecture class name, a function that opens the tensors) of a folder or a
+    model object. The name is None for a folder whose config.json lists no `architectures`."""
+    if isinstance(source, (str, os.PathLike)):
+        return _open_directory(os.fspath(source))
+    if hasattr(source, "state_dict") and hasattr(source, "config"):
+        hf = source.config.to_dict()
+        arch = type(source).__name__
+
+        def open_tensors():
+            state = source.state_dict()
+            read = lambda name: _torch_to_numpy(state[name])  # noqa: E731
+            return Tensors(list(state), read, f"the {arch} model's state_dict")
+
+        return hf, arch, open_tensors
+    raise TypeError(
+        f"from_hf takes a local model folder or a transformers model object, got {type(source).__name__}"
+    )
+
+
+def _torch_to_numpy(tensor: Any) -> np.ndarray:
+    """A torch tensor (any float dtype) -> float32 NumPy array."""
+    import torch
+
+    return tensor.detach().to(device="cpu", dtype=torch.float32).numpy()
+
+
+def _open_directory(directory: str) -> tuple[dict, str | None, Callable[[], Tensors]]:
+    config_path = os.path.join(directory, "config.json")
+    if not os.path.isfile(config_path):
+        raise FileNotFoundError(
+            f"{directory} holds no config.json; pass a folder written by save_pretrained (config.json "
+            "and *.safetensors), e.g. a model downloaded with huggingface-cli"
+        )
+    with open(config_path) as f:
+        hf = json.load(f)
+    return hf, (hf.get("architectures") or [None])[0], lambda: _directory_tensors(directory)
+
+
+def _directory_tensors(directory: str) -> Tensors:
+    index_path = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.isfile(index_path):
+        with open(index_path) as f:
+            weight_map = json.load(f)["weight_map"]
+    else:
+        files = sorted(n for n in os.listdir(directory) if n.endswith(".safetensors"))
+        if not files:
+            raise FileNotFoundError(
+                f"{directory} holds no *.safetensors weights (PyTorch .bin files are not read); "
+                "convert them with save_pretrained(..., safe_serialization=True)"
+            )
+        weight_map = {}
+        for file in files:
+            for name in _safe_open(os.path.join(directory, file), "numpy").keys():
+                weight_map[name] = file
+
+    handles: dict[tuple[str, str], Any] = {}
+
+    def handle(file: str, framework: str):
+        if (file, framework) not in handles:
+            handles[file, framework] = _safe_open(os.path.join(directory, file), framework)
+        return handles[file, framework]
+
+    def read(name: str) -> np.ndarray:
+        file = weight_map[name]
+        if handle(file, "numpy").get_slice(name).get_dtype() == "BF16":
+            # NumPy has no bfloat16: read it as a JAX array (ml_dtypes), then widen.
+            return np.asarray(handle(file, "flax").get_tensor(name), np.float32)
+        return np.asarray(handle(file, "numpy").get_tensor(name), np.float32)
+
+    return Tensors(list(weight_map), read, directory)
+
+
+def _safe_open(path: str, framework: str):
+    from safetensors import safe_open
+
+    return safe_open(path, framework=framework)
+
+
+def write_model(directory: str | os.PathLike, hf_config: dict, tensors: dict[str, np.ndarray]) -> None:
+    """Writes config.json and model.safetensors (float32, contiguous) into `directory` (created)."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
+    save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(hf_config, f, indent=2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import jax
@@ -20,6 +21,7 @@ SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, database=N
 attention = jax.jit(
     ops.dot_product_attention, static_argnames=("scale", "return_weights", "implementation", "heads_first")
 )
+textbook = jax.jit(ops.attention)  # the lecture's formula, which the fast path must equal
 causal_mask = jax.jit(ops.causal_mask, static_argnames=("dtype",))
 rope = jax.jit(ops.rope, static_argnames=("theta",))
 
@@ -235,6 +237,69 @@ def test_xla_implementation_equals_reference(g):
     np.testing.assert_allclose(np.asarray(xla), np.asarray(ref), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="reference"):
         attention(q, k, v, mask, implementation="xla", return_weights=True)
+
+
+# ----------------------------------------------------------------------------- the textbook and the fast path
+
+
+def test_textbook_attention_is_short_and_matches_naive_reference():
+    """ops.attention is the lecture's formula, in under 20 lines, for all rows and heads at once."""
+    assert len(inspect.getsource(ops.attention).splitlines()) < 20
+    b, t, s, h, d = 2, 4, 6, 3, 8
+    q, k, v = _randn(0, b, t, h, d), _randn(1, b, s, h, d), _randn(2, b, s, h, d)
+    for mask in (None, _random_mask(np.random.default_rng(3), b, h, t, s)):
+        out, w = textbook(q, k, v, mask)
+        ref_out, ref_w = naive_attention(q, k, v, mask)
+        np.testing.assert_allclose(np.asarray(out), ref_out, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(w), ref_w, rtol=1e-5, atol=1e-6)
+
+
+def _random_mask(rng, b, heads, t, s):
+    """Additive [B, heads, T, S] mask hiding ~30% of the keys, but never key 0."""
+    mask = np.where(rng.random((b, heads, t, s)) < 0.3, ops.MASK_VALUE, 0.0).astype(np.float32)
+    mask[..., 0] = 0.0  # every query keeps a key: no row is fully masked
+    return mask
+
+
+SEGMENT_LAYOUTS = {  # heads_first, per key segment
+    "seq": (False,),
+    "heads": (True,),
+    "cache-new": (True, False),  # the decoder's layout: a heads-first cache, then new tokens
+    "seq-seq": (False, False),
+}
+
+
+@pytest.mark.parametrize("t", [1, 3], ids=["decode", "prefill"])
+@pytest.mark.parametrize("mask_heads", [None, 1, 4], ids=["no-mask", "mask", "head-mask"])
+@pytest.mark.parametrize("heads_first", SEGMENT_LAYOUTS.values(), ids=SEGMENT_LAYOUTS.keys())
+@pytest.mark.parametrize("g", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_dot_product_attention_equals_textbook_on_joined_repeated_keys(g, heads_first, mask_heads, t):
+    """The fast path is ops.attention applied to the segments' concatenation, every key/value head
+    repeated R = H // G times: same output, same weights."""
+    b, h, d = 2, 4, 8
+    sizes = [5, 3][: len(heads_first)]  # S_i of each segment
+    rng = np.random.default_rng(len(heads_first) * 100 + g * 10 + t)
+    q = rng.standard_normal((b, t, h, d)).astype(np.float32)  # [B, T, H, K]
+    ks = [rng.standard_normal((b, s, g, d)).astype(np.float32) for s in sizes]  # [B, S_i, G, K]
+    vs = [rng.standard_normal((b, s, g, d)).astype(np.float32) for s in sizes]  # [B, S_i, G, K]
+    masks = None if mask_heads is None else [_random_mask(rng, b, mask_heads, t, s) for s in sizes]
+    # The fast path takes heads-first segments as [B, G, S_i, K], as the KV cache lies.
+    lay = lambda xs: [x.swapaxes(1, 2) if f else x for x, f in zip(xs, heads_first)]  # noqa: E731
+    out, w = attention(q, lay(ks), lay(vs), masks, return_weights=True, heads_first=heads_first)
+
+    r = h // g
+    k_all = np.repeat(np.concatenate(ks, axis=1), r, axis=2)  # [B, S, H, K]
+    v_all = np.repeat(np.concatenate(vs, axis=1), r, axis=2)  # [B, S, H, K]
+    mask_all = None if masks is None else np.concatenate(masks, axis=-1)  # [B, 1 or H, T, S]
+    want_out, want_w = textbook(q, k_all, v_all, mask_all)
+    assert out.shape == want_out.shape == (b, t, h, d)
+    assert w.shape == want_w.shape == (b, h, t, sum(sizes))
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want_out), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(w), np.asarray(want_w), rtol=1e-5, atol=1e-6)
+
+    if len(sizes) == 1:  # the fused path takes one segment (and returns no weights)
+        fused, _ = attention(q, lay(ks), lay(vs), masks, implementation="xla", heads_first=heads_first)
+        np.testing.assert_allclose(np.asarray(fused), np.asarray(want_out), rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- norms

@@ -3,7 +3,9 @@
 Both take one layer's view of the cache (or None) and return, beside their output, this call's new
 cache entries; the decoder writes those into the cache after the layer stack (see cache.py). The
 keys a query sees are the cached slots before this call's first position, then this call's tokens
-up to its own position: two segments that `ops.dot_product_attention` softmaxes together.
+up to its own position: two segments that `ops.dot_product_attention` softmaxes together. It
+computes the lecture's softmax(q k^T / sqrt(d_h) + mask) v, `ops.attention`, over their
+concatenation.
 """
 
 from __future__ import annotations

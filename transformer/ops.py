@@ -53,6 +53,25 @@ def causal_mask(
     return jnp.where(allowed, 0.0, mask_value(dtype)).astype(dtype)[:, None, :, :]
 
 
+# ----------------------------------------------------------------------------- attention
+
+
+def attention(q: Array, k: Array, v: Array, mask: Array | None = None) -> tuple[Array, Array]:
+    """The lecture's attention, softmax(q k^T / sqrt(d_h) + mask) v, for all rows and heads at once.
+
+    q [B, T, H, K], k and v [B, S, H, K], mask additive [B, 1 or H, T, S] or None. Returns the
+    output [B, T, H, K] and the weights [B, H, T, S]. The model calls `dot_product_attention`: the
+    same function, for fewer key/value heads, several key segments and the KV cache's layout.
+    """
+    d_h = q.shape[-1]  # K, the head width
+    scores = jnp.einsum("bthk,bshk->bhts", q, k) / d_h**0.5  # [B, H, T, S]: q_t . k_s / sqrt(d_h)
+    if mask is not None:  # mask [B, 1 or H, T, S]
+        scores = scores + mask  # [B, H, T, S]: a large negative logit where s is hidden from t
+    weights = jax.nn.softmax(scores, axis=-1)  # [B, H, T, S]: each row sums to 1 over the S keys
+    out = jnp.einsum("bhts,bshk->bthk", weights, v)  # [B, T, H, K]: sum over s of w_ts v_s
+    return out, weights  # [B, T, H, K], [B, H, T, S]
+
+
 def dot_product_attention(
     q: Array,
     k: Array | Sequence[Array],
@@ -64,15 +83,30 @@ def dot_product_attention(
     implementation: str = "reference",
     heads_first: Sequence[bool] | None = None,
 ) -> tuple[Array, Array | None]:
-    """Scaled dot-product attention with grouped keys/values: softmax(q k^T * scale + mask) v.
+    """`attention` as the model runs it: grouped key/value heads, key segments, the cache's layout.
 
-    The H query heads are split into G groups of R = H // G heads; group g attends with key/value
-    head g. Multi-head (G = H), grouped-query (1 < G < H) and multi-query (G = 1) attention are all
-    this one function, and the keys are never repeated R times in memory: q is reshaped instead.
+    It returns what `attention` returns, for keys and values with G <= H heads that come in one or
+    more segments along S: with R = H // G query heads per key/value head,
 
-    Keys, values and masks may come in several segments (for decoding: the cache, then this call's
-    new tokens). Each segment is scored separately and one softmax runs over all of them, which is
-    the same as attending over their concatenation but never copies the cache to append to it.
+        dot_product_attention(q, [k_1, k_2], [v_1, v_2], [m_1, m_2], return_weights=True)
+        == attention(q, repeat(concat(k_1, k_2)), repeat(concat(v_1, v_2)), concat(m_1, m_2))
+
+    where concat joins the segments along S and repeat copies each key/value head R times along
+    the head axis (tests/test_ops.py holds the two equal). Neither copy is ever made:
+
+    - Grouped heads (`_group_query_heads`): the H query heads are split into G groups of R, and
+      group g attends with key/value head g. Multi-head (G = H), grouped-query (1 < G < H) and
+      multi-query (G = 1) attention are all this one function; q is reshaped, not k and v repeated.
+    - Segments (`_segment_scores`, `_joint_softmax`, `_weigh_values`): for decoding, the cache,
+      then this call's new tokens. Each segment is scored on its own, one softmax runs over all of
+      them, and each segment's weights meet its own values, so the cache is never copied to append
+      to it.
+    - Layout: a heads-first segment, [B, G, S, K] as the KV cache lies, is scored as it lies by
+      multi-head attention, because XLA:CPU would copy a transposed cache at every decode step.
+    - Precision: scores and softmax in float32 whatever the compute dtype (a softmax of bfloat16
+      logits loses too much); the output in q's dtype.
+    - implementation='xla' / 'cudnn' hands one segment to `jax.nn.dot_product_attention`
+      (`_fused_attention`).
 
     Args:
       q: [B, T, H, K] queries.
@@ -81,17 +115,51 @@ def dot_product_attention(
       mask: additive [B, 1 or H, T, S] mask (or one per segment), or None for no mask.
       scale: score scale; default 1 / sqrt(K), the lecture's 1/sqrt(d_h).
       return_weights: also return the attention weights.
-      implementation: 'reference' (einsum + float32 softmax, runs everywhere), or 'xla' / 'cudnn'
-        to call `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU). The fused paths take
-        a single segment and cannot return weights.
+      implementation: 'reference' (the einsums below, runs everywhere), or 'xla' / 'cudnn' to call
+        `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU). The fused paths take a single
+        segment and cannot return weights.
       heads_first: per segment, True if its keys and values come as [B, G, S, K] (the KV cache's
-        layout) instead of [B, S, G, K]. Multi-head attention then scores them as they lie: written
-        as a transpose of the cache, XLA:CPU copies every layer's cached keys and values at every
-        decode step (46% of a GPT-2-small step with 1024 slots). Reference implementation only.
+        layout) instead of [B, S, G, K].
 
     Returns:
       (out, weights): out [B, T, H, Kv] in q's dtype; weights [B, H, T, S_total] float32 or None.
     """
+    ks, vs, masks, firsts = _segments(k, v, mask, heads_first)
+    b, t, h, d_h = q.shape  # [B, T, H, K]
+    g = ks[0].shape[1 if firsts[0] else 2]  # G key/value heads
+    if h % g:
+        raise ValueError(f"{h} query heads cannot be grouped over {g} key/value heads")
+    scale = d_h**-0.5 if scale is None else scale
+    if implementation != "reference" or g != h:  # only multi-head scores heads-first segments as they lie
+        ks = [k_i.swapaxes(1, 2) if f else k_i for k_i, f in zip(ks, firsts)]  # [B, S_i, G, K]
+        vs = [v_i.swapaxes(1, 2) if f else v_i for v_i, f in zip(vs, firsts)]  # [B, S_i, G, Kv]
+        firsts = [False] * len(ks)
+    if implementation != "reference":
+        if return_weights or len(ks) != 1:
+            raise ValueError(
+                f"implementation={implementation!r} takes one key segment and returns no weights; "
+                "use implementation='reference' to look at attention maps or to decode from a cache"
+            )
+        return _fused_attention(q, ks[0], vs[0], masks[0], scale, implementation), None
+
+    # Shapes for G < H; multi-head attention (R = 1) has no G, R axes but H: q [B, T, H, K] and so on.
+    q, masks = _group_query_heads(q, masks, g)  # [B, T, G, R, K]; [B, 1 or G, 1 or R, T, S_i]
+    scores = [  # per segment [B, G, R, T, S_i]
+        _segment_scores(q, k_i, m, scale, f) for k_i, m, f in zip(ks, masks, firsts)
+    ]
+    weights, pieces = _joint_softmax(scores)  # [B, G, R, T, S_total], and per segment [B, G, R, T, S_i]
+    outs = [_weigh_values(w_i, v_i, f) for w_i, v_i, f in zip(pieces, vs, firsts)]  # [B, T, G, R, Kv]
+    out = sum(outs).reshape(b, t, h, vs[0].shape[-1]).astype(q.dtype)  # [B, T, H, Kv]
+    return out, weights.reshape(b, h, t, -1) if return_weights else None  # [B, H, T, S_total]
+
+
+def _segments(
+    k: Array | Sequence[Array],
+    v: Array | Sequence[Array],
+    mask: Array | Sequence[Array] | None,
+    heads_first: Sequence[bool] | None,
+) -> tuple[list[Array], list[Array], list[Array | None], list[bool]]:
+    """Keys, values, masks and heads_first flags as lists of equal length, one entry per segment."""
     # Only a list or tuple is a sequence of segments: a NumPy array must not be split along its batch axis.
     ks = list(k) if isinstance(k, (list, tuple)) else [k]
     vs = list(v) if isinstance(v, (list, tuple)) else [v]
@@ -101,74 +169,102 @@ def dot_product_attention(
         raise ValueError(
             f"got {len(ks)} key, {len(vs)} value, {len(masks)} mask and {len(firsts)} heads_first segments"
         )
-    b, t, h, d_h = q.shape
-    g = ks[0].shape[1 if firsts[0] else 2]
-    if h % g:
-        raise ValueError(f"{h} query heads cannot be grouped over {g} key/value heads")
-    scale = d_h**-0.5 if scale is None else scale
-    if implementation != "reference" or g != h:  # only multi-head scores heads-first segments as they lie
-        ks = [k_i.swapaxes(1, 2) if f else k_i for k_i, f in zip(ks, firsts)]
-        vs = [v_i.swapaxes(1, 2) if f else v_i for v_i, f in zip(vs, firsts)]
-        firsts = [False] * len(ks)
+    return ks, vs, masks, firsts
 
-    if implementation != "reference":
-        if return_weights or len(ks) != 1:
-            raise ValueError(
-                f"implementation={implementation!r} takes one key segment and returns no weights; "
-                "use implementation='reference' to look at attention maps or to decode from a cache"
-            )
-        if implementation == "cudnn" and jax.default_backend() != "gpu":
-            raise ValueError(
-                f"implementation='cudnn' needs an NVIDIA GPU with cuDNN; this process runs on "
-                f"{jax.default_backend()!r}: use attention_impl='xla' or 'reference' there"
-            )
-        # Clip before the cast: a float32 mask value (-1e9) would become -inf in float16.
-        bias = None if masks[0] is None else jnp.maximum(masks[0], mask_value(q.dtype)).astype(q.dtype)
-        # jax.nn.dot_product_attention needs one head width for q, k and v; MLA's values may be
-        # narrower or wider. Zero features change no score and no output, so pad to the widest.
-        k_v = vs[0].shape[-1]
-        width = max(d_h, k_v)
 
-        def pad(x: Array) -> Array:
-            return x if x.shape[-1] == width else jnp.pad(x, [(0, 0)] * 3 + [(0, width - x.shape[-1])])
+def _group_query_heads(q: Array, masks: list[Array | None], g: int) -> tuple[Array, list[Array | None]]:
+    """Split the H query heads into G groups of R = H // G; group g will meet key/value head g.
 
-        with softmax_saves_output():
-            out = jax.nn.dot_product_attention(
-                pad(q), pad(ks[0]), pad(vs[0]), bias=bias, scale=scale, implementation=implementation
-            )
-        return out[..., :k_v], None
+    q [B, T, H, K] -> [B, T, G, R, K]; each mask [B, 1 or H, T, S] -> [B, 1 or G, 1 or R, T, S].
+    Query head h = g R + r lands in group g = h // R, the key head that `attention` pairs with it
+    after repeating each key head R times. Multi-head attention (R = 1) keeps q and the masks as
+    they are, with no R axis: a size-1 R axis makes XLA:CPU transpose the [B, H, T, S] scores in
+    the backward pass.
+    """
+    b, t, h, d_h = q.shape  # [B, T, H, K]
+    if g == h:
+        return q, masks
 
-    r = h // g
-    if r == 1:
-        # Multi-head: no group axis. A size-1 R axis makes XLA:CPU copy (transpose) the [B, H, T, S]
-        # scores in the backward pass; without it the baby-GPT train step is ~10% faster.
-        qg, q_axes, w_axes, group = q, "bthk", "bhts", lambda m: m
-    else:
-        qg, q_axes, w_axes, group = q.reshape(b, t, g, r, d_h), "btgrk", "bgrts", lambda m: _group_heads(m, g)
-    kv_axes = "bshk" if r == 1 else "bsgk"
-    # Scores in float32 whatever the compute dtype: softmax of bfloat16 logits loses too much.
-    # A heads-first segment (multi-head only) pairs with heads-first queries, "bhtk,bhsk".
-    scores = [
-        jnp.einsum("bhtk,bhsk->bhts", q.swapaxes(1, 2), k_i, preferred_element_type=jnp.float32) * scale
-        if first else
-        jnp.einsum(f"{q_axes},{kv_axes}->{w_axes}", qg, k_i, preferred_element_type=jnp.float32) * scale
-        for k_i, first in zip(ks, firsts)
-    ]
-    scores = [s if m is None else s + group(m).astype(jnp.float32) for s, m in zip(scores, masks)]
-    sizes = [s.shape[-1] for s in scores]
-    with softmax_saves_output():  # [B, G, R, T, S_total], or [B, H, T, S_total] when R = 1
-        weights = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
-    out = 0.0
-    start = 0
-    for v_i, size, first in zip(vs, sizes, firsts):
-        w_i = weights[..., start : start + size].astype(v_i.dtype)
-        if first:
-            out = out + jnp.einsum("bhts,bhsk->bhtk", w_i, v_i).swapaxes(1, 2)
-        else:
-            out = out + jnp.einsum(f"{w_axes},{kv_axes}->{q_axes}", w_i, v_i)
-        start += size
-    out = out.reshape(b, t, h, vs[0].shape[-1]).astype(q.dtype)
-    return out, weights.reshape(b, h, t, -1) if return_weights else None
+    def group(m: Array) -> Array:  # [B, 1 or H, T, S] -> [B, 1 or G, 1 or R, T, S]
+        return m[:, :, None] if m.shape[1] == 1 else m.reshape(b, g, h // g, *m.shape[2:])
+
+    return q.reshape(b, t, g, h // g, d_h), [None if m is None else group(m) for m in masks]
+
+
+def _segment_scores(q: Array, k: Array, mask: Array | None, scale: float, heads_first: bool) -> Array:
+    """One key segment's logits, q k^T * scale + mask, in float32: [B, G, R, T, S] or [B, H, T, S].
+
+    q: grouped [B, T, G, R, K] with k [B, S, G, K], or multi-head [B, T, H, K] with k [B, S, H, K]
+    (or [B, H, S, K] when heads_first). mask: grouped like q, or None.
+    """
+    f32 = jnp.float32  # the dot products accumulate and come out in float32
+    if q.ndim == 5:  # grouped queries
+        scores = jnp.einsum("btgrk,bsgk->bgrts", q, k, preferred_element_type=f32)  # [B, G, R, T, S]
+    elif heads_first:  # multi-head, keys as the cache lies: queries heads-first too
+        q = q.swapaxes(1, 2)  # [B, H, T, K]
+        scores = jnp.einsum("bhtk,bhsk->bhts", q, k, preferred_element_type=f32)  # [B, H, T, S]
+    else:  # multi-head
+        scores = jnp.einsum("bthk,bshk->bhts", q, k, preferred_element_type=f32)  # [B, H, T, S]
+    scores = scores * scale
+    return scores if mask is None else scores + mask.astype(f32)
+
+
+def _joint_softmax(scores: list[Array]) -> tuple[Array, list[Array]]:
+    """One softmax over the keys of all segments together, as over their concatenation.
+
+    scores: per segment [..., T, S_i] float32. Returns the weights [..., T, S_total] and their
+    slices [..., T, S_i], one per segment.
+    """
+    with softmax_saves_output():
+        weights = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)  # [..., T, S_total]
+    pieces, start = [], 0
+    for s in scores:
+        pieces.append(weights[..., start : start + s.shape[-1]])  # [..., T, S_i]
+        start += s.shape[-1]
+    return weights, pieces
+
+
+def _weigh_values(weights: Array, v: Array, heads_first: bool) -> Array:
+    """One segment's share of the output, the weighted sum of its values over its S keys.
+
+    weights [B, G, R, T, S] with v [B, S, G, Kv] -> [B, T, G, R, Kv]; weights [B, H, T, S] with v
+    [B, S, H, Kv] (or [B, H, S, Kv] when heads_first) -> [B, T, H, Kv]. Computed in v's dtype.
+    """
+    weights = weights.astype(v.dtype)
+    if weights.ndim == 5:  # grouped
+        return jnp.einsum("bgrts,bsgk->btgrk", weights, v)  # [B, T, G, R, Kv]
+    if heads_first:  # multi-head, values as the cache lies
+        return jnp.einsum("bhts,bhsk->bhtk", weights, v).swapaxes(1, 2)  # [B, T, H, Kv]
+    return jnp.einsum("bhts,bshk->bthk", weights, v)  # [B, T, H, Kv]
+
+
+def _fused_attention(
+    q: Array, k: Array, v: Array, mask: Array | None, scale: float, implementation: str
+) -> Array:
+    """One sequence-first segment through `jax.nn.dot_product_attention` ('xla', or 'cudnn' on GPU).
+
+    q [B, T, H, K], k [B, S, G, K], v [B, S, G, Kv], mask [B, 1 or H, T, S] or None -> [B, T, H, Kv].
+    """
+    if implementation == "cudnn" and jax.default_backend() != "gpu":
+        raise ValueError(
+            f"implementation='cudnn' needs an NVIDIA GPU with cuDNN; this process runs on "
+            f"{jax.default_backend()!r}: use attention_impl='xla' or 'reference' there"
+        )
+    # Clip before the cast: a float32 mask value (-1e9) would become -inf in float16.
+    bias = None if mask is None else jnp.maximum(mask, mask_value(q.dtype)).astype(q.dtype)
+    # jax.nn.dot_product_attention needs one head width for q, k and v; MLA's values may be
+    # narrower or wider. Zero features change no score and no output, so pad to the widest.
+    k_v = v.shape[-1]
+    width = max(q.shape[-1], k_v)
+
+    def pad(x: Array) -> Array:  # [B, T or S, H or G, width]
+        return x if x.shape[-1] == width else jnp.pad(x, [(0, 0)] * 3 + [(0, width - x.shape[-1])])
+
+    with softmax_saves_output():
+        out = jax.nn.dot_product_attention(
+            pad(q), pad(k), pad(v), bias=bias, scale=scale, implementation=implementation
+        )  # [B, T, H, width]
+    return out[..., :k_v]  # [B, T, H, Kv]
 
 
 def softmax_saves_output():
@@ -176,16 +272,13 @@ def softmax_saves_output():
 
     That rule (JAX's `softmax_custom_jvp`, still off by default) keeps only the output y for the
     backward pass; the default differentiates through exp and the division and keeps both: two
-    [B, H, T, S] arrays per layer instead of one (GPT-2 small, batch 8 x 1024: 24.2 -> 19.7 GiB per
-    train step). Same values; the gradients agree to float32 rounding.
+    [B, H, T, S] arrays per layer instead of one. Same values; the gradients agree to float32
+    rounding.
     """
     return jax.softmax_custom_jvp(True)
 
 
-def _group_heads(mask: Array, g: int) -> Array:
-    """[B, 1 or H, T, S] -> [B, 1 or G, 1 or R, T, S], to line up with grouped scores."""
-    b, h, t, s = mask.shape
-    return mask[:, :, None] if h == 1 else mask.reshape(b, g, h // g, t, s)
+# ----------------------------------------------------------------------------- norms and positions
 
 
 def layer_norm(

@@ -65,7 +65,7 @@ def import_config(hf: dict) -> tuple[ModelConfig, Converter]:
         }
         return {"attn_norm": norm(t, p + "ln_1"), "attn": attn, "mlp_norm": norm(t, p + "ln_2"), "mlp": mlp}
 
-    def top(t, cfg):
+    def read_top(t, cfg):
         params = {
             "embed": {"embedding": t.get("transformer.wte.weight", (cfg.vocab_size, d))},
             "pos_embed": t.get("transformer.wpe.weight", (cfg.max_seq_len, d)),
@@ -75,12 +75,12 @@ def import_config(hf: dict) -> tuple[ModelConfig, Converter]:
             params["head"] = {"kernel": t.get("lm_head.weight", (cfg.vocab_size, d))}
         return params
 
-    def ignore(cfg):
+    def ignored(cfg):
         # The causal-mask buffers of old checkpoints; the head when it is tied to the embedding.
         tied_head = ["lm_head.weight"] if cfg.tie_embeddings else []
         return [r"transformer\.h\.\d+\.attn\.(bias|masked_bias)"] + tied_head
 
-    return cfg, Converter(top, layer, ignore)
+    return cfg, Converter(read_top, layer, ignored)
 
 
 def export(cfg: ModelConfig, top: dict, layers: list[dict]) -> tuple[dict, dict]:

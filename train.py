@@ -26,12 +26,8 @@ if __name__ == "__main__":  # Ctrl-C while the libraries load: end at once (noth
     for _sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_sig, lambda signum, frame: os._exit(128 + signum))
 
-import difflib
-import importlib.util
-import json
 import math
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,14 +41,16 @@ from tqdm import tqdm
 from transformer import training
 from transformer.batches import batch_at, eval_batches
 from transformer.cache import kv_cache_bytes_per_token
-from transformer.checkpoint import CheckpointError, Checkpointer, check_same_model
+from transformer.checkpoint import CheckpointError, Checkpointer
+from transformer.cli import config_flags_parser
 from transformer.config import ModelConfig
 from transformer.corpus import load_texts, skipped_files
 from transformer.files import save_json
 from transformer.metrics import MetricWriter
 from transformer.model import count_params
-from transformer.optim import make_optimizer, make_schedule
+from transformer.optim import make_optimizer
 from transformer.prefetch import Prefetcher
+from transformer.run_config import check_resume, check_tokenizer_left, check_train_config, check_workdir, resolve
 from transformer.sharding import batch_sharding, make_mesh
 from transformer.token_cache import load_corpus
 from transformer.tokenizer import Tokenizer, load_tokenizer, make_tokenizer, save_tokenizer
@@ -62,8 +60,8 @@ DEFAULT_CACHE_DIR = os.path.join(ROOT, ".cache", "tokens")  # data.cache_dir = "
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "shakespeare.py")
 
 FLAGS = flags.FLAGS
-# No default here: absl would load it while defining the flag, before parse_flags can report a bad
-# override; parse_flags adds --config=DEFAULT_CONFIG when none is given.
+# No default here: absl would load it while defining the flag, before the flags parser can report a
+# bad override; config_flags_parser adds --config=DEFAULT_CONFIG when none is given.
 config_flags.DEFINE_config_file("config", None, f"Config file (get_config()); default {DEFAULT_CONFIG}.")
 flags.DEFINE_string("workdir", None, "Folder for checkpoints, metrics and the tokenizer.", required=True)
 
@@ -130,19 +128,19 @@ def train(config: ConfigDict, workdir: str, progress: bool = True, hard_exit: bo
     without saving; with hard_exit, as the command line does, the process ends there).
     """
     started = time.perf_counter()
-    config = resolve(config)
+    config = resolve(config, DEFAULT_CACHE_DIR)
+    t = config.train
     with StopOnSignal(hard_exit) as stop:
-        run = set_up_run(config, workdir)
+        run, state, ckpt = set_up_run(config, workdir)
         stop.training = True
-        t = config.train
-        start = int(run.state.step)
+        start = int(state.step)
         if start >= t.steps:
             print(f"the run in {workdir} is already complete at step {start} (train.steps={t.steps}); "
                   "raise train.steps to continue it (README: 'Continuing a run')")
             return {}
-        write_run_files(run, workdir)
+        ckpt = write_run_files(run, workdir, ckpt)
         writer = MetricWriter(workdir, enabled=run.host == 0)
-        writer.write({"step": start, "compile_seconds": run.compile_seconds})
+        writer.write({"step": start, "compile_seconds": run.steps.compile_seconds})
         batches = training_batches(run, start)
         bar = tqdm(total=t.steps, initial=start, disable=run.host != 0 or not progress, dynamic_ncols=True,
                    file=sys.stdout)
@@ -150,141 +148,59 @@ def train(config: ConfigDict, workdir: str, progress: bool = True, hard_exit: bo
         end = t.steps if t.run_steps <= 0 else min(t.steps, start + t.run_steps)  # run_steps: a part, then resume
         looping = time.perf_counter()
         try:
-            done, last_eval = train_steps(run, batches, report, stop, start, end)
+            state, last_eval = train_steps(run, state, ckpt, batches, report, stop, end)
         finally:
             bar.close()
             batches.close()
-            run.ckpt.wait()  # saves are asynchronous: the last one must be on disk before we return
+            ckpt.wait()  # saves are asynchronous: the last one must be on disk before we return
             writer.close()
 
+    done = int(state.step)
     if run.host == 0:
-        print_summary(run, done - start, last_eval, time.perf_counter() - looping, time.perf_counter() - started)
+        print_summary(run, done, done - start, last_eval, ckpt, time.perf_counter() - looping,
+                      time.perf_counter() - started)
     if stop.requested:
         raise Interrupted(stop.signum, f"{signal.Signals(stop.signum).name}: stopped after saving the "
                                        f"checkpoint at step {done}; rerun the same command to resume")
     if done == t.steps and t.sample_tokens and run.host == 0:
-        print_sample(run.cfg, run.state.params, run.tokenizer, t.sample_tokens, t.seed)
+        print_sample(run.cfg, state.params, run.tokenizer, t.sample_tokens, t.seed)
     return last_eval
-
-
-# --- the config --------------------------------------------------------------------------------
-
-
-def resolve(config: ConfigDict) -> ConfigDict:
-    """A copy of the config with its paths absolute, so the saved config finds its data from any
-    folder: data.path against the current folder, an empty data.cache_dir as DEFAULT_CACHE_DIR."""
-    config = config.copy_and_resolve_references()
-    if config.data.path:
-        config.data.path = os.path.abspath(os.path.expanduser(config.data.path))
-    config.data.cache_dir = os.path.abspath(os.path.expanduser(config.data.cache_dir or DEFAULT_CACHE_DIR))
-    return config
-
-
-# Fields that must be positive integers, and what each one counts.
-POSITIVE = {
-    "train.steps": "optimizer steps", "train.batch_size": "sequences per step",
-    "train.seq_len": "tokens per sequence", "train.grad_accum": "micro-batches per step",
-    "train.log_every": "steps between logs", "train.eval_every": "steps between evaluations",
-    "train.checkpoint_every": "steps between checkpoints", "train.eval_batches": "validation batches",
-    "train.keep_checkpoints": "checkpoints kept",
-}
-# Fields that must be numbers in a range: (low, high, high included).
-IN_RANGE = {
-    "optim.min_lr_ratio": (0.0, 1.0, True), "optim.b1": (0.0, 1.0, False), "optim.b2": (0.0, 1.0, False),
-    "data.val_fraction": (0.0, 1.0, False),
-}
-NOT_NEGATIVE = ("train.run_steps", "train.sample_tokens", "optim.warmup_steps", "optim.decay_steps",
-                "optim.weight_decay", "optim.grad_clip")
-
-
-def check_train_config(config: ConfigDict, cfg: ModelConfig) -> None:
-    """Errors for training fields that cannot work, each naming the field and the fix; run
-    before anything is compiled or written."""
-    field = lambda name: config[name.split(".")[0]][name.split(".")[1]]  # noqa: E731
-    for name, what in POSITIVE.items():
-        if not isinstance(field(name), int) or field(name) <= 0:
-            raise ValueError(f"{name}={field(name)!r} must be a positive integer ({what})")
-    for name in NOT_NEGATIVE:
-        if not math.isfinite(field(name)) or field(name) < 0:
-            raise ValueError(f"{name}={field(name)!r} must be a number >= 0")
-    for name, (low, high, closed) in IN_RANGE.items():
-        if not (low <= field(name) <= high if closed else low <= field(name) < high):
-            raise ValueError(f"{name}={field(name)!r} must be in [{low}, {high}{']' if closed else ')'}")
-    lr, eps = config.optim.learning_rate, config.optim.eps
-    if not (math.isfinite(lr) and lr >= 0):
-        raise ValueError(f"optim.learning_rate={lr!r} must be a number >= 0 (the peak rate, e.g. 1e-3)")
-    if not (math.isfinite(eps) and eps > 0):
-        raise ValueError(f"optim.eps={eps!r} must be a small positive number, e.g. 1e-8")
-    if not config.train.peak_flops > 0:
-        raise ValueError(f"train.peak_flops={config.train.peak_flops!r} must be positive (the hardware's FLOP/s)")
-    if config.data.tokenizer not in ("bytes", "bpe"):
-        raise ValueError(f"data.tokenizer={config.data.tokenizer!r} is not known; use 'bytes' or 'bpe'")
-    t = config.train
-    if t.seq_len > cfg.max_seq_len:
-        raise ValueError(f"train.seq_len={t.seq_len} exceeds model.max_seq_len={cfg.max_seq_len}")
-    if t.batch_size % t.grad_accum:
-        raise ValueError(f"train.batch_size={t.batch_size} is not divisible by train.grad_accum={t.grad_accum}")
-    n = jax.device_count()
-    if (t.batch_size // t.grad_accum) % n:
-        raise ValueError(
-            f"each micro-batch of {t.batch_size // t.grad_accum} rows must split evenly over {n} devices; "
-            "change train.batch_size or train.grad_accum"
-        )
-    decay_steps = config.optim.decay_steps or t.steps
-    if decay_steps <= config.optim.warmup_steps:
-        warn(f"the learning rate warms up for optim.warmup_steps={config.optim.warmup_steps} steps but decays "
-             f"over {decay_steps}: it never decays; lower optim.warmup_steps or raise train.steps")
-
-
-def check_workdir(workdir: str) -> None:
-    """A clear error for a workdir that is empty, a file, or cannot be created or written."""
-    if not workdir or not workdir.strip():
-        raise ValueError("--workdir is empty; name a folder for the run, e.g. --workdir runs/my_run")
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise ValueError(f"--workdir {workdir!r} is a file, not a folder; choose another --workdir")
-    existing = os.path.abspath(workdir)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise ValueError(f"--workdir {workdir!r} cannot be created: {existing} is a file")
-    try:  # the only sure test of writing is to write (and remove) something
-        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".write-test-"))
-    except OSError as e:
-        raise ValueError(f"--workdir {workdir!r} cannot be written ({e.strerror} in {existing}); "
-                         "choose a folder you can write to") from None
-
-
-def warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
 
 
 # --- set-up ------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
+class Steps:
+    """The compiled steps of a run, and a batch's way onto the mesh."""
+
+    train: Callable  # (state, inputs [B, T], targets [B, T]) -> (state, metrics); donates the state
+    eval: Callable  # (params, inputs, targets) -> mean loss
+    put: Callable  # a host-local batch [B / hosts, T] -> a global array split over the mesh
+    compile_seconds: float
+
+
+@dataclass(frozen=True)
 class Run:
-    """The pieces of one training run, built by `set_up_run`. Only `state` changes as it trains."""
+    """What one training run is made of, built once by `set_up_run`. The train state and the
+    checkpointer travel apart: the state changes every step, the checkpointer opens late."""
 
     config: ConfigDict
     cfg: ModelConfig
     tokenizer: Tokenizer
-    ckpt: Checkpointer | None  # None until write_run_files, for a new run
-    state: training.TrainState
-    train_step: Callable  # (state, inputs, targets) -> (state, metrics); compiled, donates the state
-    eval_step: Callable  # (params, inputs, targets) -> mean loss; compiled
-    put: Callable  # a host-local batch -> a global array split over the mesh
-    train_tokens: np.ndarray
+    steps: Steps
+    train_tokens: np.ndarray  # [N] the training token stream, memory-mapped
     eval_set: list[tuple[jax.Array, jax.Array]]  # fixed validation batches, on the mesh
-    bytes_per_token: float
+    bytes_per_token: float  # of the validation text: bits/byte = loss / ln 2 / this
     flops_per_token: float
-    compile_seconds: float
     host: int
     hosts: int
 
 
-def set_up_run(config: ConfigDict, workdir: str) -> Run:
-    """Checks, tokenizer, corpus, mesh, optimizer, state and compiled steps for a run; writes
-    nothing to the workdir. The state is the latest checkpoint's when the workdir has one."""
+def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, training.TrainState, Checkpointer | None]:
+    """Checks, tokenizer, corpus, mesh, optimizer, state and compiled steps; writes nothing to the
+    workdir. Returns the run, its state (the latest checkpoint's when the workdir has one) and
+    the checkpointer (None for a new run: it is opened once the set-up has succeeded)."""
     cfg = ModelConfig.from_dict(config.model)
     check_train_config(config, cfg)
     check_workdir(workdir)
@@ -315,66 +231,21 @@ def set_up_run(config: ConfigDict, workdir: str) -> Run:
     ]
     compiling = time.perf_counter()  # compiled here, so the first step's time is training only
     x, y = eval_set[0]
-    train_step = training.make_train_step(cfg, tx, schedule, mesh, state, t.grad_accum).lower(state, x, y).compile()
-    eval_step = training.make_eval_step(cfg, mesh, state).lower(state.params, x, y).compile()
-    compile_seconds = time.perf_counter() - compiling
-
+    steps = Steps(
+        train=training.make_train_step(cfg, tx, schedule, mesh, state, t.grad_accum).lower(state, x, y).compile(),
+        eval=training.make_eval_step(cfg, mesh, state).lower(state.params, x, y).compile(),
+        put=put, compile_seconds=time.perf_counter() - compiling,
+    )
     num_params = count_params(state.params)
     flops_per_token = training.flops_per_token(cfg, num_params, t.seq_len)
     if host == 0:
         print(f"model: {num_params:,} parameters, {flops_per_token / 1e6:.1f} MFLOP per token (6N + 12 L T d), "
               f"KV cache {kv_cache_bytes_per_token(cfg):,} bytes per token; {len(jax.devices())} device(s), "
-              f"mesh {dict(mesh.shape)}; compiled in {compile_seconds:.1f} s")
-    return Run(config=config, cfg=cfg, tokenizer=tokenizer, ckpt=ckpt, state=state, train_step=train_step,
-               eval_step=eval_step, put=put, train_tokens=train_tokens, eval_set=eval_set,
-               bytes_per_token=bytes_per_token, flops_per_token=flops_per_token,
-               compile_seconds=compile_seconds, host=host, hosts=hosts)
-
-
-# What a resumed run must share with the run that saved the checkpoint, beyond the model.
-SAME_DATA = ("tokenizer", "vocab_size", "path")
-
-
-def check_resume(config: ConfigDict, ckpt: Checkpointer, workdir: str) -> dict:
-    """Checks the config against the latest checkpoint's; returns that config (with its "step").
-
-    Errors for another model or data, or fewer train.steps than done; warnings for a learning
-    rate schedule that changes on steps already taken; a note listing changed execution fields.
-    """
-    step = ckpt.latest_step()
-    if step is None:
-        raise CheckpointError(f"{ckpt.directory} holds no complete checkpoint; delete that folder to start "
-                              "the run afresh, or choose another --workdir")
-    saved = ckpt.config(step)
-    changed = check_same_model(saved["model"], config.model, ckpt.directory)
-    differ = [f"data.{k}: checkpoint {v!r}, config {config.data[k]!r}"
-              for k, v in saved_data_fields(saved).items() if v != config.data[k]]
-    if differ:
-        raise CheckpointError(f"the checkpoints in {workdir} were trained on other data ({'; '.join(differ)}); "
-                              "resume with the same data fields, or start a new --workdir")
-    if config.train.steps < step:
-        raise ValueError(f"train.steps={config.train.steps} is below the checkpoint's step {step} in {workdir}; "
-                         f"set train.steps >= {step}, or start a new --workdir")
-    if changed:
-        print(f"resuming with other execution settings: {', '.join(changed)}")
-    if "optim" in saved:
-        check_schedule_kept(saved, config, step)
-    return {**saved, "step": step}
-
-
-def check_schedule_kept(saved: dict, config: ConfigDict, step: int) -> None:
-    """Warns if the learning rate of steps already taken differs under the new config: the run
-    then continues on another schedule than the one it followed (e.g. a cosine re-spanned)."""
-    before = make_schedule(saved["optim"], saved["train"]["steps"])
-    now = make_schedule(config.optim, config.train.steps)
-    steps = np.arange(step)
-    moved = np.flatnonzero(~np.isclose(np.asarray(before(steps)), np.asarray(now(steps)), rtol=1e-5, atol=0))
-    if moved.size:
-        s = int(moved[-1])
-        old_decay = saved["optim"].get("decay_steps", 0) or saved["train"]["steps"]
-        warn(f"this resume changes the learning rate schedule of the steps already taken (step {s}: "
-             f"{float(before(s)):.2e} then, {float(now(s)):.2e} now), so training continues on another curve. "
-             f"To extend the finished schedule at its final rate, add --config.optim.decay_steps={old_decay}")
+              f"mesh {dict(mesh.shape)}; compiled in {steps.compile_seconds:.1f} s")
+    run = Run(config=config, cfg=cfg, tokenizer=tokenizer, steps=steps, train_tokens=train_tokens,
+              eval_set=eval_set, bytes_per_token=bytes_per_token, flops_per_token=flops_per_token,
+              host=host, hosts=hosts)
+    return run, state, ckpt
 
 
 def load_or_make_tokenizer(config: ConfigDict, workdir: str) -> Tokenizer:
@@ -382,16 +253,7 @@ def load_or_make_tokenizer(config: ConfigDict, workdir: str) -> Tokenizer:
     for the same data), else the imported model's, else a new one."""
     tok_dir = os.path.join(workdir, "tokenizer")
     if os.path.isdir(tok_dir):
-        config_json = os.path.join(workdir, "config.json")
-        left = {}
-        if os.path.isfile(config_json):
-            with open(config_json) as f:
-                left = saved_data_fields(json.load(f))
-        differ = [f"data.{k}: {left.get(k)!r} there, {config.data[k]!r} now" for k in SAME_DATA
-                  if left.get(k) != config.data[k]]
-        if differ:
-            raise ValueError(f"{tok_dir} was made for other data ({'; '.join(differ)}); delete that folder "
-                             "(the run saved no checkpoint) or choose another --workdir")
+        check_tokenizer_left(config, workdir)
         return load_tokenizer(tok_dir)
     if config.init_from_hf and os.path.isfile(os.path.join(config.init_from_hf, "tokenizer.json")):
         return load_tokenizer(config.init_from_hf)  # imported weights need the ids they were trained on
@@ -400,14 +262,6 @@ def load_or_make_tokenizer(config: ConfigDict, workdir: str) -> Tokenizer:
     print(f"training a {config.data.vocab_size}-token BPE tokenizer on {config.data.path or 'the bundled plays'} ...",
           flush=True)
     return make_tokenizer("bpe", load_texts(config.data.path or None), config.data.vocab_size)
-
-
-def saved_data_fields(saved: dict) -> dict:
-    """The SAME_DATA fields of a saved config, a relative data.path made absolute as `resolve` does."""
-    fields = {k: saved.get("data", {}).get(k) for k in SAME_DATA}
-    if fields["path"]:
-        fields["path"] = os.path.abspath(os.path.expanduser(fields["path"]))
-    return fields
 
 
 def create_or_restore_state(config: ConfigDict, cfg: ModelConfig, tx, mesh, ckpt: Checkpointer | None
@@ -429,15 +283,14 @@ def create_or_restore_state(config: ConfigDict, cfg: ModelConfig, tx, mesh, ckpt
     return state
 
 
-def write_run_files(run: Run, workdir: str) -> None:
-    """After a successful set-up: the workdir, its tokenizer and config.json, the checkpointer."""
+def write_run_files(run: Run, workdir: str, ckpt: Checkpointer | None) -> Checkpointer:
+    """After a successful set-up: the workdir, its tokenizer and config.json; the checkpointer."""
     os.makedirs(workdir, exist_ok=True)
     tok_dir = os.path.join(workdir, "tokenizer")
     if not os.path.isdir(tok_dir):
         save_tokenizer(run.tokenizer, tok_dir)
     save_json(os.path.join(workdir, "config.json"), run.config.to_dict())
-    if run.ckpt is None:
-        run.ckpt = Checkpointer(workdir, keep=run.config.train.keep_checkpoints)
+    return ckpt or Checkpointer(workdir, keep=run.config.train.keep_checkpoints)
 
 
 def training_batches(run: Run, start: int) -> Prefetcher:
@@ -482,17 +335,16 @@ class Report:
     bar: tqdm
 
 
-def train_steps(run: Run, batches: Prefetcher, report: Report, stop: StopOnSignal, start: int,
-                end: int) -> tuple[int, dict]:
-    """Trains until `end` steps are done or a stop is requested, logging, evaluating and saving on
-    the config's schedule; returns the number of steps done and the last evaluation.
+def train_steps(run: Run, state: training.TrainState, ckpt: Checkpointer, batches: Prefetcher, report: Report,
+                stop: StopOnSignal, end: int) -> tuple[training.TrainState, dict]:
+    """Trains until step `end` or a stop request, logging, evaluating and saving on the config's
+    schedule; returns the state and the last evaluation.
     """
     t = run.config.train
     last_eval: dict = {}
     pending = None  # the previous step's metrics: read one step late so the host never stalls
-    done = start
-    for step in range(start, end):
-        metrics = take_step(run, batches)
+    for step in range(int(state.step), end):
+        state, metrics = take_step(run, state, batches)
         done = step + 1
         if pending is not None:
             check_finite(*pending)
@@ -507,24 +359,23 @@ def train_steps(run: Run, batches: Prefetcher, report: Report, stop: StopOnSigna
         if log_due:
             log_train_metrics(run, report, done, metrics)
         if eval_due:
-            last_eval = evaluate(run, done)
+            last_eval = evaluate(run, state.params, done)
             log_evaluation(report, last_eval)
         if save_due:
-            last_eval = save_checkpoint(run, report, done, last_eval)
+            last_eval = save_checkpoint(run, state, ckpt, report, last_eval)
         report.bar.update(1)
         if stopping:
             break
-    return done, last_eval
+    return state, last_eval
 
 
-def take_step(run: Run, batches: Prefetcher) -> dict:
-    """One optimizer step on the next batch; advances run.state and returns the step's metrics.
+def take_step(run: Run, state: training.TrainState, batches: Prefetcher) -> tuple[training.TrainState, dict]:
+    """One optimizer step on the next batch: the new state and the step's metrics.
 
     The metrics stay on the device: reading them waits for the step to finish.
     """
     inputs, targets = next(batches)
-    run.state, metrics = run.train_step(run.state, run.put(inputs), run.put(targets))
-    return metrics
+    return run.steps.train(state, run.steps.put(inputs), run.steps.put(targets))
 
 
 def log_train_metrics(run: Run, report: Report, step: int, metrics: dict) -> None:
@@ -538,9 +389,9 @@ def log_train_metrics(run: Run, report: Report, step: int, metrics: dict) -> Non
     report.throughput.restart(step)  # after writing, so the next window times training only
 
 
-def evaluate(run: Run, step: int) -> dict:
-    """The validation loss of the current parameters (and its perplexity and bits per byte)."""
-    loss = float(np.mean([float(run.eval_step(run.state.params, x, y)) for x, y in run.eval_set]))
+def evaluate(run: Run, params, step: int) -> dict:
+    """The validation loss of `params` (and its perplexity and bits per byte)."""
+    loss = float(np.mean([float(run.steps.eval(params, x, y)) for x, y in run.eval_set]))
     return {"step": step, "val_loss": loss, "val_perplexity": math.exp(min(loss, 50.0)),
             "val_bits_per_byte": loss / math.log(2) / run.bytes_per_token}
 
@@ -552,16 +403,19 @@ def log_evaluation(report: Report, evaluation: dict) -> None:
                      f"{evaluation['val_bits_per_byte']:.3f} bits/byte")
 
 
-def save_checkpoint(run: Run, report: Report, step: int, last_eval: dict) -> dict:
-    """Saves checkpoint `step` (asynchronously) with its validation loss; returns that evaluation.
+def save_checkpoint(run: Run, state: training.TrainState, ckpt: Checkpointer, report: Report,
+                    last_eval: dict) -> dict:
+    """Saves the state as a checkpoint (asynchronously) with its validation loss; returns that
+    evaluation.
 
     The checkpointer keeps the best checkpoint by validation loss, so each one needs an evaluation
     of its own step: `last_eval` if it is this step's, else a new one (written, not printed).
     """
+    step = int(state.step)
     if last_eval.get("step") != step:
-        last_eval = evaluate(run, step)
+        last_eval = evaluate(run, state.params, step)
         report.writer.write(last_eval)
-    run.ckpt.save(step, run.state, run.config.to_dict(), run.tokenizer, last_eval["val_loss"])
+    ckpt.save(step, state, run.config.to_dict(), run.tokenizer, last_eval["val_loss"])
     return last_eval
 
 
@@ -577,15 +431,16 @@ def check_finite(step: int, metrics: dict) -> None:
             )
 
 
-def print_summary(run: Run, steps: int, last_eval: dict, training_seconds: float, seconds: float) -> None:
-    """One line: steps, wall time (set-up and compiling included), training throughput, the last
-    validation loss, where the checkpoints are."""
+def print_summary(run: Run, step: int, steps: int, last_eval: dict, ckpt: Checkpointer, training_seconds: float,
+                  seconds: float) -> None:
+    """One line: the step reached, wall time (set-up and compiling included), training throughput
+    over this invocation's `steps`, the last validation loss, where the checkpoints are."""
     tokens_per_sec = steps * run.config.train.batch_size * run.config.train.seq_len / max(training_seconds, 1e-9)
     loss = (f"; val loss {last_eval['val_loss']:.4f} nats/token, {last_eval['val_bits_per_byte']:.3f} bits/byte"
             if last_eval else "")
-    print(f"done: step {int(run.state.step)} of {run.config.train.steps} in {seconds:.0f} s "
-          f"({run.compile_seconds:.1f} s compiling; {tokens_per_sec:,.0f} tokens/s training){loss}; "
-          f"checkpoints in {run.ckpt.directory}")
+    print(f"done: step {step} of {run.config.train.steps} in {seconds:.0f} s "
+          f"({run.steps.compile_seconds:.1f} s compiling; {tokens_per_sec:,.0f} tokens/s training){loss}; "
+          f"checkpoints in {ckpt.directory}")
 
 
 def print_sample(cfg: ModelConfig, params, tokenizer: Tokenizer, num_tokens: int, seed: int) -> None:
@@ -596,83 +451,6 @@ def print_sample(cfg: ModelConfig, params, tokenizer: Tokenizer, num_tokens: int
     n = min(num_tokens, cfg.max_seq_len - len(prompt))
     out = generate(params, cfg, [list(prompt)], jax.random.key(seed), max_new_tokens=n, temperature=0.8)
     print("\n--- sample ---\n" + tokenizer.decode(list(out.tokens[0][: int(out.lengths[0])])))
-
-
-# --- the command line --------------------------------------------------------------------------
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing, with a one-line error (exit 2) for a missing config file or an unknown
-    or ill-typed --config.* override, naming the closest valid field."""
-    path = config_path(argv)
-    if path == DEFAULT_CONFIG:
-        argv = [argv[0], f"--config={DEFAULT_CONFIG}", *argv[1:]]
-    if not os.path.isfile(path):
-        hint = (f" (it is in the repository: pass {os.path.join(ROOT, path)})"
-                if os.path.isfile(os.path.join(ROOT, path)) else "")
-        exit_usage(f"--config {path!r}: no such file (looked from {os.getcwd()}){hint}")
-    try:
-        return FLAGS(argv)
-    except Exception as e:  # flags.Error, AttributeError, KeyError, ValueError, ...
-        exit_usage(explain_flag_error(path, argv, e))
-
-
-def exit_usage(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def config_path(argv: list[str]) -> str:
-    """The --config file named in argv, else the default."""
-    for i, arg in enumerate(argv):
-        if arg.startswith("--config="):
-            return arg.split("=", 1)[1]
-        if arg == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-    return DEFAULT_CONFIG
-
-
-def explain_flag_error(path: str, argv: list[str], error: Exception) -> str:
-    """What went wrong on the command line, in one sentence with the fix."""
-    try:
-        spec = importlib.util.spec_from_file_location("config_file", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        fields = leaf_fields(module.get_config())
-    except Exception as e:  # the config file itself is broken
-        return f"the config file {path!r} failed to load: {type(e).__name__}: {e}"
-    for arg in argv[1:]:
-        if arg.startswith("--config."):
-            name = arg[len("--config."):].split("=", 1)[0]
-            if name not in fields:
-                close = closest_field(name, fields)
-                hint = f"; did you mean config.{close}?" if close else "; configs/common.py lists the fields"
-                return f"unknown config field config.{name}{hint}"
-    message = str(error).strip()
-    return message.splitlines()[0] if message else type(error).__name__
-
-
-def closest_field(name: str, fields: list[str]) -> str | None:
-    """The valid field most like `name`: a sibling in its section (train.stpes -> train.steps), or
-    for an unknown section the closest full name."""
-    section, _, leaf = name.rpartition(".")
-    siblings = [f.rpartition(".")[2] for f in fields if f.rpartition(".")[0] == section]
-    if siblings:
-        close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
-        return f"{section}.{close[0]}" if close else None
-    close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
-    return close[0] if close else None
-
-
-def leaf_fields(config: ConfigDict, prefix: str = "") -> list[str]:
-    """Every field's dotted name ('train.steps', 'model.d_model', ...)."""
-    names = []
-    for key, value in config.items():
-        if isinstance(value, ConfigDict):
-            names += leaf_fields(value, f"{prefix}{key}.")
-        else:
-            names.append(f"{prefix}{key}")
-    return names
 
 
 def main(argv: list[str]) -> None:
@@ -693,4 +471,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    app.run(main, flags_parser=config_flags_parser(DEFAULT_CONFIG))

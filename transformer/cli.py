@@ -1,0 +1,94 @@
+"""Command-line errors in one line: the config-file flag of `train.py` (ml_collections'
+`--config FILE --config.section.field=value`), whose own errors are long tracebacks.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+
+from absl import flags
+from ml_collections import ConfigDict
+
+
+def config_flags_parser(default_config: str) -> Callable[[list[str]], list[str]]:
+    """A flags parser for `app.run` (a `--config` config-file flag defined without a default):
+    absl's parsing, with a one-line error (exit 2) for a missing config file or an unknown or
+    ill-typed --config.* override, naming the closest valid field. No --config: `default_config`."""
+
+    def parse(argv: list[str]) -> list[str]:
+        path = config_path(argv, default_config)
+        if path == default_config:
+            argv = [argv[0], f"--config={default_config}", *argv[1:]]
+        if not os.path.isfile(path):
+            root = os.path.dirname(os.path.dirname(default_config))  # configs/ sits in the repository
+            hint = f" (it is in the repository: pass {os.path.join(root, path)})" if os.path.isfile(
+                os.path.join(root, path)) else ""
+            exit_usage(f"--config {path!r}: no such file (looked from {os.getcwd()}){hint}")
+        try:
+            return flags.FLAGS(argv)
+        except Exception as e:  # flags.Error, AttributeError, KeyError, ValueError, ...
+            exit_usage(explain_flag_error(path, argv, e))
+
+    return parse
+
+
+def exit_usage(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def config_path(argv: list[str], default_config: str) -> str:
+    """The --config file named in argv, else `default_config`."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+    return default_config
+
+
+def explain_flag_error(path: str, argv: list[str], error: Exception) -> str:
+    """What went wrong on the command line, in one sentence with the fix."""
+    try:
+        spec = importlib.util.spec_from_file_location("config_file", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        fields = leaf_fields(module.get_config())
+    except Exception as e:  # the config file itself is broken
+        return f"the config file {path!r} failed to load: {type(e).__name__}: {e}"
+    for arg in argv[1:]:
+        if arg.startswith("--config."):
+            name = arg[len("--config."):].split("=", 1)[0]
+            if name not in fields:
+                close = closest_field(name, fields)
+                hint = f"; did you mean config.{close}?" if close else "; configs/common.py lists the fields"
+                return f"unknown config field config.{name}{hint}"
+    message = str(error).strip()
+    return message.splitlines()[0] if message else type(error).__name__
+
+
+def closest_field(name: str, fields: list[str]) -> str | None:
+    """The valid field most like `name`: a sibling in its section (train.stpes -> train.steps), or
+    for an unknown section the closest full name."""
+    section, _, leaf = name.rpartition(".")
+    siblings = [f.rpartition(".")[2] for f in fields if f.rpartition(".")[0] == section]
+    if siblings:
+        close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
+        return f"{section}.{close[0]}" if close else None
+    close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def leaf_fields(config: ConfigDict, prefix: str = "") -> list[str]:
+    """Every field's dotted name ('train.steps', 'model.d_model', ...)."""
+    names = []
+    for key, value in config.items():
+        if isinstance(value, ConfigDict):
+            names += leaf_fields(value, f"{prefix}{key}.")
+        else:
+            names.append(f"{prefix}{key}")
+    return names

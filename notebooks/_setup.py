@@ -1,4 +1,7 @@
-"""What the notebooks share: the repository on sys.path, smoke mode, plots, and a small trained model.
+"""What the notebooks share: smoke mode, plots, and a small trained model.
+
+The notebooks import the installed project (`make notebooks` installs it editable: transformer,
+configs); this file is imported from beside them (Jupyter starts a notebook's kernel in notebooks/).
 
 Environment variables (a relative path is read from the current folder if it exists there, else
 from the repository root: Jupyter starts a notebook's kernel in notebooks/, and the README names
@@ -14,24 +17,24 @@ paths from the root, so NOTEBOOK_CHECKPOINT=runs/NAME works from either):
                         where train.py runs).
   NOTEBOOK_SMOKE=1      tiny model, few steps (the tests); the default run and its figures go to a
                         temporary folder (in the repository only the git-ignored .cache/tokens is written).
-  TRANSFORMER_ROOT      the repository (default: the folder above this file).
+  TRANSFORMER_ROOT      the repository whose runs/, .cache/ and train.py are used (default: the folder
+                        above this file); the packages imported are the installed project's.
 """
 
 import contextlib
 import functools
+import importlib.util
 import os
 import sys
 import tempfile
 from collections.abc import Mapping
 
+import matplotlib.pyplot as plt
+from absl import logging as absl_logging
+
 ROOT = os.path.abspath(os.environ.get("TRANSFORMER_ROOT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 SMOKE = os.environ.get("NOTEBOOK_SMOKE", "") not in ("", "0")
 TOKEN_CACHE = os.path.join(ROOT, ".cache", "tokens")  # git-ignored; train.py uses the same cache
-
-import matplotlib.pyplot as plt  # noqa: E402
-from absl import logging as absl_logging  # noqa: E402
 
 absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on read-only checkpoint folders
 
@@ -134,9 +137,17 @@ def _describe(workdir: str) -> str:
     return text + (f", validation loss {losses[-1]:.3f} nats/token" if losses else "")
 
 
-def _train(config, workdir: str) -> None:
-    import train  # the repository's train.py
+@functools.cache
+def _train_script():
+    """The repository's train.py (a script beside the packages, not one of them), loaded from ROOT once."""
+    spec = importlib.util.spec_from_file_location("train", os.path.join(ROOT, "train.py"))
+    module = sys.modules["train"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
+
+def _train(config, workdir: str) -> None:
+    train = _train_script()
     os.makedirs(workdir, exist_ok=True)
     log = os.path.join(workdir, "train.log")
     print(f"training {config.train.steps} steps into {workdir} (progress in train.log there) ...", flush=True)

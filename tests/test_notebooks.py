@@ -26,11 +26,8 @@ pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = ["attention_basics", "attention_maps", "head_ablation", "kv_cache"]
 KERNEL = "transformer-notebook-test"
-sys.path.insert(0, os.path.join(ROOT, "notebooks"))
-import _setup  # noqa: E402  (the notebooks' shared set-up)
-
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import plot_metrics  # noqa: E402
+import _setup  # noqa: E402  (the notebooks' shared set-up; notebooks/ is on pytest's pythonpath)
+from scripts import plot_metrics  # noqa: E402
 
 
 def uses_a_model(name):

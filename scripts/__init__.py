@@ -1,0 +1,1 @@
+"""Command-line scripts of the repository (plot_metrics); run as `python scripts/NAME.py`."""

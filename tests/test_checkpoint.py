@@ -97,7 +97,7 @@ def test_execution_changes_are_returned_not_refused():
 def test_resume_converts_the_layer_stack_of_params_and_adam_moments(tmp_path, saved_scan):
     """A checkpoint saved with scan_layers=saved_scan restores into the other layout, the AdamW
     moments included, each array equal to its saved counterpart."""
-    from transformer.model import stack_layers, unstack_layers
+    from transformer.param_tree import stack_layers, unstack_layers
 
     model = dict(MODEL, num_layers=3, scan_layers=saved_scan)
     cfg = ModelConfig(**model)

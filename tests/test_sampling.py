@@ -11,7 +11,8 @@ import pytest
 
 from transformer import sampling
 from transformer.config import ModelConfig
-from transformer.model import Decoder, unrolled
+from transformer.model import Decoder
+from transformer.param_tree import unrolled
 from transformer.ops import MASK_VALUE
 
 # ---------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from transformer.config import ModelConfig
-from transformer.param_tree import relayout_layers
+from transformer.param_tree import layout_differences, relayout_layers
 from transformer.tokenizer import Tokenizer, tokenizer_from_json, tokenizer_to_json
 
 CHECKPOINT_DIR = "checkpoints"
@@ -195,8 +195,6 @@ def check_same_model(saved: Mapping[str, Any], current: Mapping[str, Any], where
 
 def check_layout(cfg: ModelConfig, params: Any, where: str) -> None:
     """Raises CheckpointError if the saved parameters are not shaped as this code's Decoder(cfg)."""
-    from transformer.model import layout_differences
-
     diff = layout_differences(cfg, params)
     if diff:
         raise CheckpointError(

@@ -33,7 +33,8 @@ import numpy as np
 
 from transformer.cache import Cache, init_cache
 from transformer.config import ModelConfig
-from transformer.model import Decoder, unrolled
+from transformer.model import Decoder
+from transformer.param_tree import unrolled
 from transformer.ops import MASK_VALUE
 
 Array = jax.Array

@@ -31,7 +31,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A training run's folder (holding checkpoints/).")
 flags.DEFINE_integer("step", None, "Checkpoint step to restore (default: the latest).")
 flags.DEFINE_string("hf_dir", None, "A local Hugging Face model folder, instead of --workdir.")
-flags.DEFINE_string("prompt", "\n", "Text the samples continue.")
+flags.DEFINE_string("prompt", None, "Text the samples continue (default: a newline).")
 flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead of --prompt.")
 flags.DEFINE_integer("num_samples", 1, "Number of samples.", lower_bound=1)
 flags.DEFINE_integer("max_new_tokens", 200, "Tokens to generate per sample.", lower_bound=1)
@@ -42,25 +42,26 @@ flags.DEFINE_integer("seed", 0, "Seed of the sampling keys.")
 flags.DEFINE_integer("chunk_size", 16, "Tokens generated between two prints.", lower_bound=1)
 
 
-def load_model() -> tuple[ModelConfig, Any, Any]:
-    """(model config, params, tokenizer) from --workdir or --hf_dir."""
-    if (FLAGS.workdir is None) == (FLAGS.hf_dir is None):
+def load_model(workdir: str | None, hf_dir: str | None, step: int | None) -> tuple[ModelConfig, Any, Any]:
+    """(model config, params, tokenizer) from a training run's workdir (checkpoint `step`, default
+    the latest) or a Hugging Face model folder: exactly one of the two."""
+    if (workdir is None) == (hf_dir is None):
         raise ValueError("give exactly one of --workdir (a training run) or --hf_dir (a Hugging Face model)")
-    if FLAGS.hf_dir is not None:
+    if hf_dir is not None:
         # Imported here: only this branch needs the Hugging Face conversion code.
         from transformer.hf import from_hf
         from transformer.tokenizer import load_tokenizer
 
-        cfg, params = from_hf(FLAGS.hf_dir)
-        return cfg, params, load_tokenizer(FLAGS.hf_dir)
-    return restore_for_inference(FLAGS.workdir, step=FLAGS.step)
+        cfg, params = from_hf(hf_dir)
+        return cfg, params, load_tokenizer(hf_dir)
+    return restore_for_inference(workdir, step=step)
 
 
-def read_prompt(prompt: str, prompt_file: str | None) -> str:
-    """The prompt text: the contents of `prompt_file` (UTF-8) if given, else `prompt`."""
+def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+    """The prompt text: the contents of `prompt_file` (UTF-8) if given, else `prompt` (default "\\n")."""
     if prompt_file is None:
-        return prompt
-    if FLAGS["prompt"].present:
+        return "\n" if prompt is None else prompt
+    if prompt is not None:
         raise ValueError("give either --prompt or --prompt_file, not both")
     if not os.path.isfile(prompt_file):
         what = "a folder" if os.path.isdir(prompt_file) else "not a file"
@@ -107,29 +108,22 @@ def stream_text(tokenizer: Any, chunks: Iterable[np.ndarray]) -> Iterator[str]:
         yield text[shown:]
 
 
-def print_samples(cfg: ModelConfig, params: Any, tokenizer: Any, prompt: str) -> None:
-    """Prints --num_samples continuations of the prompt, each as it is generated."""
+def print_samples(cfg: ModelConfig, params: Any, tokenizer: Any, prompt: str, num_samples: int, max_new_tokens: int,
+                  seed: int, chunk_size: int, **sampling: Any) -> None:
+    """Prints `num_samples` continuations of the prompt, each as it is generated; sample i is row i
+    of a batch drawn with key `seed`. sampling: SamplingOptions' fields (temperature, top_k, top_p)."""
     ids = encode_prompt(cfg, tokenizer, prompt)
-    options = dict(
-        temperature=FLAGS.temperature, top_k=FLAGS.top_k or None,
-        top_p=FLAGS.top_p if FLAGS.top_p != 1.0 else None,
-    )
-    SamplingOptions(**options)  # a bad option fails here, before anything is printed
+    SamplingOptions(**sampling)  # a bad option fails here, before anything is printed
     # The model cannot see past its context: generate fewer tokens rather than fail.
-    max_new_tokens = min(FLAGS.max_new_tokens, cfg.max_seq_len - len(ids))
-    if max_new_tokens < FLAGS.max_new_tokens:
-        print(
-            f"note: generating {max_new_tokens} tokens, not {FLAGS.max_new_tokens}: the prompt has "
-            f"{len(ids)} tokens and the model's context is {cfg.max_seq_len}",
-            file=sys.stderr,
-        )
-    keys = row_keys(jax.random.key(FLAGS.seed), FLAGS.num_samples)
-    for i in range(FLAGS.num_samples):
-        print(f"--- sample {i + 1} of {FLAGS.num_samples} ---")
+    n = min(max_new_tokens, cfg.max_seq_len - len(ids))
+    if n < max_new_tokens:
+        print(f"note: generating {n} tokens, not {max_new_tokens}: the prompt has {len(ids)} tokens and the "
+              f"model's context is {cfg.max_seq_len}", file=sys.stderr)
+    keys = row_keys(jax.random.key(seed), num_samples)
+    for i in range(num_samples):
+        print(f"--- sample {i + 1} of {num_samples} ---")
         print(prompt, end="", flush=True)
-        chunks = generate_stream(
-            params, cfg, [ids], keys[i : i + 1], max_new_tokens, **options, chunk_size=FLAGS.chunk_size
-        )
+        chunks = generate_stream(params, cfg, [ids], keys[i : i + 1], n, chunk_size=chunk_size, **sampling)
         for piece in stream_text(tokenizer, chunks):
             print(piece, end="", flush=True)
         print()
@@ -141,10 +135,12 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.ERROR)  # orbax logs every restore; the samples are the output
     try:
         prompt = read_prompt(FLAGS.prompt, FLAGS.prompt_file)  # a bad file fails before any loading
-        cfg, params, tokenizer = load_model()
+        cfg, params, tokenizer = load_model(FLAGS.workdir, FLAGS.hf_dir, FLAGS.step)
         print(f"model: {count_params(params):,} parameters, context {cfg.max_seq_len} tokens, KV cache "
               f"{kv_cache_bytes_per_token(cfg):,} bytes per token", file=sys.stderr)
-        print_samples(cfg, params, tokenizer, prompt)
+        print_samples(cfg, params, tokenizer, prompt, FLAGS.num_samples, FLAGS.max_new_tokens, FLAGS.seed,
+                      FLAGS.chunk_size, temperature=FLAGS.temperature, top_k=FLAGS.top_k or None,
+                      top_p=FLAGS.top_p if FLAGS.top_p != 1.0 else None)
     except (FileNotFoundError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -24,7 +24,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -119,7 +119,7 @@ class SamplingOptions:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
-    stop_tokens: tuple[int, ...] = ()
+    stop_tokens: Sequence[int] = ()
     pad_id: int = 0
 
     def __post_init__(self) -> None:
@@ -331,16 +331,8 @@ def bucket(n: int, cap: int) -> int:
 
 
 def generate(
-    params: dict,
-    cfg: ModelConfig,
-    prompts: Sequence[Sequence[int]],
-    key: Array,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    stop_tokens: Sequence[int] = (),
-    pad_id: int = 0,
+    params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
+    **sampling: Any,
 ) -> GenerateOutput:
     """Continues each prompt by up to `max_new_tokens` tokens: one prefill, then one `lax.scan`.
 
@@ -349,12 +341,12 @@ def generate(
       prompts: B token-id sequences, possibly of different lengths (each non-empty).
       key: a PRNG key (row b uses fold_in(key, b)) or one key per row, [B] (see `row_keys`).
       max_new_tokens: N >= 1; the longest prompt + N must fit in cfg.max_seq_len.
-      temperature, top_k, top_p: see `sample_token`. stop_tokens: ids that end a row.
-      pad_id: written after a row's stop token.
+      **sampling: the fields of `SamplingOptions`: temperature (1.0; 0 = greedy), top_k, top_p,
+        stop_tokens (ids that end a row), pad_id (written after a row's stop token).
     Returns:
       GenerateOutput(tokens [B, N] int32, lengths [B] int32).
     """
-    options = SamplingOptions(temperature, top_k, top_p, tuple(stop_tokens), pad_id)
+    options = SamplingOptions(**sampling)
     state = _start(params, cfg, prompts, key, max_new_tokens, options)
     first = state.tokens[:, None]  # the first new token: no row is done before it
     _, rest, emitted = decode(params, cfg, state, max_new_tokens - 1, options)
@@ -364,17 +356,8 @@ def generate(
 
 
 def generate_stream(
-    params: dict,
-    cfg: ModelConfig,
-    prompts: Sequence[Sequence[int]],
-    key: Array,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    stop_tokens: Sequence[int] = (),
-    pad_id: int = 0,
-    chunk_size: int = 16,
+    params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
+    chunk_size: int = 16, **sampling: Any,
 ) -> Iterator[np.ndarray]:
     """`generate`, yielding the new tokens as they are made: [B, 1] first, then [B, <= chunk_size].
 
@@ -384,7 +367,7 @@ def generate_stream(
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
-    options = SamplingOptions(temperature, top_k, top_p, tuple(stop_tokens), pad_id)
+    options = SamplingOptions(**sampling)
     state = _start(params, cfg, prompts, key, max_new_tokens, options)
     yield np.asarray(state.tokens)[:, None]  # the first token at once: time to first token
     params, cfg = unrolled(params, cfg)  # once for all chunks; see decode

@@ -109,15 +109,16 @@ class LatentAttention(nn.Module):
     """Multi-head latent attention (DeepSeek-V2): keys and values come from a cached latent.
 
     Per token: c = RMSNorm(W_DKV x) of width C; keys k_h = W_UK,h c and values v_h = W_UV,h c for
-    each head h. With RoPE, a rotary part of width R is added to each query (per head) and to one
-    key shared by all heads, so position never passes through W_UK. The cache holds [c, k_rope].
+    each head h. With RoPE, a rotary part of width Kr (rope_head_dim) is added to each query (per
+    head) and to one key shared by all heads, so position never passes through W_UK. The cache
+    holds [c, k_rope].
 
     absorb: compute scores against the latent directly, q_h^T W_UK,h c = (W_UK,h^T q_h)^T c, and
     apply W_UV after the weighted sum. Then nothing is up-projected per cached token: decoding
-    reads only C + R numbers per token and layer. None (default): absorbed when decoding from a
+    reads only C + Kr numbers per token and layer. None (default): absorbed when decoding from a
     cache, naive (up-project every key and value) otherwise. Both compute the same function.
 
-    x [B, T, D] -> out [B, T, D]; new cache entries LatentCache(latent [B, T, C + R]).
+    x [B, T, D] -> out [B, T, D]; new cache entries LatentCache(latent [B, T, C + Kr]).
     """
 
     cfg: ModelConfig
@@ -134,24 +135,24 @@ class LatentAttention(nn.Module):
     ) -> tuple[Array, LatentCache, Array | None]:
         cfg = self.cfg
         h, k_nope, k_v, c_kv = cfg.num_heads, cfg.head_dim, cfg.v_head_dim, cfg.kv_latent_dim
-        r = cfg.rope_head_dim or 0
+        k_r = cfg.rope_head_dim or 0  # Kr, the rotary width (0 without RoPE)
         norm = lambda name: Norm("rmsnorm", cfg.norm_scale, False, cfg.norm_eps, name=name)  # noqa: E731
         dense = lambda features, name, bias=cfg.use_bias: Linear(  # noqa: E731
             features, use_bias=bias, dtype=cfg.dtype, kernel_init=dense_init(cfg), name=name
         )
 
         if cfg.q_latent_dim:
-            q = dense((h, k_nope + r), "q_up", bias=False)(norm("q_norm")(dense(cfg.q_latent_dim, "q_down")(x)))
+            q = dense((h, k_nope + k_r), "q_up", bias=False)(norm("q_norm")(dense(cfg.q_latent_dim, "q_down")(x)))
         else:
-            q = dense((h, k_nope + r), "q")(x)  # [B, T, H, K + R]
+            q = dense((h, k_nope + k_r), "q")(x)  # [B, T, H, K + Kr]
         q_nope, q_rope = q[..., :k_nope], q[..., k_nope:]
 
-        kv = dense(c_kv + r, "kv_down")(x)  # [B, T, C + R]
+        kv = dense(c_kv + k_r, "kv_down")(x)  # [B, T, C + Kr]
         latent = norm("kv_norm")(kv[..., :c_kv])
-        if r:
+        if k_r:
             q_rope = ops.rope(q_rope, positions, cfg.rope_theta)
             k_rope = ops.rope(kv[:, :, None, c_kv:], positions, cfg.rope_theta)[:, :, 0]
-            latent = jnp.concatenate([latent, k_rope], axis=-1)  # [B, T, C + R]
+            latent = jnp.concatenate([latent, k_rope], axis=-1)  # [B, T, C + Kr]
 
         # W_UK [H, K, C] and W_UV [H, Kv, C], stored [out, in] as every projection (see linear.py).
         w_uk = self.param("k_up", dense_init(cfg), (h, k_nope, c_kv), jnp.float32).astype(cfg.dtype)
@@ -159,13 +160,13 @@ class LatentAttention(nn.Module):
 
         segments = [latent] if cached is None else [cached.latent.astype(latent.dtype), latent]
         masks = segment_masks(positions, None if cached is None else cached.max_len)
-        scale = (k_nope + r) ** -0.5  # the width of the original query/key dot product
+        scale = (k_nope + k_r) ** -0.5  # the width of the original query/key dot product
         absorb = cached is not None if self.absorb is None else self.absorb
         if absorb:
             # Scores against [c, k_rope] with the query [W_UK^T q_nope, q_rope]: one shared key
-            # head (G = 1) of width C + R, and the latent itself as the value.
+            # head (G = 1) of width C + Kr, and the latent itself as the value.
             q_abs = jnp.concatenate([jnp.einsum("bthk,hkc->bthc", q_nope, w_uk), q_rope], axis=-1)
-            ks = [s[:, :, None, :] for s in segments]  # [B, S, 1, C + R]
+            ks = [s[:, :, None, :] for s in segments]  # [B, S, 1, C + Kr]
             vs = [s[:, :, None, :c_kv] for s in segments]  # [B, S, 1, C]
             out_c, weights = ops.dot_product_attention(
                 q_abs, ks, vs, masks, scale=scale, return_weights=return_weights
@@ -175,8 +176,8 @@ class LatentAttention(nn.Module):
             ks, vs = [], []
             for s in segments:  # up-project every token's key and value for every head
                 k_n = jnp.einsum("bsc,hkc->bshk", s[..., :c_kv], w_uk)
-                k_r = jnp.broadcast_to(s[:, :, None, c_kv:], (*s.shape[:2], h, r))
-                ks.append(jnp.concatenate([k_n, k_r], axis=-1))  # [B, S, H, K + R]
+                k_rot = jnp.broadcast_to(s[:, :, None, c_kv:], (*s.shape[:2], h, k_r))
+                ks.append(jnp.concatenate([k_n, k_rot], axis=-1))  # [B, S, H, K + Kr]
                 vs.append(jnp.einsum("bsc,hkc->bshk", s[..., :c_kv], w_uv))  # [B, S, H, Kv]
             out, weights = ops.dot_product_attention(
                 jnp.concatenate([q_nope, q_rope], axis=-1), ks, vs, masks, scale=scale,

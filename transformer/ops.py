@@ -345,9 +345,10 @@ def rope(x: Array, positions: Array, theta: float = 10000.0) -> Array:
     difference of their positions.
 
     Args:
-      x: [B, T, N, K] queries or keys (N heads; K even). positions: [B, T] integer positions.
+      x: [B, T, H, K] queries or keys, any number of heads (H, G or 1; K even). positions: [B, T]
+        integer positions.
     Returns:
-      [B, T, N, K] in x's dtype.
+      [B, T, H, K] in x's dtype.
     """
     d_h = x.shape[-1]
     if d_h % 2:

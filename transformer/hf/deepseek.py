@@ -8,7 +8,7 @@ kv_b_proj splits into k_up and v_up. Embedding, norms, MLP and head are named as
 
 RoPE layout. With `rope_interleave` (the default), Hugging Face rotates the rotary features of
 queries and of the shared rotary key as interleaved pairs (x0, x1), (x2, x3), ... and emits the
-result half-split; our `ops.rope` rotates half-split pairs (x_i, x_{i + R/2}). The import therefore
+result half-split; our `ops.rope` rotates half-split pairs (x_i, x_{i + Kr/2}). The import therefore
 permutes the output rows of the rotary part of q_proj / q_b_proj (per head) and of the rotary key
 in kv_a_proj_with_mqa into the order (x0, x2, x4, ..., x1, x3, ...): the rotated queries and keys
 are then exactly Hugging Face's, and so are the scores.
@@ -79,7 +79,7 @@ def import_config(hf: dict) -> tuple[ModelConfig, Converter]:
     perm = np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2)]) if hf["rope_interleave"] else np.arange(r)
 
     def q_rows(w, n_in):
-        """[H * (K + R), in] -> kernel [H, K + R, in] with the rotary rows of each head permuted."""
+        """[H * (K + Kr), in] -> kernel [H, K + Kr, in] with the rotary rows of each head permuted."""
         w = w.reshape(h, k + r, n_in)
         return np.concatenate([w[:, :k], w[:, k:][:, perm]], axis=1)
 

@@ -34,7 +34,7 @@ def gelu_exact(x: Array) -> Array:
     """GELU x * Phi(x), as 0.5 x (1 + erf(x / sqrt(2))) (PyTorch's formula).
 
     The same function as nn.gelu(x, approximate=False), which uses erfc; XLA:CPU expands erfc into
-    two branches with an exp, erf into one rational polynomial: ~2.5x faster forward and backward.
+    two branches with an exp, erf into one rational polynomial, which is faster (docs/performance.md).
     """
     return 0.5 * x * (1.0 + jax.lax.erf(x * 0.7071067811865476))
 
@@ -213,8 +213,8 @@ class Decoder(nn.Module):
         """h [B, T, D] -> logits [B, T, V] float32: h E^T with tied embeddings, else a head W [V, D]."""
         cfg = self.cfg
         if cfg.tie_embeddings:
-            # h E^T, contracting E's rows in place. (Flax's embed.attend transposes E first, and
-            # XLA:CPU then fuses the final norm into a slow loop over E: 1.5x this at decoding.)
+            # h E^T, contracting E's rows in place: Flax's embed.attend transposes E first, and
+            # XLA:CPU then fuses the final norm into a slow loop over E (docs/performance.md).
             logits = jnp.einsum("btd,vd->btv", h, embed.embedding.astype(cfg.dtype))
         else:
             logits = Linear(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, name="head")(h)

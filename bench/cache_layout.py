@@ -12,7 +12,11 @@ as the sampler runs it. Five variants:
   read-then-write [L,B,G,S,K]  the same, heads first
   read-then-write L x [B,G,S,K]  one buffer per layer, layers unrolled, each reading its buffer as it
                                lies (`ops.dot_product_attention` heads_first), then one write per
-                               buffer after the layers: what transformer/cache.py does
+                               buffer after the layers: what transformer/cache.py does, run with
+                               cache.py's own init_cache and write
+
+The four stacked variants are alternatives the library no longer has (it keeps the per-layer
+buffers): only their own code lives here, the stacked write and the layer scan over the stack.
 
     python bench/cache_layout.py [--quick]
 """
@@ -20,51 +24,52 @@ as the sampler runs it. Five variants:
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 
-from transformer import ops
+from bench import timing
+from bench.steps import model_config
+from configs import gpt2
+from transformer import cache, ops
 
-L, H, K = 12, 12, 64
+CFG = model_config(gpt2.get_config().model)  # GPT-2 small: the per-layer cache is init_cache(CFG, ...)
+L, H, K = CFG.num_layers, CFG.num_heads, CFG.head_dim
 
 
 def decode_loop(step, steps: int):
-    """run(cache, x, pos): `steps` decode steps in one jitted lax.scan carrying (cache, x, pos)."""
+    """run(kv, x, pos): `steps` decode steps in one jitted lax.scan carrying (kv cache, x, pos)."""
 
     @jax.jit
-    def run(cache, x, pos):
-        carry, _ = jax.lax.scan(step, (cache, x, pos), None, length=steps)
+    def run(kv, x, pos):
+        carry, _ = jax.lax.scan(step, (kv, x, pos), None, length=steps)
         return carry
 
     return run
 
 
 def make_per_layer_decode(steps: int):
-    """The cache.py scheme: a tuple of L buffers [B, G, S, K] for keys and for values."""
+    """The cache.py scheme: a KVCache of L buffers [B, G, S, K] per kind, written by cache.write."""
 
     def step(carry, _):
-        (k_c, v_c), x, pos = carry  # tuples of L buffers; x [B, 1, H, K]; pos [B, 1]
-        s = k_c[0].shape[2]
+        kv, x, pos = carry  # kv: cache.KVCache (tuples of L buffers); x [B, 1, H, K]; pos [B, 1]
+        s = cache.max_len(kv)
         slots = jnp.broadcast_to(jnp.arange(s), (x.shape[0], s))
         masks = [ops.causal_mask(pos, slots, slots < pos), ops.causal_mask(pos, pos)]
         news = []
-        for k_l, v_l in zip(k_c, v_c, strict=True):
+        for k_l, v_l in zip(kv.k, kv.v, strict=True):
             k_new, v_new = x * 0.5, x * 0.25  # stand-ins for the projections
             x, _ = ops.dot_product_attention(x, [k_l, k_new], [v_l, v_new], masks, heads_first=[True, False])
             news.append((k_new, v_new))
-        rows = jnp.arange(pos.shape[0])[:, None]
-        zero = 0.0 * x.reshape(-1)[0]  # orders the writes after every read (see cache.write)
-        put = lambda c, n: c.at[rows, :, pos].set(n + zero)  # noqa: E731
-        k_c = tuple(put(c, n) for c, (n, _) in zip(k_c, news, strict=True))
-        v_c = tuple(put(c, n) for c, (_, n) in zip(v_c, news, strict=True))
-        return ((k_c, v_c), x, pos + 1), None
+        new = cache.KVCache(k=tuple(k for k, _ in news), v=tuple(v for _, v in news))
+        return (cache.write(kv, new, pos, after=x), x, pos + 1), None
 
     return decode_loop(step, steps)
 
 
 def make_decode(layout: str, scheme: str, steps: int):
+    """A stacked layout ([L, B, S, G, K] or [L, B, G, S, K]) read by a layer scan, written per layer or
+    after the scan: the alternatives to cache.py's per-layer buffers, with their own write."""
     heads_first = layout == "BGSK"
 
     def attend(q, k_cache, v_cache, k_new, v_new, pos):
@@ -122,21 +127,15 @@ def main() -> None:
                 if layout == "per-layer":
                     if scheme == "write-per-layer":
                         continue
-                    one = lambda: tuple(jnp.zeros((b, H, s, K)) for _ in range(L))  # noqa: E731
-                    cache, run = (one(), one()), make_per_layer_decode(steps)
+                    kv, run = cache.init_cache(CFG, b, s), make_per_layer_decode(steps)
                     name = f"{scheme} L x [B,G,S,K]"
                 else:
                     shape = (L, b, s, H, K) if layout == "BSGK" else (L, b, H, s, K)
-                    cache, run = (jnp.zeros(shape), jnp.zeros(shape)), make_decode(layout, scheme, steps)
+                    kv, run = (jnp.zeros(shape), jnp.zeros(shape)), make_decode(layout, scheme, steps)
                     name = f"{scheme} [L,B,{'S,G' if layout == 'BSGK' else 'G,S'},K]"
                 x = jnp.ones((b, 1, H, K))
                 pos = jnp.full((b, 1), 3)
-                jax.block_until_ready(run(cache, x, pos))  # compile
-                best = float("inf")
-                for _ in range(3):
-                    t = time.perf_counter()
-                    jax.block_until_ready(run(cache, x, pos))
-                    best = min(best, time.perf_counter() - t)
+                best = timing.best(lambda: run(kv, x, pos), repeats=3)  # noqa: B023  (its warm-up call compiles)
                 times[name] = best / steps * 1e3
         fastest = min(times.values())
         for name, ms in times.items():

@@ -19,42 +19,18 @@ These machines are shared and noisy: compare ratios from one run.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 
-import jax
-import jax.numpy as jnp
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-
-from configs import baby_gpt  # noqa: E402
-from transformer import training  # noqa: E402
-from transformer.config import ModelConfig  # noqa: E402
-from transformer.optim import make_optimizer  # noqa: E402
-from transformer.sharding import batch_sharding, make_mesh  # noqa: E402
-
-
-def abstract_step(config, **model_overrides):
-    """(jitted train step, abstract state, abstract batch) for `config` with some model fields changed."""
-    cfg = ModelConfig.from_dict({**config.model.to_dict(), **model_overrides})
-    t = config.train
-    mesh = make_mesh(devices=jax.devices()[:1])
-    tx, schedule = make_optimizer(config.optim, t.steps)
-    state = jax.eval_shape(lambda: training.create_state(cfg, tx, t.seed, mesh))
-    step = training.make_train_step(cfg, tx, schedule, mesh, state)
-    batch = jax.ShapeDtypeStruct((t.batch_size, t.seq_len), jnp.int32, sharding=batch_sharding(mesh))
-    return step, state, batch
+from bench import timing
+from bench.steps import train_setup
+from configs import baby_gpt
 
 
 def compile_seconds(config, num_layers: int, scan_layers: bool) -> tuple[float, float]:
     """(trace + lower seconds, XLA compile seconds) of the train step at this depth."""
-    step, state, batch = abstract_step(config, num_layers=num_layers, scan_layers=scan_layers)
-    start = time.perf_counter()
-    lowered = step.lower(state, batch, batch)
-    traced = time.perf_counter()
-    lowered.compile()
-    return traced - start, time.perf_counter() - traced
+    run = train_setup(config, abstract=True, num_layers=num_layers, scan_layers=scan_layers)
+    lowered, trace = timing.timed(run.lower)
+    return trace, timing.seconds(lowered.compile)
 
 
 def main() -> None:

@@ -22,78 +22,28 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import math
 import multiprocessing
 import os
 import sys
-import time
-from collections.abc import Callable, Hashable
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Executor, ProcessPoolExecutor
 from importlib.metadata import version
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from bench import timing
+from bench.steps import GREEDY, decode_start, model_config, random_params, torch_gpt2
+from configs import gpt2, shakespeare
+from transformer import sampling
+from transformer.config import ModelConfig
+from transformer.model import Decoder, count_params, unrolled
 
-from configs import gpt2, shakespeare  # noqa: E402
-from transformer import sampling  # noqa: E402
-from transformer.config import ModelConfig  # noqa: E402
-from transformer.model import Decoder, count_params, unrolled  # noqa: E402
-
-GREEDY = sampling.SamplingOptions(temperature=0.0)
 PROMPT_LEN = 16
 LATENCY_POSITIONS = (16, 128, 240)
 LATENCY_CACHE = 256  # slots of the cache the latency is measured in
 RECOMPUTE_CONTEXT = 128  # tokens the cache-free loop re-reads per new token
-
-
-def timed(fn: Callable[[], object]) -> float:
-    """Seconds one call of fn takes."""
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def fastest(timers: dict[Hashable, Callable[[], float]], rounds: int) -> dict[Hashable, float]:
-    """Runs every timer once per round, in turn, and keeps each one's fastest time.
-
-    Interleaved, so that a busy moment of the shared machine hits all the compared sides alike.
-    """
-    best = {name: math.inf for name in timers}
-    for _ in range(rounds):
-        for name, timer in timers.items():
-            best[name] = min(best[name], timer())
-    return best
-
-
-def memory_bandwidth(gigabytes: float = 1.0, repeats: int = 3) -> float:
-    """Read bandwidth in bytes/s: one thread per core sums its share of a large float32 array.
-
-    numpy releases the GIL inside the sum, so the threads read in parallel, as XLA's do.
-    """
-    data = np.ones(int(gigabytes * 2**30) // 4, np.float32)
-    parts = np.array_split(data, os.cpu_count() or 1)
-    with ThreadPoolExecutor(len(parts)) as pool:
-        read_all = lambda: list(pool.map(np.sum, parts))  # noqa: E731
-        read_all()  # touch the pages once
-        seconds = min(timed(read_all) for _ in range(repeats))
-    return data.nbytes / seconds
-
-
-def random_model(cfg: ModelConfig) -> dict:
-    """Randomly initialised float32 parameters (jitted: one compilation instead of many eager ops)."""
-    init = jax.jit(lambda key: Decoder(cfg).init(key, jnp.zeros((1, 1), jnp.int32))["params"])
-    return jax.block_until_ready(init(jax.random.key(0)))
-
-
-def start_state(cfg: ModelConfig, params: dict, batch: int, prompt_len: int, cache_len: int):
-    """The decode state after a prefill of random prompts [batch, prompt_len]."""
-    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, prompt_len), dtype=np.int32)
-    lengths = np.full((batch,), prompt_len, np.int32)
-    keys = sampling.row_keys(jax.random.key(0), batch)
-    return sampling.prefill(params, cfg, tokens, lengths, keys, cache_len, GREEDY)
+GiB = 2**30
 
 
 def ours_timer(cfg: ModelConfig, params: dict, state, steps: int) -> Callable[[], float]:
@@ -102,9 +52,9 @@ def ours_timer(cfg: ModelConfig, params: dict, state, steps: int) -> Callable[[]
     The layers are unrolled first, once, as `generate` does (see `sampling.decode`).
     """
     params, cfg = unrolled(params, cfg)
-    run = lambda: jax.block_until_ready(sampling.decode(params, cfg, state, steps, GREEDY))  # noqa: E731
-    run()
-    return lambda: timed(run) / steps
+    run = lambda: sampling.decode(params, cfg, state, steps, GREEDY)  # noqa: E731
+    timing.timed(run)  # compile
+    return lambda: timing.seconds(run) / steps
 
 
 def recompute_timer(cfg: ModelConfig, params: dict, steps: int) -> Callable[[], float]:
@@ -125,21 +75,13 @@ def recompute_timer(cfg: ModelConfig, params: dict, steps: int) -> Callable[[], 
         jax.block_until_ready(window)
 
     loop()  # compile
-    return lambda: timed(loop) / steps
+    return lambda: timing.seconds(loop) / steps
 
 
 @functools.cache
 def hf_model(cfg: ModelConfig):
     """This architecture as a Hugging Face GPT2LMHeadModel with random weights (float32, eval mode)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    activation = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[cfg.activation]
-    return GPT2LMHeadModel(GPT2Config(
-        vocab_size=cfg.vocab_size, n_positions=cfg.max_seq_len, n_embd=cfg.d_model, n_layer=cfg.num_layers,
-        n_head=cfg.num_heads, n_inner=cfg.mlp_dim, activation_function=activation,
-        layer_norm_epsilon=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
-        bos_token_id=None, eos_token_id=None,
-    )).eval()
+    return torch_gpt2(cfg).eval()
 
 
 def hf_seconds_per_step(cfg: ModelConfig, batch: int, steps: int, threads: int) -> float:
@@ -161,7 +103,7 @@ def hf_seconds_per_step(cfg: ModelConfig, batch: int, steps: int, threads: int) 
             )
 
     generate(2)  # warm up
-    return (timed(lambda: generate(1 + steps)) - timed(lambda: generate(1))) / steps
+    return (timing.seconds(lambda: generate(1 + steps)) - timing.seconds(lambda: generate(1))) / steps
 
 
 def hf_timer(
@@ -206,25 +148,25 @@ def bench_model(name: str, cfg: ModelConfig, steps: int, rounds: int, torch_proc
 
     PyTorch runs in its own process: in one process with XLA, the two thread pools slow each other.
     """
-    params = random_model(cfg)
+    params = random_params(cfg)
     throughput = []
     for batch in (1, 8):
         cache_len = sampling.bucket(PROMPT_LEN + steps, cfg.max_seq_len)  # what generate would use
-        state = start_state(cfg, params, batch, PROMPT_LEN, cache_len)
+        state = decode_start(cfg, params, batch, PROMPT_LEN, cache_len)
         hf_threads = faster_torch_threads(torch_process, cfg, batch)
         timers = {"ours": ours_timer(cfg, params, state, steps)}
         timers["hf"] = hf_timer(torch_process, cfg, batch, steps, hf_threads)
-        best = fastest(timers, rounds)
+        best = timing.alternate(timers, rounds)
         throughput.append(Throughput(batch, cache_len, best["ours"], best["hf"], hf_threads))
         print(f"{name}: {throughput[-1]}", file=sys.stderr)  # progress; the tables come at the end
 
     # Latency: one prefill fills a 256-slot cache, then the decode starts at each position in turn
     # (the slots below it count as filled), so every position runs the same compiled scan.
-    state = start_state(cfg, params, 1, max(LATENCY_POSITIONS), LATENCY_CACHE)
+    state = decode_start(cfg, params, 1, max(LATENCY_POSITIONS), LATENCY_CACHE)
     at = lambda p: state.replace(positions=jnp.full((1,), p, jnp.int32))  # noqa: E731
     timers = {p: ours_timer(cfg, params, at(p), steps=8) for p in LATENCY_POSITIONS}
     timers["recompute"] = recompute_timer(cfg, params, steps=3)
-    best = fastest(timers, rounds)
+    best = timing.alternate(timers, rounds)
     return ModelResult(
         name=name,
         weight_bytes=4 * count_params(params),
@@ -280,12 +222,11 @@ def main() -> None:
     args = parser.parse_args()
     steps, rounds = (8, 2) if args.quick else (32, 3)
 
-    bandwidth = memory_bandwidth()
+    bandwidth = GiB / timing.read_seconds(GiB, repeats=3)  # bytes/s
     spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: no XLA threads in it
     models = {"shakespeare": shakespeare.get_config().model, "gpt2 (124M)": gpt2.get_config().model}
     # The latency probe reads positions up to 240: the random-weight models get at least that context.
-    cfgs = {name: ModelConfig.from_dict(dict(fields, max_seq_len=max(fields["max_seq_len"], 256)))
-            for name, fields in models.items()}
+    cfgs = {name: model_config(model, max_seq_len=max(model.max_seq_len, 256)) for name, model in models.items()}
     with ProcessPoolExecutor(1, mp_context=spawn) as torch_process:
         results = [bench_model(name, cfg, steps, rounds, torch_process) for name, cfg in cfgs.items()]
     print(markdown(results, bandwidth, steps))

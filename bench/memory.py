@@ -21,27 +21,20 @@ input for the backward pass and recomputes the rest, trading compute for activat
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 
-import jax
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-
-from configs import gpt2  # noqa: E402
-from bench.compile import abstract_step  # noqa: E402
-from transformer.model import count_params  # noqa: E402
+from bench import timing
+from bench.steps import train_setup
+from configs import gpt2
 
 GiB = 2**30
 
 
 def step_memory(config, **model_overrides) -> dict[str, float]:
     """Byte sizes from XLA's memory analysis of the compiled train step (never run)."""
-    step, state, batch = abstract_step(config, **model_overrides)
-    start = time.perf_counter()
-    stats = step.lower(state, batch, batch).compile().memory_analysis()
-    seconds = time.perf_counter() - start
+    run = train_setup(config, abstract=True, **model_overrides)
+    compiled, seconds = timing.timed(lambda: run.lower().compile())
+    stats = compiled.memory_analysis()
     sizes = {
         "argument": stats.argument_size_in_bytes,
         "output": stats.output_size_in_bytes,
@@ -49,7 +42,7 @@ def step_memory(config, **model_overrides) -> dict[str, float]:
         "temp": stats.temp_size_in_bytes,
     }
     sizes["peak"] = sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"]
-    sizes["params"] = count_params(state.params)
+    sizes["params"] = run.num_params
     sizes["compile_s"] = seconds
     return sizes
 

@@ -25,21 +25,18 @@ import ast
 import collections
 import os
 import re
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 
 import jax
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-
-from bench.decode import GREEDY, random_model, start_state  # noqa: E402
-from bench.train import Ours  # noqa: E402
-from configs import baby_gpt, gpt2, shakespeare  # noqa: E402
-from transformer import sampling  # noqa: E402
-from transformer.config import ModelConfig  # noqa: E402
-from transformer.model import unrolled  # noqa: E402
+from bench import timing
+from bench.steps import GREEDY, decode_start, model_config, random_params
+from bench.train import Ours
+from configs import baby_gpt, gpt2, shakespeare
+from transformer import sampling
+from transformer.config import ModelConfig
+from transformer.model import unrolled
 
 CONFIGS = {"baby_gpt": baby_gpt, "shakespeare": shakespeare, "gpt2": gpt2}
 # `%name = f32[4096,1536]{1,0} fusion(...), ..., metadata={op_name="jit(step)/.../dot_general" ...}`
@@ -112,10 +109,9 @@ def train_step(config_name: str, overrides: dict) -> tuple[Callable[[int], None]
 def decode_step(config_name: str, overrides: dict, batch: int, steps: int,
                 cache_len: int) -> tuple[Callable[[int], None], str, str]:
     """(run(steps) doing that many greedy decode steps in one scan, compiled HLO text, a description)."""
-    model = CONFIGS[config_name].get_config().model
-    cfg = ModelConfig.from_dict({**model.to_dict(), **overrides})
-    params = random_model(cfg)
-    state = start_state(cfg, params, batch, prompt_len=16, cache_len=cache_len)
+    cfg = model_config(CONFIGS[config_name].get_config().model, **overrides)
+    params = random_params(cfg)
+    state = decode_start(cfg, params, batch, prompt_len=16, cache_len=cache_len)
     params, cfg = unrolled(params, cfg)
 
     def run(steps: int) -> None:
@@ -184,7 +180,7 @@ def main() -> None:
     args = parser.parse_args()
     overrides = parse_overrides(args.set)
     try:  # a bad --set names the field here, before anything compiles
-        ModelConfig.from_dict({**CONFIGS[args.config].get_config().model.to_dict(), **overrides})
+        model_config(CONFIGS[args.config].get_config().model, **overrides)
     except (ValueError, TypeError) as e:
         raise SystemExit(f"--set: {e}") from None
     steps = args.steps or (16 if args.decode else 2)
@@ -192,10 +188,7 @@ def main() -> None:
         run, text, title = decode_step(args.config, overrides, args.batch, steps, args.cache_len)
     else:
         run, text, title = train_step(args.config, overrides)
-    run(steps)  # compile and warm up
-    start = time.perf_counter()
-    run(steps)
-    wall = time.perf_counter() - start
+    wall = timing.best(lambda: run(steps), repeats=1)  # after a call that compiles and warms up
     ops = hlo_ops(text)
     seconds = op_seconds(lambda: run(steps), ops)
     if not seconds:

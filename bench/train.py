@@ -29,37 +29,22 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-
-from configs import baby_gpt, shakespeare  # noqa: E402
-from transformer import training  # noqa: E402
-from transformer.config import ModelConfig  # noqa: E402
-from transformer.loss import loss_fn  # noqa: E402
-from transformer.model import count_params  # noqa: E402
-from transformer.optim import make_optimizer  # noqa: E402
-from transformer.sharding import batch_sharding, make_mesh  # noqa: E402
+from bench import timing
+from bench.steps import model_config, torch_gpt2, train_setup
+from configs import baby_gpt, shakespeare
+from transformer.config import ModelConfig
+from transformer.loss import loss_fn
 
 CONFIGS = {"shakespeare": shakespeare, "baby_gpt": baby_gpt}
 
 
 # --- the peak --------------------------------------------------------------------------------
-
-
-def best_time(fn: Callable[[], object], repeats: int) -> float:
-    """The fastest of `repeats` timed calls, in seconds."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 class MatmulPeak:
@@ -77,18 +62,18 @@ class MatmulPeak:
         matmul = jax.jit(jnp.matmul)
         ja, jb = jnp.asarray(a, dtype), jnp.asarray(b, dtype)
         ta, tb = (torch.from_numpy(x).to(getattr(torch, dtype)) for x in (a, b))
-        self.calls = {"jax": lambda: matmul(ja, jb).block_until_ready(), "torch": lambda: torch.mm(ta, tb)}
+        self.calls = {"jax": lambda: matmul(ja, jb), "torch": lambda: torch.mm(ta, tb)}
         for call in self.calls.values():
-            call()  # compile, warm up
+            timing.timed(call)  # compile, warm up
         self.flops = 2 * n**3
+
+    def timers(self) -> dict[str, Callable[[], float]]:
+        """One timer per library: the seconds of one matmul."""
+        return {name: lambda call=call: timing.seconds(call) for name, call in self.calls.items()}
 
     def sample(self, repeats: int = 3) -> dict[str, float]:
         """FLOP/s of each library's fastest of `repeats` matmuls, taking turns."""
-        best = {name: float("inf") for name in self.calls}
-        for _ in range(repeats):
-            for name, call in self.calls.items():
-                best[name] = min(best[name], best_time(call, 1))
-        return {name: self.flops / t for name, t in best.items()}
+        return {name: self.flops / t for name, t in timing.alternate(self.timers(), repeats).items()}
 
 
 def matmul_by_dtype(n: int = 2048, rounds: int = 3) -> dict[str, dict[str, float]]:
@@ -96,11 +81,9 @@ def matmul_by_dtype(n: int = 2048, rounds: int = 3) -> dict[str, dict[str, float
     round by round. Shows what each library's kernels make of this CPU (PyTorch's bfloat16 uses the
     AMX units where the CPU has them; XLA:CPU's does not, as measured here)."""
     peaks = {dtype: MatmulPeak(n, dtype) for dtype in ("float32", "bfloat16")}
-    best = {dtype: {"jax": 0.0, "torch": 0.0} for dtype in peaks}
-    for _ in range(rounds):
-        for dtype, peak in peaks.items():
-            best[dtype] = {k: max(v, best[dtype][k]) for k, v in peak.sample(1).items()}
-    return best
+    timers = {(dtype, name): timer for dtype, peak in peaks.items() for name, timer in peak.timers().items()}
+    best = timing.alternate(timers, rounds)
+    return {dtype: {name: peak.flops / best[dtype, name] for name in peak.calls} for dtype, peak in peaks.items()}
 
 
 # --- the two trainers ------------------------------------------------------------------------
@@ -114,20 +97,16 @@ def random_batches(vocab: int, batch: int, seq_len: int, count: int = 4) -> list
 
 
 class Ours:
-    """Our train step, driven as train.py drives it: a batch put on the mesh per step, the state
-    donated, the previous step's metrics read one step late."""
+    """Our train step (bench.steps.train_setup), driven as train.py drives it: a batch put on the
+    mesh per step, the state donated, the previous step's metrics read one step late."""
 
     def __init__(self, config, **model_overrides):
-        self.cfg = ModelConfig.from_dict({**config.model.to_dict(), **model_overrides})
+        setup = train_setup(config, **model_overrides)
         t = config.train
-        self.mesh = make_mesh(devices=jax.devices()[:1])
-        tx, schedule = make_optimizer(config.optim, t.steps)
-        self.state = training.create_state(self.cfg, tx, t.seed, self.mesh)
-        self.num_params = count_params(self.state.params)
+        self.cfg, self.state, self.train_step = setup.cfg, setup.state, setup.step
+        self.num_params, self.flops_per_token = setup.num_params, setup.flops_per_token
         self.tokens_per_step = t.batch_size * t.seq_len
-        self.flops_per_token = training.flops_per_token(self.cfg, self.num_params, t.seq_len)
-        self.train_step = training.make_train_step(self.cfg, tx, schedule, self.mesh, self.state)
-        self.sharding = batch_sharding(self.mesh)
+        self.sharding = setup.batch.sharding
         self.batches = random_batches(self.cfg.vocab_size, t.batch_size, t.seq_len)
         self.i = 0
 
@@ -152,20 +131,12 @@ class Theirs:
 
     def __init__(self, config):
         import torch
-        from transformers import GPT2Config, GPT2LMHeadModel
 
         torch.set_num_threads(os.cpu_count() or 1)
         torch.manual_seed(0)
-        cfg = ModelConfig.from_dict(config.model.to_dict())
+        cfg = model_config(config.model)
         t, o = config.train, config.optim
-        activation = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[cfg.activation]
-        self.model = GPT2LMHeadModel(GPT2Config(
-            vocab_size=cfg.vocab_size, n_positions=cfg.max_seq_len, n_embd=cfg.d_model,
-            n_layer=cfg.num_layers, n_head=cfg.num_heads, n_inner=cfg.mlp_dim,
-            activation_function=activation, layer_norm_epsilon=cfg.norm_eps,
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=cfg.tie_embeddings,
-            bos_token_id=None, eos_token_id=None,
-        )).train()
+        self.model = torch_gpt2(cfg).train()
         self.attn_implementation = self.model.config._attn_implementation
         # Decay what optim.decay_mask decays: the projection matrices, not embeddings, norms, biases.
         named = dict(self.model.named_parameters())
@@ -207,17 +178,15 @@ def alternate(runners: dict[str, Callable[[int], None]], steps: int, rounds: int
     (compilation, warm-up)."""
     for run in runners.values():
         run(1)
-    times: dict[str, list[float]] = {name: [] for name in runners}
     peaks = {"jax": 0.0, "torch": 0.0}
-    for _ in range(rounds):
-        for name, run in runners.items():
-            start = time.perf_counter()
-            run(steps)
-            times[name].append((time.perf_counter() - start) / steps)
-        peaks = {k: max(v, peaks[k]) for k, v in peak.sample().items()}
+
+    def sample_peak(times: dict[str, list[float]]) -> None:
+        peaks.update({k: max(v, peaks[k]) for k, v in peak.sample().items()})
         print("  " + ", ".join(f"{n} {t[-1] * 1e3:.0f} ms/step" for n, t in times.items())
               + f"; peak {max(peaks.values()) / 1e9:.0f} GFLOP/s", file=sys.stderr)
-    return {name: min(t) for name, t in times.items()}, peaks
+
+    timers = {name: lambda run=run: timing.seconds(lambda: run(steps)) / steps for name, run in runners.items()}
+    return timing.alternate(timers, rounds, after_round=sample_peak), peaks
 
 
 # --- where the time goes ---------------------------------------------------------------------

@@ -6,33 +6,23 @@ GPT-2 small's 12 layers of matrix-vector products (W_qkv [768, 2304], W_o [768, 
 W_in [768, 3072], W_out [3072, 768]; 340 MB of float32, far more than the CPU caches), run as one
 jitted chain at batch 1 and 8, with the weights stored as Flax keeps them, [in, out] (x @ W), or
 transposed, [out, in] (x @ W^T, PyTorch's layout), and the time to read the same bytes with numpy
-(the floor). The model stores [in, out], as Flax does; this measures what switching would gain.
+(the floor). The model stores [out, in] (transformer/linear.py); this measures what that choice gains.
 Prints a Markdown table; compare ratios within one run.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-
-from bench.train import best_time  # noqa: E402
+from bench import timing
 
 D, F, LAYERS = 768, 3072, 12
 SHAPES = ((D, 3 * D), (D, D), (D, F), (F, D))  # [in, out]: qkv, o, mlp in, mlp out
-
-
-def fastest(fn: Callable[[], object], repeats: int = 15) -> float:
-    """Seconds of the fastest of `repeats` calls, after one call to compile and warm up."""
-    fn()
-    return best_time(fn, repeats)
+REPEATS = 15  # timed calls of each chain, after one that compiles it
 
 
 def layer_chain(matmul: Callable[[jax.Array, jax.Array], jax.Array]):
@@ -48,13 +38,6 @@ def layer_chain(matmul: Callable[[jax.Array, jax.Array], jax.Array]):
     return jax.jit(chain)
 
 
-def read_seconds(num_bytes: int) -> float:
-    """Time for one thread per core to sum its share of num_bytes of float32."""
-    parts = np.array_split(np.ones(num_bytes // 4, np.float32), os.cpu_count() or 1)
-    with ThreadPoolExecutor(len(parts)) as pool:
-        return fastest(lambda: list(pool.map(np.sum, parts)), repeats=5)
-
-
 def main() -> None:
     keys = iter(jax.random.split(jax.random.key(0), LAYERS * len(SHAPES)))
     in_out = [[jax.random.normal(next(keys), s) * 0.02 for s in SHAPES] for _ in range(LAYERS)]
@@ -62,7 +45,7 @@ def main() -> None:
     num_bytes = sum(w.size * 4 for layer in in_out for w in layer)
     in_out_layout = layer_chain(lambda x, w: x @ w)
     out_in_layout = layer_chain(lambda x, w: jnp.einsum("bi,oi->bo", x, w))
-    floor = read_seconds(num_bytes)
+    floor = timing.read_seconds(num_bytes, repeats=5)
     print(f"### Weight reading by layout: GPT-2 small's layers, {num_bytes / 1e6:.0f} MB of float32 "
           f"weights, {os.cpu_count()} cores\n")
     print(f"Floor (numpy reads the same bytes): {floor * 1e3:.1f} ms.\n")
@@ -70,8 +53,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for batch in (1, 8):
         x = jnp.ones((batch, D))
-        a = fastest(lambda: jax.block_until_ready(in_out_layout(x, in_out)))  # noqa: B023
-        b = fastest(lambda: jax.block_until_ready(out_in_layout(x, out_in)))  # noqa: B023
+        a = timing.best(lambda: in_out_layout(x, in_out), REPEATS)  # noqa: B023
+        b = timing.best(lambda: out_in_layout(x, out_in), REPEATS)  # noqa: B023
         print(f"| {batch} | {a * 1e3:.1f} | {b * 1e3:.1f} | {a / b:.2f}x | {a / floor:.2f}x | {b / floor:.2f}x |")
 
 

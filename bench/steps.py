@@ -1,0 +1,99 @@
+"""What the benchmarks time: the library's own steps, set up as train.py and sample.py set them up,
+on one device, with random weights and no corpus; and the same architecture in PyTorch.
+
+    run = train_setup(config, scan_layers=True)         # cfg, mesh, state, jitted train step, ...
+    run = train_setup(config, abstract=True)            # shapes only: lower and compile, allocate nothing
+    cfg = model_config(config.model, max_seq_len=256)   # a config file's model with fields changed
+    state = decode_start(cfg, params, batch, prompt_len, cache_len)  # after a prefill of random prompts
+    model = torch_gpt2(cfg)                             # Hugging Face GPT2LMHeadModel, random weights
+
+Random weights come from transformer.training.init_params (key 0), as a new run's do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+from ml_collections import ConfigDict
+
+from transformer import sampling, training
+from transformer.config import ModelConfig
+from transformer.model import count_params
+from transformer.optim import make_optimizer
+from transformer.sharding import batch_sharding, make_mesh
+
+GREEDY = sampling.SamplingOptions(temperature=0.0)
+
+
+def model_config(model: ConfigDict, **overrides) -> ModelConfig:
+    """A config file's `model` section as a ModelConfig, with `overrides` (ModelConfig fields) changed."""
+    return ModelConfig.from_dict({**model.to_dict(), **overrides})
+
+
+@dataclasses.dataclass
+class TrainSetup:
+    """One config's train step on one device, built by the library as train.py builds it."""
+
+    cfg: ModelConfig
+    mesh: Mesh
+    state: Any  # training.TrainState, or its jax.ShapeDtypeStructs when abstract
+    step: Any  # training.make_train_step: (state, inputs, targets) -> (state, metrics), state donated
+    batch: jax.ShapeDtypeStruct  # the shape, dtype and sharding of one [B, T] batch
+    num_params: int
+    flops_per_token: float
+
+    def lower(self):
+        """The train step traced and lowered for `batch` (call .compile() on it)."""
+        return self.step.lower(self.state, self.batch, self.batch)
+
+
+def train_setup(config: ConfigDict, abstract: bool = False, **model_overrides) -> TrainSetup:
+    """The train step of `config` (its model with `model_overrides`), its optimizer and train state.
+
+    abstract: the state is shapes only (jax.eval_shape), for lowering and compiling the step without
+    allocating or running anything.
+    """
+    cfg = model_config(config.model, **model_overrides)
+    t = config.train
+    mesh = make_mesh(devices=jax.devices()[:1])
+    tx, schedule = make_optimizer(config.optim, t.steps)
+    create = lambda: training.create_state(cfg, tx, t.seed, mesh)  # noqa: E731
+    state = jax.eval_shape(create) if abstract else create()
+    num_params = count_params(state.params)
+    return TrainSetup(
+        cfg=cfg, mesh=mesh, state=state, step=training.make_train_step(cfg, tx, schedule, mesh, state),
+        batch=jax.ShapeDtypeStruct((t.batch_size, t.seq_len), jnp.int32, sharding=batch_sharding(mesh)),
+        num_params=num_params, flops_per_token=training.flops_per_token(cfg, num_params, t.seq_len),
+    )
+
+
+def random_params(cfg: ModelConfig) -> dict:
+    """Randomly initialised float32 parameters, ready (training.init_params, key 0)."""
+    return jax.block_until_ready(training.init_params(cfg, jax.random.key(0)))
+
+
+def decode_start(cfg: ModelConfig, params: dict, batch: int, prompt_len: int, cache_len: int):
+    """The greedy decode state after sampling.prefill of random prompts [batch, prompt_len]."""
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, prompt_len), dtype=np.int32)
+    lengths = np.full((batch,), prompt_len, np.int32)
+    keys = sampling.row_keys(jax.random.key(0), batch)
+    return sampling.prefill(params, cfg, tokens, lengths, keys, cache_len, GREEDY)
+
+
+def torch_gpt2(cfg: ModelConfig):
+    """This architecture as a Hugging Face GPT2LMHeadModel with random weights (float32, dropout 0,
+    its default attention, tied embeddings as cfg has them); the caller sets .train() or .eval()."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    activation = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[cfg.activation]
+    return GPT2LMHeadModel(GPT2Config(
+        vocab_size=cfg.vocab_size, n_positions=cfg.max_seq_len, n_embd=cfg.d_model, n_layer=cfg.num_layers,
+        n_head=cfg.num_heads, n_inner=cfg.mlp_dim, activation_function=activation,
+        layer_norm_epsilon=cfg.norm_eps, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        tie_word_embeddings=cfg.tie_embeddings, bos_token_id=None, eos_token_id=None,
+    ))

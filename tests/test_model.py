@@ -1,16 +1,17 @@
-"""Tests of the decoder (transformer/model.py, attention.py) on tiny configs.
+"""Tests of the decoder (transformer/model.py) on tiny configs, and its parameter counts.
 
 Every attention variant (MHA, GQA, MQA, MLA with a query latent and RoPE, MLA without RoPE) runs
 with every position scheme it allows, each variant at least once post-norm, through four
 properties: causality, (relative or absolute) position dependence, cached decoding == the
-cache-free forward, and a ragged batch == each row alone. Parameters are drawn at a larger scale than the initialiser's (std 0.25 instead of 0.02),
-so attention is far from uniform and a wrong mask or a wrong cache slot changes the logits.
+cache-free forward, and a ragged batch == each row alone. Parameters are drawn at a larger scale
+than the initialiser's (std 0.25 instead of 0.02), so attention is far from uniform and a wrong mask
+or a wrong cache slot changes the logits (tests/helpers/decoder.py builds the models). The attention layers' own properties (grouping,
+absorbed MLA, attention weights, head masks) are in tests/test_attention.py.
 """
 
 from __future__ import annotations
 
 import functools
-import types
 
 import chex
 import flax
@@ -19,29 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import ModelConfig, init_cache
-from transformer.attention import LatentAttention
-from transformer.cache import LatentCache
+from configs import gpt2
+from tests.helpers.decoder import BASE, POSITION, PREFILL, TOL, T, build, jit, make_cfg, max_diff, random_params
+from transformer import ModelConfig, count_params, init_cache
 from transformer.model import Decoder, check_positions
 from transformer.param_tree import unstack_layers
 
-BASE = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)
-ATTENTION = {
-    "mha": {},
-    "gqa": dict(num_kv_heads=2),
-    "mqa": dict(num_kv_heads=1),
-    "mla": dict(attention="mla", kv_latent_dim=16),
-    "mla_q_rope": dict(attention="mla", kv_latent_dim=16, q_latent_dim=24, rope_head_dim=4, v_head_dim=6),
-}
-# Other choices ride along with the position scheme, so the matrix also covers both norms, all
-# activations, biases on/off and tied/untied heads without growing.
-POSITION = {
-    "learned": dict(position="learned"),
-    "sinusoidal": dict(position="sinusoidal", activation="relu"),
-    "rope": dict(position="rope", norm="rmsnorm", norm_bias=False, activation="swiglu",
-                 use_bias=False, tie_embeddings=False),
-    "none": dict(position="none", activation="gelu_tanh", tie_embeddings=False),
-}
 POSTNORM = {"mha": "learned", "gqa": "rope", "mqa": "none", "mla": "sinusoidal"}
 VARIANTS = (
     [(a, p, p != POSTNORM[a]) for a in ("mha", "gqa", "mqa") for p in POSITION]
@@ -49,55 +33,6 @@ VARIANTS = (
     + [("mla_q_rope", "rope", True), ("mla_q_rope", "rope", False)]
 )
 VARIANT_IDS = [f"{a}-{p}-{'pre' if pre else 'post'}" for a, p, pre in VARIANTS]
-
-# The tests check what the model computes, not how fast, and compiling dominates their time: XLA's
-# LLVM backend at optimisation level 0 compiles these tiny programs ~35% faster. (HLO passes still
-# run; test_jit_and_eager_agree compiles with the default options.)
-jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
-
-T = 12  # full sequence length
-PREFILL = 7
-TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-def make_cfg(attention="gqa", position="rope", prenorm=True, **extra) -> ModelConfig:
-    return ModelConfig(**{**BASE, **ATTENTION[attention], **POSITION[position], "prenorm": prenorm, **extra})
-
-
-def random_params(model: Decoder, seed: int = 0, std: float = 0.25):
-    """Params of `model`'s structure, drawn N(0, std) (norm gains 1 + N(0, std)), float32."""
-    shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
-    rng = np.random.default_rng(seed)
-
-    def draw(path, s):
-        x = rng.standard_normal(s.shape) * std
-        if path[-1].key == "scale":
-            x = 1.0 + x
-        return jnp.asarray(x, s.dtype)
-
-    return jax.tree_util.tree_map_with_path(draw, shapes)
-
-
-@functools.lru_cache(maxsize=None)
-def build(attention="gqa", position="rope", prenorm=True, **extra):
-    """A tiny model, its params and jitted forward/cached-step functions (cached per process)."""
-    cfg = make_cfg(attention, position, prenorm, **extra)
-    model = Decoder(cfg)
-    params = random_params(model)
-    forward_at = jit(lambda p, tokens, positions: model.apply({"params": p}, tokens, positions)[0])
-
-    def forward(p, tokens, positions=None):  # one program for default and explicit positions
-        if positions is None:
-            positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
-        return forward_at(p, tokens, positions)
-
-    step = jit(lambda p, tokens, positions, cache: model.apply({"params": p}, tokens, positions, cache))
-    tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, T)).astype(np.int32)
-    return types.SimpleNamespace(cfg=cfg, model=model, params=params, forward=forward, step=step, tokens=tokens)
-
-
-def max_diff(a, b):
-    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
 
 
 # ----------------------------------------------------------------------------- the variant matrix
@@ -185,72 +120,6 @@ def check_ragged_batch_equals_rows_alone(m):
 # ----------------------------------------------------------------------------- equivalences
 
 
-def test_gqa_with_repeated_kv_heads_equals_mha():
-    """GQA (G=2 of H=4) equals MHA (num_kv_heads == num_heads) whose key/value heads are the GQA
-    heads each repeated H/G times: query head h reads key/value head h // (H/G)."""
-    gqa = build("gqa", "rope")
-    mha = Decoder(make_cfg("mha", "rope", num_kv_heads=BASE["num_heads"]))
-    assert mha.cfg == make_cfg("mha", "rope") and mha.cfg.kv_groups == 1
-    mha_forward = jit(lambda p, t: mha.apply({"params": p}, t)[0])
-    r = gqa.cfg.kv_groups
-
-    def mha_params(expand):
-        p = flax.core.unfreeze(jax.tree.map(np.asarray, gqa.params))
-        attn = p["layers"]["attn"]
-        for name in ("k", "v"):
-            attn[name]["kernel"] = expand(attn[name]["kernel"], axis=1)  # [L, G, K, D] -> [L, H, K, D]
-            if "bias" in attn[name]:
-                attn[name]["bias"] = expand(attn[name]["bias"], axis=1)
-        return jax.tree.map(jnp.asarray, p)
-
-    repeated = mha_params(lambda a, axis: np.repeat(a, r, axis=axis))
-    chex.assert_trees_all_equal_shapes_and_dtypes(repeated, random_params(mha))
-    out_gqa = gqa.forward(gqa.params, gqa.tokens)
-    np.testing.assert_allclose(mha_forward(repeated, gqa.tokens), out_gqa, **TOL)
-    # The grouping order matters: tiling (head h -> kv head h % G) is a different function.
-    tiled = mha_params(lambda a, axis: np.tile(a, [r if i == axis else 1 for i in range(a.ndim)]))
-    assert max_diff(mha_forward(tiled, gqa.tokens), out_gqa) > 1e-3
-
-
-@pytest.mark.parametrize("attention,position", [("mla_q_rope", "rope"), ("mla", "learned")])
-def test_absorbed_mla_equals_naive(attention, position):
-    cfg = make_cfg(attention, position)
-    naive, absorbed = LatentAttention(cfg, absorb=False), LatentAttention(cfg, absorb=True)
-    b, t, s_cache, n_cached = 2, 9, 10, 6
-    x = jnp.asarray(np.random.default_rng(0).standard_normal((b, t, cfg.d_model)), jnp.float32)
-    pos = jnp.broadcast_to(jnp.arange(t), (b, t))
-    shapes = jax.eval_shape(naive.init, jax.random.key(0), x, pos)["params"]
-    rng = np.random.default_rng(1)
-    params = jax.tree.map(lambda s: jnp.asarray(rng.standard_normal(s.shape) * 0.25 + 0.1, s.dtype), shapes)
-
-    jitted = {
-        id(mod): jit(lambda p, x, pos, c, mod=mod: mod.apply({"params": p}, x, pos, c, None, True))
-        for mod in (naive, absorbed)
-    }
-
-    def run(module, x, pos, cached):
-        return jitted[id(module)](params, x, pos, cached)
-
-    # Without a cache.
-    ref = run(naive, x, pos, None)
-    out, new, w = run(absorbed, x, pos, None)
-    np.testing.assert_allclose(out, ref[0], **TOL)
-    np.testing.assert_allclose(new.latent, ref[1].latent, **TOL)
-    np.testing.assert_allclose(w, ref[2], **TOL)
-    chex.assert_shape(ref[1].latent, (b, t, cfg.kv_latent_dim + (cfg.rope_head_dim or 0)))
-
-    # With a cache holding the first 6 tokens' latents (a token's latent depends on it alone):
-    # both equal the cache-free call on all 9 tokens.
-    first = ref[1].latent[:, :n_cached]
-    cache = LatentCache(latent=jnp.zeros((b, s_cache, first.shape[-1])).at[:, :n_cached].set(first))
-    outs = [run(mod, x[:, n_cached:], pos[:, n_cached:], cache) for mod in (naive, absorbed)]
-    for out, new, w in outs:
-        np.testing.assert_allclose(out, ref[0][:, n_cached:], **TOL)
-        np.testing.assert_allclose(new.latent, ref[1].latent[:, n_cached:], **TOL)
-        chex.assert_shape(w, (b, cfg.num_heads, t - n_cached, s_cache + t - n_cached))
-    np.testing.assert_allclose(outs[1][2], outs[0][2], **TOL)
-
-
 def test_scanned_and_unscanned_stacks_compute_the_same_function():
     """The same weights in either layout (tests/test_param_tree.py tests the conversion)."""
     m = build("mla_q_rope", "rope")
@@ -279,54 +148,6 @@ def test_jit_and_eager_agree():
     # And the fast-compiling jit the other tests use computes the same.
     np.testing.assert_allclose(m.step(m.params, m.tokens[:, :PREFILL], positions, init_cache(m.cfg, 2, T))[0],
                                jitted, **TOL)
-
-
-# ----------------------------------------------------------------------------- looking inside
-
-
-@pytest.mark.parametrize("attention,position", [("gqa", "rope"), ("mla_q_rope", "rope")])
-def test_return_attention_weights_are_causal_distributions(attention, position):
-    m = build(attention, position)
-    cfg = m.cfg
-    run = jit(lambda p, tokens, positions, cache: m.model.apply(
-        {"params": p}, tokens, positions, cache, return_attention=True))
-    logits, cache, w = run(m.params, m.tokens, None, None)
-    assert cache is None
-    chex.assert_shape(w, (cfg.num_layers, 2, cfg.num_heads, T, T))
-    w = np.asarray(w)
-    assert np.all(np.triu(w, k=1) == 0.0), "a query attends to a later key"
-    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
-    assert np.all(np.diagonal(w, axis1=-2, axis2=-1) > 0)
-    np.testing.assert_allclose(logits, m.forward(m.params, m.tokens), **TOL)
-
-    # With a cache: [L, B, H, T, S + T]; slots at or after this call's first position get nothing.
-    _, _, w = run(m.params, m.tokens[:, PREFILL : PREFILL + 1], np.full((2, 1), PREFILL), init_cache(cfg, 2, T))
-    chex.assert_shape(w, (cfg.num_layers, 2, cfg.num_heads, 1, T + 1))
-    w = np.asarray(w)
-    assert np.all(w[..., PREFILL:T] == 0.0)
-    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
-
-
-@pytest.mark.parametrize("attention,position", [("gqa", "rope"), ("mla_q_rope", "rope")])
-def test_head_mask_equals_zeroing_output_projection_rows(attention, position):
-    m = build(attention, position)
-    L, H = m.cfg.num_layers, m.cfg.num_heads
-    run = jit(lambda p, tokens, head_mask: m.model.apply({"params": p}, tokens, head_mask=head_mask)[0])
-    plain = np.asarray(m.forward(m.params, m.tokens))
-    np.testing.assert_allclose(run(m.params, m.tokens, jnp.ones((L, H))), plain, rtol=0, atol=1e-6)
-
-    ablate = [(0, 0), (1, 2)]
-    head_mask = np.ones((L, H), np.float32)
-    params = flax.core.unfreeze(jax.tree.map(np.array, m.params))
-    kernel = params["layers"]["attn"]["o"]["kernel"]  # [L, D, H, Kv]
-    chex.assert_shape(kernel, (L, m.cfg.d_model, H, None))
-    for layer, head in ablate:
-        head_mask[layer, head] = 0.0
-        kernel[layer, :, head] = 0.0
-    masked = np.asarray(run(m.params, m.tokens, head_mask))
-    zeroed = np.asarray(m.forward(jax.tree.map(jnp.asarray, params), m.tokens))
-    np.testing.assert_allclose(masked, zeroed, **TOL)
-    assert max_diff(masked, plain) > 1e-3, "ablating two heads changed nothing"
 
 
 # ----------------------------------------------------------------------------- errors and overflow
@@ -506,3 +327,44 @@ def test_remat_gives_same_loss_and_gradients():
     np.testing.assert_allclose(loss_r, loss_p, rtol=1e-6)
     chex.assert_trees_all_close(grad_r, grad_p, rtol=1e-5, atol=1e-6)
     assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grad_p)), "a parameter gets no gradient"
+
+
+# ----------------------------------------------------------------------------- parameter counts
+# (formerly tests/test_params.py): counts and dtypes without allocating the parameters (jax.eval_shape).
+
+
+def _shapes(cfg: ModelConfig):
+    tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+    return jax.eval_shape(Decoder(cfg).init, jax.random.key(0), tokens)["params"]
+
+
+def test_gpt2_small_has_124_439_808_parameters():
+    cfg = ModelConfig.from_dict(gpt2.get_config().model)
+    assert count_params(_shapes(cfg)) == 124_439_808
+    # The same count by hand: tied embeddings, learned positions, biases everywhere.
+    v, s, d, f, n = 50257, 1024, 768, 3072, 12
+    per_layer = (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d) + 2 * 2 * d
+    assert v * d + s * d + n * per_layer + 2 * d == 124_439_808
+
+
+def test_params_are_float32_with_bfloat16_compute():
+    cfg = ModelConfig.from_dict(gpt2.get_config().model).replace(dtype="bfloat16")
+    leaves = jax.tree.leaves(_shapes(cfg))
+    assert leaves and all(x.dtype == jnp.float32 for x in leaves)
+
+
+def test_tiny_mla_and_gqa_counts_by_hand():
+    base = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4, use_bias=False,
+                norm="rmsnorm", norm_bias=False, tie_embeddings=False, position="rope", mlp_dim=64)
+    v, d, f, L, H, K = 64, 32, 64, 2, 4, 8
+    gqa = ModelConfig(**base, num_kv_heads=2)
+    attn = d * H * K + 2 * d * 2 * K + H * K * d  # q, k, v (G = 2), o
+    per_layer = attn + 2 * d * f + 2 * d  # gelu MLP (in, out), two norm gains
+    assert count_params(_shapes(gqa)) == 2 * v * d + L * per_layer + d  # embed + head, final norm
+
+    mla = ModelConfig(**base, attention="mla", kv_latent_dim=12, q_latent_dim=16, rope_head_dim=4, v_head_dim=6)
+    C, Q, R, Kv = 12, 16, 4, 6
+    #      q_down  q_norm  q_up               kv_down        kv_norm  k_up        v_up         o
+    attn = d * Q + Q + Q * H * (K + R) + d * (C + R) + C + C * H * K + C * H * Kv + H * Kv * d
+    per_layer = attn + 2 * d * f + 2 * d
+    assert count_params(_shapes(mla)) == 2 * v * d + L * per_layer + d

@@ -1,0 +1,94 @@
+"""Tests of transformer/metrics.py: MetricWriter's metrics.jsonl rows and TensorBoard event files,
+the disabled writer of hosts other than 0, and read_metrics on a file cut short by a kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import pytest
+from tensorboardX.proto.event_pb2 import Event
+from tensorboardX.record_writer import masked_crc32c
+
+from transformer.metrics import MetricWriter, read_metrics
+
+ROWS = [
+    {"step": 1, "loss": 4.5, "learning_rate": 1e-4},
+    {"step": 2, "loss": 4.25, "learning_rate": 2e-4},
+    {"step": 2, "val_loss": 4.375},
+]
+
+
+def tensorboard_scalars(folder) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} from the event files in `folder`, read record by record
+    (TFRecord framing: length, its CRC, the Event proto, its CRC), checking both CRCs."""
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as f:
+            data = f.read()
+        at = 0
+        while at < len(data):
+            header = data[at:at + 8]
+            (length,) = struct.unpack("<Q", header)
+            assert struct.unpack("<I", data[at + 8:at + 12])[0] == masked_crc32c(header)
+            record = data[at + 12:at + 12 + length]
+            assert struct.unpack("<I", data[at + 12 + length:at + 16 + length])[0] == masked_crc32c(record)
+            at += 16 + length
+            event = Event.FromString(record)
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
+
+
+def test_rows_go_to_metrics_jsonl_one_json_object_per_line(tmp_path):
+    writer = MetricWriter(str(tmp_path))
+    for row in ROWS:
+        writer.write(row)
+        # Line-buffered: each row is on disk as soon as it is written, before close.
+        assert read_metrics(str(tmp_path / "metrics.jsonl"))[-1] == row
+    writer.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == ROWS
+
+
+def test_a_second_writer_appends_as_a_resumed_run_does(tmp_path):
+    for rows in (ROWS[:1], ROWS[1:]):
+        writer = MetricWriter(str(tmp_path))
+        for row in rows:
+            writer.write(row)
+        writer.close()
+    assert read_metrics(str(tmp_path / "metrics.jsonl")) == ROWS
+
+
+def test_scalars_go_to_tensorboard_event_files_by_step_without_the_step(tmp_path):
+    writer = MetricWriter(str(tmp_path))
+    for row in ROWS:
+        writer.write(row)
+    writer.close()
+    assert os.listdir(tmp_path / "tb") and all(n.startswith("events.out.tfevents") for n in os.listdir(tmp_path / "tb"))
+    scalars = tensorboard_scalars(tmp_path / "tb")
+    assert set(scalars) == {"loss", "learning_rate", "val_loss"}
+    assert scalars["loss"] == [(1, 4.5), (2, 4.25)]
+    assert scalars["val_loss"] == [(2, 4.375)]
+    assert [s for s, _ in scalars["learning_rate"]] == [1, 2]
+    assert [v for _, v in scalars["learning_rate"]] == pytest.approx([1e-4, 2e-4])
+
+
+def test_a_disabled_writer_writes_nothing(tmp_path):
+    writer = MetricWriter(str(tmp_path / "run"), enabled=False)
+    for row in ROWS:
+        writer.write(row)
+    writer.close()
+    assert not (tmp_path / "run").exists() and os.listdir(tmp_path) == []
+
+
+def test_read_metrics_skips_a_partial_last_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    text = "".join(json.dumps(row) + "\n" for row in ROWS)
+    path.write_text(text + '{"step": 3, "lo')  # killed in the middle of a row
+    assert read_metrics(str(path)) == ROWS
+    path.write_text(text)
+    assert read_metrics(str(path)) == ROWS
+    path.write_text("")
+    assert read_metrics(str(path)) == []

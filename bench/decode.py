@@ -37,7 +37,8 @@ from bench.steps import GREEDY, decode_start, model_config, random_params, torch
 from configs import gpt2, shakespeare
 from transformer import sampling
 from transformer.config import ModelConfig
-from transformer.model import Decoder, count_params, unrolled
+from transformer.model import Decoder, count_params
+from transformer.param_tree import unrolled
 
 PROMPT_LEN = 16
 LATENCY_POSITIONS = (16, 128, 240)

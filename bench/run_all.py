@@ -13,7 +13,6 @@ and the others still run.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import platform
 import subprocess

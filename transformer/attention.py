@@ -59,14 +59,8 @@ class Attention(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(
-        self,
-        x: Array,
-        positions: Array,
-        cached: KVCache | None = None,
-        head_mask: Array | None = None,
-        return_weights: bool = False,
-    ) -> tuple[Array, KVCache, Array | None]:
+    def __call__(self, x: Array, positions: Array, cached: KVCache | None = None, head_mask: Array | None = None,
+                 return_weights: bool = False) -> tuple[Array, KVCache, Array | None]:
         cfg = self.cfg
         dense = lambda heads, name: Linear(  # noqa: E731  W [heads, K, D]
             (heads, cfg.head_dim), use_bias=cfg.use_bias, dtype=cfg.dtype,
@@ -125,14 +119,8 @@ class LatentAttention(nn.Module):
     absorb: bool | None = None
 
     @nn.compact
-    def __call__(
-        self,
-        x: Array,
-        positions: Array,
-        cached: LatentCache | None = None,
-        head_mask: Array | None = None,
-        return_weights: bool = False,
-    ) -> tuple[Array, LatentCache, Array | None]:
+    def __call__(self, x: Array, positions: Array, cached: LatentCache | None = None, head_mask: Array | None = None,
+                 return_weights: bool = False) -> tuple[Array, LatentCache, Array | None]:
         cfg = self.cfg
         h, k_nope, k_v, c_kv = cfg.num_heads, cfg.head_dim, cfg.v_head_dim, cfg.kv_latent_dim
         k_r = cfg.rope_head_dim or 0  # Kr, the rotary width (0 without RoPE)

@@ -38,7 +38,8 @@ class ModelConfig:
     the key/value projections by a latent of width kv_latent_dim (DeepSeek-V2's multi-head latent
     attention); its queries may go through a latent of width q_latent_dim; with RoPE, a separate
     rotary part of width rope_head_dim is added to each query and to one key shared by all heads;
-    v_head_dim is the value width (defaults to head_dim).
+    v_head_dim is the value width (defaults to head_dim). mlp_dim=0 leaves the MLP and its norm out
+    of every block (attention-only layers).
 
     The fields fall in two groups: the architecture (every field above `dropout`: what the
     parameters mean) and the execution (EXECUTION_FIELDS: how they are computed). Fields left None
@@ -53,7 +54,7 @@ class ModelConfig:
     num_heads: int
     num_kv_heads: int | None = None  # None: = num_heads (multi-head attention)
     head_dim: int | None = None  # None: d_model // num_heads
-    mlp_dim: int | None = None  # None: 4 * d_model
+    mlp_dim: int | None = None  # None: 4 * d_model; 0: no MLP (attention-only blocks)
     activation: str = "gelu"
     position: str = "learned"
     rope_theta: float = 10000.0
@@ -100,8 +101,10 @@ class ModelConfig:
             object.__setattr__(self, "head_dim", self.d_model // self.num_heads)
         if self.mlp_dim is None:
             object.__setattr__(self, "mlp_dim", 4 * self.d_model)
-        for name in ("num_kv_heads", "head_dim", "mlp_dim"):
+        for name in ("num_kv_heads", "head_dim"):
             _positive(name, getattr(self, name))
+        if not isinstance(self.mlp_dim, int) or isinstance(self.mlp_dim, bool) or self.mlp_dim < 0:
+            raise ValueError(f"ModelConfig.mlp_dim must be a positive integer, or 0 for no MLP; got {self.mlp_dim!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"ModelConfig: num_heads={self.num_heads} is not divisible by "

@@ -6,6 +6,8 @@
         x = x + mlp(norm(x))                    x = norm(x + mlp(x))
     logits = head(norm(x))                      (the final norm only with pre-norm)
 
+mlp_dim=0 leaves out each block's MLP line (and its norm): attention-only blocks.
+
 `Decoder.__call__` is that forward pass; its helpers below it hold the mechanics: `_embed`,
 `_layers` (an nn.scan or a Python loop), `_logits`, and the out-of-range guard.
 """
@@ -73,7 +75,8 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One decoder layer: attention and MLP, each with a residual add and a norm.
+    """One decoder layer: attention and MLP, each with a residual add and a norm (mlp_dim=0:
+    attention alone, no `mlp` or `mlp_norm` parameters).
 
     x [B, T, D] -> x [B, T, D], plus this layer's new cache entries and (optionally) its attention
     weights [B, H, T, S_total]. The signature (carry, inputs) -> (carry, outputs) lets `nn.scan`
@@ -91,15 +94,17 @@ class Block(nn.Module):
         cfg = self.cfg
         drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
         attention = (LatentAttention if cfg.attention == "mla" else Attention)(cfg, name="attn")
-        mlp = MLP(cfg, name="mlp")
+        mlp = MLP(cfg, name="mlp")  # never called with mlp_dim=0, so it has no parameters then
         if cfg.prenorm:
             a, new, weights = attention(norm(cfg, "attn_norm")(x), positions, cached, head_mask, self.return_weights)
             x = x + drop(a)
-            x = x + drop(mlp(norm(cfg, "mlp_norm")(x)))
+            if cfg.mlp_dim:
+                x = x + drop(mlp(norm(cfg, "mlp_norm")(x)))
         else:
             a, new, weights = attention(x, positions, cached, head_mask, self.return_weights)
             x = norm(cfg, "attn_norm")(x + drop(a))
-            x = norm(cfg, "mlp_norm")(x + drop(mlp(x)))
+            if cfg.mlp_dim:
+                x = norm(cfg, "mlp_norm")(x + drop(mlp(x)))
         return x, (new if cached is not None else None, weights)
 
 

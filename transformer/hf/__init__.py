@@ -71,6 +71,8 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
     hf = {**family.DEFAULTS, **hf}
     _check_common(hf, arch)
     cfg, convert = family.import_config(hf)
+    if cfg.mlp_dim == 0:  # ModelConfig reads it as "no MLP"; a zero-width MLP is not worth importing
+        raise ValueError(f"cannot import {arch} with an MLP width of 0: this importer expects an MLP in every layer")
     cfg = cfg.replace(scan_layers=scan_layers)
     tensors = open_tensors()  # only now, after every check of the config
     layers = [convert.layer(tensors, cfg, i) for i in range(cfg.num_layers)]
@@ -94,7 +96,7 @@ def to_hf(
     RMSNorm, SwiGLU, optional grouped-query attention) become LlamaForCausalLM. A missing norm gain
     or bias (norm_scale / norm_bias / use_bias False) is written as ones / zeros, so importing the
     export gives an equivalent model whose config has them. Anything else (post-norm, sinusoidal or
-    no positions, MLA, ...) raises a ValueError saying why, before anything is written.
+    no positions, MLA, mlp_dim=0, ...) raises a ValueError saying why, before anything is written.
 
     With `tokenizer` (the one the model was trained with) the folder also holds:
       tokenizer.json         a Hugging Face tokenizer: a BPE's own; for the byte tokenizer, a
@@ -112,6 +114,11 @@ def to_hf(
       directory: created if needed; then `AutoModelForCausalLM.from_pretrained(directory)`.
       tokenizer: a ByteTokenizer or BPETokenizer with at most cfg.vocab_size ids, or None.
     """
+    if cfg.mlp_dim == 0:
+        raise ValueError(
+            "cannot export mlp_dim=0 (attention-only blocks): GPT-2 and Llama have an MLP in every layer, "
+            "so no supported Hugging Face architecture can hold this model"
+        )
     if tokenizer is not None:
         check_tokenizer(cfg, tokenizer)
     if "params" in params and len(params) == 1:

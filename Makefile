@@ -55,3 +55,10 @@ plot: .venv/.installed-run
 
 clean:
 	rm -rf .venv .cache runs
+
+# A sweep file's variants, each trained into runs/sweeps/NAME/VARIANT, then NAME/results.md and NAME/val_loss.png;
+# rerun to resume (finished variants are skipped).
+.PHONY: sweep
+SWEEP ?= configs/sweeps/lecture.py
+sweep: .venv/.installed-run
+	$(PY) sweep.py --sweep $(SWEEP) --workdir runs/sweeps/$(basename $(notdir $(SWEEP)))

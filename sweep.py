@@ -1,0 +1,369 @@
+"""Train the variants of a config side by side, then tabulate and plot them.
+
+    python sweep.py --sweep configs/sweeps/lecture.py --workdir runs/sweeps/lecture
+    make sweep SWEEP=configs/sweeps/lecture.py                # the same, into runs/sweeps/lecture
+
+A sweep file's `get_config()` returns a dict (configs/sweeps/tiny.py is the smallest):
+
+    base       a config in configs/ by name ("shakespeare"), or a config file's path
+    overrides  {dotted field: value} for every run, e.g. {"train.steps": 400}
+    variants   {name: {dotted field: value}}, in table order; {} is the base itself
+    seeds      optional: each variant trains once per train.seed in the list
+
+(a dict, not a ConfigDict: a ConfigDict sorts its keys, losing the variants' order, and refuses
+dotted keys unless built with allow_dotted_keys=True; one is accepted all the same.)
+
+Each run is an ordinary training run in <workdir>/<variant> (with seeds: <variant>-seed<s>), trained
+by train.py's train() one after another in this process: the config stays a typed ConfigDict (no
+round trip through command-line strings), JAX starts once rather than once per run, and a failing
+run's error arrives as an exception that names its variant. Rerunning the command skips the finished
+runs (latest checkpoint at train.steps) and resumes the others from their latest checkpoint, so a
+killed sweep goes on where it stopped; raising train.steps continues every run. Then it writes
+<workdir>/results.md (one table row per run) and <workdir>/val_loss.png (validation loss by step).
+
+Before anything trains, every run's config is built and checked: an unknown field is an error naming
+the closest one, and a run folder trained under another config is an error naming what changed.
+A run that fails while training (its loss diverged, say) is reported in the table and the sweep goes
+on (exit code 1). Ctrl-C / SIGTERM: the current run saves a checkpoint and the sweep stops (130 / 143).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib.util
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+from absl import logging
+from ml_collections import ConfigDict
+
+import train
+from transformer.cache import kv_cache_bytes_per_token
+from transformer.checkpoint import CHECKPOINT_DIR, CheckpointError
+from transformer.cli import closest_field, leaf_fields
+from transformer.config import ModelConfig
+from transformer.files import write_atomically
+from transformer.metrics import read_metrics
+from transformer.model import Decoder, count_params
+from transformer.run_config import check_train_config, resolve
+
+CONFIGS = os.path.join(train.ROOT, "configs")
+SWEEP_KEYS = ("base", "overrides", "variants", "seeds")
+# Fields a finished or started run may differ in from the sweep's config without being stale:
+# more train.steps continue a run; the others do not change what it learns.
+MAY_CHANGE = ("train.steps", "train.run_steps", "train.sample_tokens", "train.log_every", "train.eval_every",
+              "train.checkpoint_every", "train.keep_checkpoints", "train.peak_flops", "data.cache_dir")
+FORMAT = ("dict(base='shakespeare', overrides={'train.steps': 300}, variants={'rmsnorm': {'model.norm': "
+          "'rmsnorm'}, ...}, seeds=[0, 1]), overrides and seeds optional")
+
+
+class SweepError(ValueError):
+    """The sweep file, or a run folder, cannot give the sweep it describes (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run of the sweep."""
+
+    name: str  # its folder under the sweep's workdir: the variant, with seeds "<variant>-seed<s>"
+    changes: dict  # the variant's overrides of the base
+    config: ConfigDict  # the run's full config
+    workdir: str
+
+
+# --- the sweep file -> the runs ------------------------------------------------------------------
+
+
+def load_sweep(path: str) -> dict:
+    """The sweep file's get_config() as a dict, its keys checked."""
+    if not os.path.isfile(path):
+        raise SweepError(f"--sweep {path!r}: no such file (e.g. configs/sweeps/lecture.py)")
+    sweep = get_config(path)
+    sweep = sweep.to_dict() if isinstance(sweep, ConfigDict) else dict(sweep)
+    for key in sweep:
+        if key not in SWEEP_KEYS:
+            close = difflib.get_close_matches(key, SWEEP_KEYS, n=1)
+            raise SweepError(f"{path}: unknown key {key!r}" + (f"; did you mean {close[0]!r}?" if close else
+                                                               f"; a sweep has {', '.join(SWEEP_KEYS)}"))
+    variants, seeds = sweep.get("variants"), sweep.get("seeds") or []
+    if not (isinstance(sweep.get("base"), str) and isinstance(variants, Mapping) and variants
+            and all(isinstance(v, Mapping | None) for v in variants.values())
+            and isinstance(sweep.get("overrides") or {}, Mapping) and isinstance(seeds, list | tuple)
+            and all(isinstance(s, int) for s in seeds)):
+        raise SweepError(f"{path}: get_config() must return {FORMAT}")
+    return sweep
+
+
+def get_config(path: str):
+    """A config file's get_config()."""
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def base_path(base: str) -> str:
+    """A config name ('shakespeare' -> configs/shakespeare.py) or a path to a config file."""
+    if base.endswith(".py"):
+        return base if os.path.isfile(base) else os.path.join(train.ROOT, base)
+    path = os.path.join(CONFIGS, f"{base}.py")
+    if not os.path.isfile(path):
+        names = [f[:-3] for f in os.listdir(CONFIGS) if f.endswith(".py") and not f.startswith("_")]
+        close = difflib.get_close_matches(base, names, n=1)
+        raise SweepError(f"sweep base {base!r}: no config {path}" + (f"; did you mean {close[0]!r}?" if close else ""))
+    return path
+
+
+def override(config: ConfigDict, changes: Mapping, where: str) -> None:
+    """Sets each dotted field of `changes` in `config`; an unknown field names the closest one."""
+    fields = leaf_fields(config)
+    for name, value in changes.items():
+        if name not in fields:
+            close = closest_field(name, fields)
+            raise SweepError(f"{where}: unknown config field {name}" +
+                             (f"; did you mean {close}?" if close else "; configs/common.py lists the fields"))
+        *sections, leaf = name.split(".")
+        node = config
+        for section in sections:
+            node = node[section]
+        try:
+            node[leaf] = value
+        except (TypeError, ValueError) as e:
+            raise SweepError(f"{where}: {name}={value!r} does not fit the field ({str(e).splitlines()[0]})") from None
+
+
+def plan(sweep: dict, sweep_path: str, workdir: str, extra: Mapping | None = None) -> list[Job]:
+    """Every run of the sweep (`load_sweep`'s dict), its config built and checked; nothing is trained
+    or written. extra: overrides for every run after the sweep's own (e.g. the tests' data.cache_dir).
+    """
+    path = base_path(sweep["base"])
+    seeds = sweep.get("seeds")
+    jobs = []
+    for seed in seeds if seeds else [None]:
+        for variant, changes in sweep["variants"].items():
+            name = variant if seed is None else f"{variant}-seed{seed}"
+            if not re.fullmatch(r"[\w.-]+", name):
+                raise SweepError(f"variant {variant!r}: name it with letters, digits, '_', '-' or '.' (a folder)")
+            config = get_config(path)  # afresh per run: overrides must not leak from one run to the next
+            override(config, sweep.get("overrides") or {}, f"{sweep_path}: overrides")
+            override(config, changes or {}, f"variant {variant!r}")
+            override(config, extra or {}, "extra overrides")
+            if seed is not None:
+                override(config, {"train.seed": seed}, f"{sweep_path}: seeds")
+            job = Job(name, dict(changes or {}), config, os.path.join(workdir, name))
+            try:
+                resolved = resolve(config, train.DEFAULT_CACHE_DIR)
+                check_train_config(resolved, ModelConfig.from_dict(resolved.model))
+            except ValueError as e:
+                raise SweepError(f"variant {variant!r}: {e}") from None
+            check_run_folder(job)
+            jobs.append(job)
+    return jobs
+
+
+def check_run_folder(job: Job) -> None:
+    """Raises if the run's folder holds a run of another config, or one past train.steps."""
+    saved_path = os.path.join(job.workdir, "config.json")
+    if not os.path.isfile(saved_path):
+        return
+    with open(saved_path) as f:
+        saved = flat(json.load(f))
+    now = flat(json.loads(json.dumps(resolve(job.config, train.DEFAULT_CACHE_DIR).to_dict())))
+    changed = [k for k in now if k in saved and k not in MAY_CHANGE and saved[k] != now[k]]
+    if changed:
+        what = "; ".join(f"{k}: {saved[k]!r} there, {now[k]!r} now" for k in changed[:4])
+        raise SweepError(f"{job.workdir} was trained with another config ({what}); delete that folder to "
+                         "train the variant afresh, or give the sweep another --workdir")
+    step = latest_step(job.workdir)
+    if step is not None and step > job.config.train.steps:
+        raise SweepError(f"{job.workdir} is at step {step}, past train.steps={job.config.train.steps}; raise "
+                         "train.steps in the sweep, or delete that folder")
+
+
+def flat(tree: Mapping, prefix: str = "") -> dict:
+    """{'train': {'steps': 3}} -> {'train.steps': 3}."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def latest_step(workdir: str) -> int | None:
+    """The step of the run's latest complete checkpoint, None before its first."""
+    directory = os.path.join(workdir, CHECKPOINT_DIR)
+    steps = ocp.utils.checkpoint_steps(directory) if os.path.isdir(directory) else []  # finalized ones only
+    return max(steps, default=None)
+
+
+# --- training ------------------------------------------------------------------------------------
+
+
+def run_all(jobs: list[Job]) -> dict[str, str]:
+    """Trains every unfinished run; returns {run name: error} for those that failed.
+
+    Ctrl-C / SIGTERM end the sweep (train.Interrupted) once the current run has saved.
+    """
+    failures = {}
+    for i, job in enumerate(jobs, 1):
+        steps, step = job.config.train.steps, latest_step(job.workdir)
+        changes = ", ".join(f"{k}={v!r}" for k, v in job.changes.items()) or "the base"
+        if step == steps:
+            print(f"[{i}/{len(jobs)}] {job.name}: skipped, finished at step {step} ({job.workdir})", flush=True)
+            continue
+        start = f"resuming at step {step} of {steps}" if step else f"{steps} steps"
+        print(f"\n[{i}/{len(jobs)}] {job.name} ({changes}): {start} in {job.workdir}", flush=True)
+        started = time.perf_counter()
+        try:
+            train.train(job.config, job.workdir, progress=False)
+        except train.Interrupted:
+            record_wall_time(job.workdir, time.perf_counter() - started)
+            raise
+        except (ValueError, FileNotFoundError, CheckpointError, train.Diverged) as e:
+            print(f"{job.name} failed: {e}", file=sys.stderr, flush=True)
+            failures[job.name] = str(e)
+            continue
+        record_wall_time(job.workdir, time.perf_counter() - started)
+    return failures
+
+
+def record_wall_time(workdir: str, seconds: float) -> None:
+    """Appends {"step", "wall_seconds"} to the run's metrics.jsonl: this invocation's wall time, set-up
+    and compiling included (a run resumed after a kill -9 lacks the killed invocation's)."""
+    if os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
+        with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps({"step": latest_step(workdir) or 0, "wall_seconds": seconds}) + "\n")
+
+
+# --- results -------------------------------------------------------------------------------------
+
+
+def num_params(cfg: ModelConfig) -> int:
+    """The model's parameter count, from shapes alone (jax.eval_shape: nothing is allocated)."""
+    shapes = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))
+    return count_params(shapes["params"])
+
+
+def collect(job: Job, failure: str | None = None) -> dict:
+    """One run's results from its folder: metrics.jsonl, config.json, checkpoints."""
+    saved = os.path.join(job.workdir, "config.json")
+    if os.path.isfile(saved):
+        with open(saved) as f:
+            cfg = ModelConfig.from_dict(json.load(f)["model"])
+    else:  # never started
+        cfg = ModelConfig.from_dict(resolve(job.config, train.DEFAULT_CACHE_DIR).model)
+    metrics = os.path.join(job.workdir, "metrics.jsonl")
+    rows = read_metrics(metrics) if os.path.isfile(metrics) else []
+    evals = {r["step"]: r for r in rows if "val_loss" in r}  # a resumed run's repeated steps: the last
+    step, steps = latest_step(job.workdir), job.config.train.steps
+    status = (f"failed: {failure[:150]}".replace("|", "/") if failure else "done" if step == steps
+              else f"at step {step or 0} of {steps}")
+    return dict(
+        name=job.name, changes=job.changes, params=num_params(cfg), kv_bytes=kv_cache_bytes_per_token(cfg),
+        val_loss={s: evals[s]["val_loss"] for s in sorted(evals)},
+        final=evals[max(evals)] if evals else None, best=min(evals.values(), key=lambda r: r["val_loss"], default=None),
+        tokens_per_sec=statistics.median([r["tokens_per_sec"] for r in rows if "tokens_per_sec" in r] or [math.nan]),
+        wall_seconds=sum(r["wall_seconds"] for r in rows if "wall_seconds" in r), status=status,
+    )
+
+
+def table(results: list[dict], title: str) -> str:
+    """The results as Markdown: one row per run, parameters relative to the first row."""
+    lines = [
+        f"# {title}", "",
+        "Validation loss in nats per token on the fixed validation batches (final: at the last step; best: "
+        "the lowest evaluation); bits per byte at the last step; parameters relative to the first row; "
+        "tokens/s the median over the logged windows; wall time of the sweep's train() calls, set-up and "
+        "compiling included.", "",
+        "| run | changes from the base | parameters | KV cache (bytes/token) | val loss (final) | "
+        "val loss (best, step) | bits/byte | tokens/s | wall time | status |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|---|",
+    ]
+    first = results[0]["params"]
+    for r in results:
+        changes = ", ".join(f"`{k}={v!r}`" for k, v in r["changes"].items()) or "(the base)"
+        params = f"{r['params']:,}" + (f" ({100 * (r['params'] / first - 1):+.1f}%)" if r is not results[0] else "")
+        final, best = r["final"], r["best"]
+        lines.append(" | ".join([
+            f"| {r['name']}", changes, params, f"{r['kv_bytes']:,}",
+            f"{final['val_loss']:.4f}" if final else "-",
+            f"{best['val_loss']:.4f} ({best['step']})" if best else "-",
+            f"{final['val_bits_per_byte']:.3f}" if final else "-",
+            f"{r['tokens_per_sec']:,.0f}" if math.isfinite(r["tokens_per_sec"]) else "-",
+            duration(r["wall_seconds"]), r["status"] + " |",
+        ]))
+    return "\n".join(lines) + "\n"
+
+
+def duration(seconds: float) -> str:
+    return "-" if not seconds else f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def plot(results: list[dict], path: str, title: str) -> None:
+    """Validation loss against step, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5), dpi=100)
+    colors = plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2]  # 10 strong, then pale
+    for i, r in enumerate(results):
+        steps = list(r["val_loss"])
+        ax.plot(steps, [r["val_loss"][s] for s in steps], "o-", ms=3, lw=1.2, color=colors[i % 20], label=r["name"])
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss (nats per token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run_sweep(sweep_path: str, workdir: str, extra: Mapping | None = None) -> int:
+    """Plans, trains what is left, writes results.md and val_loss.png; returns the exit code."""
+    sweep = load_sweep(sweep_path)
+    jobs = plan(sweep, sweep_path, workdir, extra)
+    print(f"sweep {sweep_path}: {len(jobs)} run{'s' * (len(jobs) > 1)} in {workdir}", flush=True)
+    failures = run_all(jobs)
+    results = [collect(job, failures.get(job.name)) for job in jobs]
+    title = f"Sweep {sweep_path} (base: {sweep['base']})"
+    os.makedirs(workdir, exist_ok=True)
+    write_atomically(os.path.join(workdir, "results.md"), table(results, title))
+    plot(results, os.path.join(workdir, "val_loss.png"), title)
+    print(f"\nwrote {os.path.join(workdir, 'results.md')} and {os.path.join(workdir, 'val_loss.png')}")
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sweep", required=True, help="a sweep file, e.g. configs/sweeps/lecture.py")
+    p.add_argument("--workdir", required=True, help="the sweep's folder: one subfolder per run, and the results")
+    args = p.parse_args(argv)
+    logging.set_verbosity(logging.WARNING)  # the libraries' INFO lines (orbax logs ~45 per save), as train.py
+    try:
+        return run_sweep(args.sweep, args.workdir)
+    except SweepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except train.Interrupted as e:
+        print(str(e), file=sys.stderr)  # "... rerun the same command to resume"
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

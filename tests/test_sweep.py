@@ -1,0 +1,130 @@
+"""sweep.py: configs/sweeps/tiny.py (two variants of configs/tiny.py, 8 steps each) trained in this
+process, its table and figure, skipping finished runs, resuming a killed one; the sweep file's
+errors; and the lecture sweep's variants and matched parameter counts (planned, not trained)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+
+import sweep
+import train
+from transformer.config import ModelConfig
+from transformer.metrics import read_metrics
+from transformer.run_config import resolve
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "configs", "sweeps", "tiny.py")
+LECTURE = os.path.join(ROOT, "configs", "sweeps", "lecture.py")
+
+
+def run_sweep(workdir, extra) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = sweep.run_sweep(TINY, str(workdir), extra)
+    return code, out.getvalue()
+
+
+def read(path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """The tiny sweep after a kill: `baseline` trained 4 of its 8 steps on its own (train.run_steps
+    stops a run early with a checkpoint, as a killed sweep leaves it), then the sweep, then the
+    sweep again."""
+    workdir = tmp_path_factory.mktemp("sweep")
+    extra = {"data.cache_dir": str(tmp_path_factory.mktemp("tokens"))}
+    baseline = sweep.plan(sweep.load_sweep(TINY), TINY, str(workdir), extra)[0]
+    config = copy.deepcopy(baseline.config)
+    config.train.run_steps = 4
+    with contextlib.redirect_stdout(io.StringIO()):
+        train.train(config, baseline.workdir, progress=False)
+    first = run_sweep(workdir, extra)
+    metrics = {name: read(workdir / name / "metrics.jsonl") for name in ("baseline", "attention_only")}
+    second = run_sweep(workdir, extra)
+    return SimpleNamespace(workdir=workdir, extra=extra, first=first, second=second, metrics=metrics)
+
+
+def test_a_killed_run_resumes_from_its_checkpoint(swept):
+    code, out = swept.first
+    assert code == 0, out
+    assert "baseline (the base): resuming at step 4 of 8" in out
+    assert "resumed from the checkpoint at step 4" in out
+    rows = read_metrics(os.path.join(swept.workdir, "baseline", "metrics.jsonl"))
+    assert [r["step"] for r in rows if "loss" in r] == [2, 4, 6, 8]  # continued, not started over
+    assert "attention_only (model.mlp_dim=0): 8 steps" in out
+
+
+def test_the_table_has_every_run_and_the_figure_is_written(swept):
+    table = read(swept.workdir / "results.md").decode()
+    rows = {line.split(" | ")[0][2:]: line for line in table.splitlines() if line.startswith("| ")}
+    assert {"baseline", "attention_only"} <= set(rows)
+    for name in ("baseline", "attention_only"):
+        assert rows[name].endswith("| done |")
+        with open(swept.workdir / name / "config.json") as f:
+            assert f"{sweep.num_params(ModelConfig.from_dict(json.load(f)['model'])):,}" in rows[name]
+    assert "`model.mlp_dim=0`" in rows["attention_only"] and "(-38.2%)" in rows["attention_only"]
+    wall = [r["wall_seconds"] for r in read_metrics(swept.workdir / "attention_only" / "metrics.jsonl")
+            if "wall_seconds" in r]
+    assert len(wall) == 1 and wall[0] > 0
+    assert read(swept.workdir / "val_loss.png")[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_rerun_skips_the_finished_runs(swept):
+    code, out = swept.second
+    assert code == 0, out
+    assert "[1/2] baseline: skipped, finished at step 8" in out
+    assert "[2/2] attention_only: skipped, finished at step 8" in out
+    assert "model:" not in out  # nothing was set up or compiled
+    for name, before in swept.metrics.items():
+        assert read(swept.workdir / name / "metrics.jsonl") == before
+
+
+def test_a_run_folder_of_another_config_is_refused(swept):
+    changed = {**swept.extra, "optim.learning_rate": 1e-4}
+    with pytest.raises(sweep.SweepError, match=r"baseline was trained with another config \(optim.learning_rate"):
+        sweep.plan(sweep.load_sweep(TINY), TINY, str(swept.workdir), changed)
+
+
+@pytest.mark.parametrize("sweep_file, message", [
+    ('dict(base="tiny", variants={"rms": {"model.nrom": "rmsnorm"}})',
+     "variant 'rms': unknown config field model.nrom; did you mean model.norm?"),
+    ('dict(base="tiny", variants={"a": {"trian.steps": 3}})',
+     "variant 'a': unknown config field trian.steps; did you mean train.steps?"),
+    ('dict(base="shakespear", variants={"a": {}})', "did you mean 'shakespeare'?"),
+    ('dict(base="tiny", variant={"a": {}})', "unknown key 'variant'; did you mean 'variants'?"),
+    ('dict(base="tiny", variants={"a": {"model.num_kv_heads": 3}})', "variant 'a': ModelConfig: num_heads=4"),
+])
+def test_a_bad_sweep_file_is_a_one_line_error(tmp_path, capsys, sweep_file, message):
+    path = tmp_path / "bad.py"
+    path.write_text(f"def get_config():\n    return {sweep_file}\n")
+    assert sweep.main(["--sweep", str(path), "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "w").exists()
+
+
+def test_the_lecture_sweep_changes_one_thing_per_variant_at_matched_parameter_counts(tmp_path):
+    jobs = sweep.plan(sweep.load_sweep(LECTURE), LECTURE, str(tmp_path))
+    models = {job.name: ModelConfig.from_dict(resolve(job.config, "").model) for job in jobs}
+    params = {name: sweep.num_params(cfg) for name, cfg in models.items()}
+    assert len(jobs) == 12 and jobs[0].name == "baseline" and params["baseline"] == 842_496
+    for job in jobs:
+        assert job.config.train.steps == 300
+        changed = set(models[job.name].differences(models["baseline"])) - models[job.name].derived
+        assert changed == {k.split(".")[1] for k in job.changes}  # the variant's fields, nothing else
+    assert {name: params[name] for name in ("gqa", "mqa", "mla")} == {"gqa": 842_240, "mqa": 842_112, "mla": 842_112}
+    for name in ("layernorm_plain", "rmsnorm", "postnorm", "gqa", "mqa", "mla"):
+        assert abs(params[name] / params["baseline"] - 1) < 0.01, name
+    assert {name: params[name] for name in ("sinusoidal", "rope", "no_positions")} == dict.fromkeys(
+        ("sinusoidal", "rope", "no_positions"), 842_496 - 128 * 128)  # the learned position table
+    assert (models["mla"].kv_latent_dim, models["mqa"].num_kv_heads) == (64, 1)

@@ -26,8 +26,6 @@ from transformer.cache import Cache
 from transformer.config import ModelConfig
 from transformer.linear import Linear
 from transformer.norm import Norm
-# Re-exported: callers (sampling.py, bench/, checkpoint.py) import these from here.
-from transformer.param_tree import layout_differences, stack_layers, unrolled, unstack_layers  # noqa: F401
 
 Array = jax.Array
 

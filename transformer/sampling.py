@@ -295,7 +295,7 @@ def decode(
 ) -> tuple[DecodeState, Array, Array]:
     """`num_steps` decode steps in one `lax.scan` (no Python loop over tokens).
 
-    Scanned layers (cfg.scan_layers) are unrolled for decoding (`model.unrolled`): a step is bound
+    Scanned layers (cfg.scan_layers) are unrolled for decoding (`param_tree.unrolled`): a step is bound
     by reading the weights, and a scanned stack would copy them every step. Callers that decode in
     several calls unroll once themselves (generate_stream does), else each call copies them once.
 

@@ -1,4 +1,9 @@
-"""What the notebooks share: smoke mode, plots, and a small trained model.
+"""What the notebooks share: smoke mode, plots, a small trained model, and the provenance record.
+
+Every notebook's first code cell records what it was executed with (`provenance`): the commit, smoke
+mode, and the config of every model it builds or loads, with the training fields of a trained one.
+tests/test_notebooks.py reads the committed notebooks and fails when that record is missing or no
+longer matches what the notebook would build today (`make figures` re-executes them).
 
 The notebooks import the installed project (`make notebooks` installs it editable: transformer,
 configs); this file is imported from beside them (Jupyter starts a notebook's kernel in notebooks/).
@@ -24,9 +29,12 @@ paths from the root, so NOTEBOOK_CHECKPOINT=runs/NAME works from either):
 import contextlib
 import functools
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 import tempfile
+import textwrap
 from collections.abc import Mapping
 
 import matplotlib.pyplot as plt
@@ -77,9 +85,9 @@ def save_figure(fig, name: str) -> str:
     return path
 
 
-def train_config():
+def train_config(smoke: bool = SMOKE):
     """The notebooks' model: configs/shakespeare.py made smaller and shorter (tiny.py in smoke mode)."""
-    if SMOKE:
+    if smoke:
         from configs import tiny
 
         c = tiny.get_config()
@@ -118,23 +126,115 @@ def load_model():
         config = train_config()
         done = os.path.isdir(os.path.join(workdir, "checkpoints")) and (
             Checkpointer(workdir, read_only=True).latest_step() or 0) >= config.train.steps
-        if not done:
+        if done:
+            _check_same_run(config, workdir)
+        else:
             _train(config, workdir)
     cfg, params, tokenizer = restore_for_inference(workdir)
-    print(f"model: {_describe(workdir)}")
+    ckpt = Checkpointer(workdir, read_only=True)
+    source = "NOTEBOOK_CHECKPOINT" if os.environ.get("NOTEBOOK_CHECKPOINT") else OWN_MODEL
+    provenance({"model": cfg}, run_fields(ckpt.config()), model={
+        "run": _name(workdir), "from": source, "step": ckpt.latest_step(), "val_loss": _val_loss(workdir)})
     return cfg, params, tokenizer, workdir
 
 
-def _describe(workdir: str) -> str:
-    """'runs/notebook_model, step 500, validation loss 2.099 nats/token' (what the workdir records)."""
+def _check_same_run(config, workdir: str) -> None:
+    """Raises if the finished run in `workdir` was trained with another model or run config than
+    `config` (e.g. runs/notebook_model left over from an older train_config())."""
     from transformer.checkpoint import Checkpointer
+    from transformer.config import ModelConfig
+
+    saved = Checkpointer(workdir, read_only=True).config()
+    now, then = ModelConfig.from_dict(config.model), ModelConfig.from_dict(saved["model"])
+    differences = [f"model.{k}: {then.to_dict()[k]!r} -> {now.to_dict()[k]!r}" for k in then.differences(now)]
+    wanted, found = run_fields(config), run_fields(saved)
+    differences += [f"{k}: {found.get(k)!r} -> {wanted[k]!r}" for k in wanted if found.get(k) != wanted[k]]
+    if differences:
+        raise ValueError(
+            f"{workdir} holds a model trained with another config than _setup.train_config() builds now "
+            f"({'; '.join(differences)}). Delete that folder (rm -rf {_name(workdir)}) and run the cell again "
+            "to train today's model.")
+
+
+# --- Provenance: what a notebook was executed with -------------------------------------------------
+
+PROVENANCE_MIME = "application/vnd.transformer.provenance+json"
+OWN_MODEL = "_setup.train_config()"  # model.from for the notebooks' own model
+# The training fields recorded for a trained model (besides its ModelConfig): what it learned from.
+RUN_FIELDS = ("train.steps", "train.batch_size", "train.seq_len", "train.seed", "optim.learning_rate",
+              "optim.warmup_steps", "data.path", "data.tokenizer", "data.val_fraction")
+# What decides the notebooks' outputs besides each notebook's own cells: uncommitted changes to these
+# tracked files mark the commit "+dirty". The notebooks themselves are left out: `make figures`
+# rewrites them one after another, and a notebook's own cells are what its kernel ran.
+CODE_PATHS = ("transformer", "configs", "train.py", "notebooks", ":(exclude)notebooks/*.ipynb")
+
+
+def commit(root: str = ROOT) -> str:
+    """`git rev-parse --short HEAD` of `root`, plus '+dirty' if tracked files under CODE_PATHS have
+    uncommitted changes; 'unknown' outside a git checkout."""
+    def git(*args):
+        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=30)
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        if head.returncode:
+            return "unknown"
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def run_fields(config) -> dict:
+    """RUN_FIELDS of a run config (a ConfigDict or a checkpoint's saved config), as 'section.field':
+    value; a data.path under the repository is written relative to it (train.py saves it absolute)."""
+    fields = {name: config[name.split(".")[0]][name.split(".")[1]] for name in RUN_FIELDS}
+    path = fields["data.path"]
+    if path and os.path.isabs(path) and path.startswith(ROOT + os.sep):
+        fields["data.path"] = os.path.relpath(path, ROOT)
+    return fields
+
+
+def provenance(configs: Mapping, run: Mapping | None = None, model: Mapping | None = None) -> dict:
+    """Records, as this cell's output, what the notebook is executed with: the commit, smoke mode,
+    the ModelConfig of every model it builds (`configs`, name -> ModelConfig) and, for a trained one,
+    where it came from (`model`: run, from, step, val_loss) and its RUN_FIELDS (`run`). Shown as text;
+    the same record, every field of every config, is stored as JSON (PROVENANCE_MIME) for
+    tests/test_notebooks.py. Returns it."""
+    record = {"commit": commit(), "smoke": SMOKE, "model": dict(model) if model else None,
+              "configs": {name: cfg.to_dict() for name, cfg in configs.items()},
+              "run": dict(run) if run is not None else None}
+    record = json.loads(json.dumps(record))  # exactly what the notebook file will hold
+
+    lines = [f"provenance: executed at commit {record['commit']}, NOTEBOOK_SMOKE {'on' if SMOKE else 'off'}"]
+    if model:
+        loss = f", validation loss {model['val_loss']:.3f} nats/token" if model.get("val_loss") is not None else ""
+        lines.append(f"model: {model['run']}, step {model['step']}{loss} (from {model['from']})")
+    for name, cfg in configs.items():  # the text names the fields that differ from their defaults
+        changed = [f.name for f in cfg.fields() if getattr(cfg, f.name) != f.default]
+        text = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in changed)
+        lines.append(textwrap.fill(text, 110, initial_indent=f"{name}: ModelConfig(", subsequent_indent="    ") + ")")
+    if run is not None:
+        lines.append(textwrap.fill(", ".join(f"{k}={v!r}" for k, v in record["run"].items()), 110,
+                                   initial_indent="run: ", subsequent_indent="    "))
+    from IPython.display import display
+
+    display({PROVENANCE_MIME: record, "text/plain": "\n".join(lines)}, raw=True)
+    return record
+
+
+def _name(workdir: str) -> str:
+    """`workdir` relative to the repository root if it lies under it (runs/notebook_model)."""
+    return os.path.relpath(workdir, ROOT) if os.path.abspath(workdir).startswith(ROOT + os.sep) else workdir
+
+
+def _val_loss(workdir: str) -> float | None:
+    """The run's last validation loss in metrics.jsonl (None if it has none)."""
     from transformer.metrics import read_metrics
 
-    name = os.path.relpath(workdir, ROOT) if os.path.abspath(workdir).startswith(ROOT + os.sep) else workdir
-    text = f"{name}, step {Checkpointer(workdir, read_only=True).latest_step()}"
     metrics = os.path.join(workdir, "metrics.jsonl")
     losses = [r["val_loss"] for r in read_metrics(metrics) if "val_loss" in r] if os.path.exists(metrics) else []
-    return text + (f", validation loss {losses[-1]:.3f} nats/token" if losses else "")
+    return round(float(losses[-1]), 4) if losses else None
 
 
 @functools.cache
@@ -191,3 +291,35 @@ def validation_tokens(workdir: str, tokenizer):
     cache = os.path.join(ROOT, os.path.expanduser(saved["cache_dir"]))
     cache = cache if os.path.isdir(cache) else TOKEN_CACHE
     return load_corpus(data_path(workdir), tokenizer, cache, saved["val_fraction"]).val
+
+
+# --- The models of the model-free notebooks (built here so that the test can rebuild them) ---------
+
+
+def lecture_layer_config():
+    """attention_basics.ipynb's one attention layer: the lecture's d = 6, H = 2 heads of width 3,
+    n = 5 tokens, no biases."""
+    from transformer.config import ModelConfig
+
+    return ModelConfig(vocab_size=8, max_seq_len=5, d_model=6, num_layers=1, num_heads=2, use_bias=False)
+
+
+def kv_cache_variants(smoke: bool = SMOKE) -> dict:
+    """kv_cache.ipynb's models, name -> ModelConfig: configs/llama.py with H, H/4 and 1 key/value
+    heads (MHA, GQA, MQA) and configs/mla.py (MLA); in smoke mode 2 layers of width 64."""
+    from configs import llama, mla
+    from transformer.config import ModelConfig
+
+    gqa_fields = llama.get_config().model.to_dict()
+    mla_fields = mla.get_config().model.to_dict()
+    if smoke:
+        small = dict(d_model=64, num_layers=2, num_heads=4, mlp_dim=128, max_seq_len=64)
+        gqa_fields.update(small)
+        mla_fields.update(small, head_dim=16, v_head_dim=16, kv_latent_dim=16, rope_head_dim=8, q_latent_dim=24)
+    heads = gqa_fields["num_heads"]
+    return {
+        "MHA": ModelConfig.from_dict({**gqa_fields, "num_kv_heads": heads}),
+        "GQA": ModelConfig.from_dict({**gqa_fields, "num_kv_heads": heads // 4 if heads >= 8 else heads // 2}),
+        "MQA": ModelConfig.from_dict({**gqa_fields, "num_kv_heads": 1}),
+        "MLA": ModelConfig.from_dict(mla_fields),
+    }

@@ -1,5 +1,8 @@
-"""The notebooks run top to bottom in smoke mode and leave the repository as it was; `make plot` and
-`make figures` write where they should.
+"""The committed notebooks were executed by today's code; the notebooks run top to bottom in smoke mode
+and leave the repository as it was; `make plot` and `make figures` write where they should.
+
+The committed notebooks are read, not executed (fast): each must hold no error, and its provenance
+record (the first cell's output, see notebooks/_setup.py) must match what the notebook builds now.
 
 Each notebook executes in memory from a temporary copy of notebooks/ (its kernel starts there, as
 under Jupyter): the committed notebooks, their outputs and docs/ are not touched. Every notebook runs
@@ -13,6 +16,7 @@ installed elsewhere.
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,12 +26,12 @@ import nbclient
 import nbformat
 import pytest
 
-pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = ["attention_basics", "attention_maps", "head_ablation", "kv_cache"]
 KERNEL = "transformer-notebook-test"
 import _setup  # noqa: E402  (the notebooks' shared set-up; notebooks/ is on pytest's pythonpath)
 from scripts import plot_metrics  # noqa: E402
+from transformer.config import ModelConfig  # noqa: E402
 
 
 def uses_a_model(name):
@@ -38,6 +42,112 @@ def uses_a_model(name):
 def test_every_notebook_is_tested():
     found = sorted(f[: -len(".ipynb")] for f in os.listdir(os.path.join(ROOT, "notebooks")) if f.endswith(".ipynb"))
     assert found == sorted(NOTEBOOKS)
+
+
+# --- The committed notebooks: outputs from today's code (read, not executed) --------------------
+
+FIX = ("Re-execute the notebooks with today's code: `make figures` (it trains runs/notebook_model first if "
+       "it is missing), or without redrawing docs/loss_curve.png: NOTEBOOK_FIGURES=$PWD/docs/figures "
+       "JUPYTER_PATH=$PWD/.venv/share/jupyter .venv/bin/jupyter nbconvert --to notebook --execute --inplace "
+       "notebooks/*.ipynb; then read the new outputs against the notebooks' text and commit notebooks/ and "
+       "docs/figures/.")
+
+
+def builds_now(name):
+    """(configs, run fields) that notebook `name`, executed now outside smoke mode, would record."""
+    if uses_a_model(name):
+        config = _setup.train_config(smoke=False)
+        return {"model": ModelConfig.from_dict(config.model)}, _setup.run_fields(config)
+    model_free = {"attention_basics": lambda: {"section 4": _setup.lecture_layer_config()},
+                  "kv_cache": lambda: _setup.kv_cache_variants(smoke=False)}
+    return model_free[name](), None
+
+
+def differences(recorded, now, prefix=""):
+    """'key: recorded -> now' for every key whose value differs (nested dicts compared key by key)."""
+    out = []
+    for key in sorted(set(recorded or {}) | set(now or {})):
+        a, b = (recorded or {}).get(key, "<missing>"), (now or {}).get(key, "<missing>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out
+
+
+def provenance_record(nb, path):
+    """The provenance record of a committed notebook: exactly one, in its first code cell."""
+    found = [(i, o) for i, c in enumerate(c for c in nb.cells if c.cell_type == "code") for o in c.outputs
+             if _setup.PROVENANCE_MIME in o.get("data", {})]
+    assert len(found) == 1 and found[0][0] == 0, (
+        f"{path}: {'no' if not found else len(found)} provenance record(s) (an output of type "
+        f"{_setup.PROVENANCE_MIME}, from _setup.provenance or _setup.load_model, in the first code cell): the "
+        f"committed outputs do not say which code made them. {FIX}")
+    record = found[0][1]["data"][_setup.PROVENANCE_MIME]
+    return json.loads(record) if isinstance(record, str) else record
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_committed_notebook_is_from_todays_code(name):
+    path = f"notebooks/{name}.ipynb"
+    nb = nbformat.read(os.path.join(ROOT, path), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+
+    errors = [f"cell {i}: {o.get('ename', '')} {o.get('evalue', '')}".strip() for i, c in enumerate(code)
+              for o in c.outputs if o.output_type == "error"
+              or "Traceback (most recent call last)" in o.get("text", "") + o.get("data", {}).get("text/plain", "")]
+    assert not errors, f"{path}: committed outputs hold errors ({'; '.join(errors)}). {FIX}"
+    counts = [c.execution_count for c in code]
+    assert counts == list(range(1, len(code) + 1)), (
+        f"{path}: the code cells were not executed once each, top to bottom, in one run (execution counts "
+        f"{counts}). {FIX}")
+
+    record = provenance_record(nb, path)
+    assert re.fullmatch(r"[0-9a-f]{7,40}(\+dirty)?", str(record.get("commit"))), (
+        f"{path}: the recorded commit {record.get('commit')!r} is not a git commit. {FIX}")
+    assert record.get("smoke") is False, f"{path}: executed with NOTEBOOK_SMOKE=1 (the tests' tiny model). {FIX}"
+    configs, run = builds_now(name)
+    now = {"configs": {k: cfg.to_dict() for k, cfg in configs.items()}, "run": run}
+    stale = differences({"configs": record.get("configs"), "run": record.get("run")},
+                        json.loads(json.dumps(now)))
+    if run is not None:
+        model = record.get("model") or {}
+        assert model.get("from") == _setup.OWN_MODEL, (
+            f"{path}: executed on the model {model.get('run')!r} from {model.get('from')!r}, not the notebooks' "
+            f"own model ({_setup.OWN_MODEL}); unset NOTEBOOK_CHECKPOINT. {FIX}")
+        if model.get("step") != run["train.steps"]:
+            stale.append(f"model step: {model.get('step')!r} -> {run['train.steps']!r}")
+    assert not stale, (
+        f"{path} was executed at commit {record.get('commit')} with configs that today's code no longer "
+        f"builds ({'; '.join(stale)}): its outputs and figures are stale. {FIX} If runs/notebook_model was "
+        "trained with the old config, delete it first so that it is trained again.")
+
+
+def test_commit_is_marked_dirty_by_uncommitted_code_only(tmp_path):
+    if not shutil.which("git"):
+        pytest.skip("git is not installed")
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    for folder in ("transformer", "notebooks", "docs"):
+        (tmp_path / folder).mkdir()
+    for file in ("transformer/model.py", "notebooks/_setup.py", "notebooks/a.ipynb", "docs/notes.md"):
+        (tmp_path / file).write_text("x\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first")
+    head = _setup.commit(str(tmp_path))
+    assert re.fullmatch(r"[0-9a-f]{7,}", head)
+    (tmp_path / "notebooks" / "a.ipynb").write_text("outputs\n")  # `make figures` rewrites the notebooks
+    (tmp_path / "docs" / "notes.md").write_text("y\n")
+    (tmp_path / "transformer" / "new.py").write_text("untracked\n")
+    assert _setup.commit(str(tmp_path)) == head
+    for file in ("transformer/model.py", "notebooks/_setup.py"):
+        (tmp_path / file).write_text("changed\n")
+        assert _setup.commit(str(tmp_path)) == head + "+dirty"
+        git("checkout", "-q", "--", file)
+    assert _setup.commit(str(tmp_path / "nowhere")) == "unknown"
 
 
 # --- Where things go -------------------------------------------------------------------------
@@ -64,6 +174,7 @@ def make(*args):
     return subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
 
+@pytest.mark.slow
 def test_make_plot_draws_the_named_run_and_only_make_figures_writes_docs():
     plot = make("plot", "RUN=x")
     assert "scripts/plot_metrics.py x/metrics.jsonl x/loss_curve.png" in plot and "docs/" not in plot
@@ -75,6 +186,7 @@ def test_make_plot_draws_the_named_run_and_only_make_figures_writes_docs():
     assert "pip install -q -e '.[notebooks]'" in make("-W", "pyproject.toml", "notebooks")
 
 
+@pytest.mark.slow
 def test_plot_metrics(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
@@ -141,6 +253,7 @@ def own_run(tmp_path_factory):
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_data_path_of_a_run(own_run, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("NOTEBOOK_DATA", raising=False)
@@ -162,6 +275,7 @@ def test_data_path_of_a_run(own_run, tmp_path, monkeypatch):
         _setup.data_path(str(moved))
 
 
+@pytest.mark.slow
 def test_a_missing_checkpoint_is_named(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("NOTEBOOK_CHECKPOINT", "runs/no-such-run")
@@ -199,6 +313,7 @@ def docs_state():
 
 
 # Every notebook on the user's run; those that load a model also on the notebooks' own.
+@pytest.mark.slow
 @pytest.mark.parametrize("name,model", [(n, "own_run") for n in NOTEBOOKS]
                          + [(n, "notebook_model") for n in NOTEBOOKS if uses_a_model(n)])
 def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
@@ -230,8 +345,12 @@ def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 1, f"{name} drew no figure"
+    record = provenance_record(nb, name)
+    assert record["smoke"] is True and record["commit"]
     if uses_a_model(name):
-        text = "".join(o.get("text", "") for o in outputs)
+        text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
         assert f"model: {os.path.relpath(run, ROOT) if model == 'own_run' else run}, step" in text
+        assert record["model"]["from"] == ("NOTEBOOK_CHECKPOINT" if model == "own_run" else _setup.OWN_MODEL)
+        assert record["configs"]["model"]["attention"] == ("mla" if model == "own_run" else "mha")
     assert os.path.isfile(os.path.join(run, "figures", f"{name}.png")), "figures go to the run's folder"
     assert docs_state() == before, "running a notebook must not change docs/"

@@ -93,7 +93,7 @@ def test_committed_notebook_is_from_todays_code(name):
     nb = nbformat.read(os.path.join(ROOT, path), as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
 
-    errors = [f"cell {i}: {o.get('ename', '')} {o.get('evalue', '')}".strip() for i, c in enumerate(code)
+    errors = [f"code cell {i + 1}: {o.get('ename', '')} {o.get('evalue', '')}".strip() for i, c in enumerate(code)
               for o in c.outputs if o.output_type == "error"
               or "Traceback (most recent call last)" in o.get("text", "") + o.get("data", {}).get("text/plain", "")]
     assert not errors, f"{path}: committed outputs hold errors ({'; '.join(errors)}). {FIX}"

@@ -60,10 +60,15 @@ DEFAULT_CACHE_DIR = os.path.join(ROOT, ".cache", "tokens")  # data.cache_dir = "
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "shakespeare.py")
 
 FLAGS = flags.FLAGS
-# No default here: absl would load it while defining the flag, before the flags parser can report a
-# bad override; config_flags_parser adds --config=DEFAULT_CONFIG when none is given.
-config_flags.DEFINE_config_file("config", None, f"Config file (get_config()); default {DEFAULT_CONFIG}.")
-flags.DEFINE_string("workdir", None, "Folder for checkpoints, metrics and the tokenizer.", required=True)
+
+
+def define_flags() -> None:
+    """The command line's flags, defined only when train.py runs as a script: importing train (the
+    notebooks and sweep.py call `train()`) defines none, so it never clashes with sample.py's."""
+    # No default here: absl would load it while defining the flag, before the flags parser can report a
+    # bad override; config_flags_parser adds --config=DEFAULT_CONFIG when none is given.
+    config_flags.DEFINE_config_file("config", None, f"Config file (get_config()); default {DEFAULT_CONFIG}.")
+    flags.DEFINE_string("workdir", None, "Folder for checkpoints, metrics and the tokenizer.", required=True)
 
 
 class Diverged(RuntimeError):
@@ -471,4 +476,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main, flags_parser=config_flags_parser(DEFAULT_CONFIG))

@@ -39,3 +39,9 @@ def test_training_needs_none_of_the_test_extras():
     runtime = " ".join(project["dependencies"])
     assert "torch" not in runtime and "transformers" not in runtime and "pytest" not in runtime
     assert any(d.startswith("tensorboard") for d in project["optional-dependencies"]["tensorboard"])
+
+
+def test_the_lecture_sweep_is_one_command_that_rewrites_its_committed_results():
+    commands = dry_run("lecture-sweep")
+    assert "sweep.py --sweep configs/sweeps/lecture.py --workdir runs/sweeps/lecture" in commands
+    assert "docs/sweeps/lecture.md" in commands and "docs/figures/lecture_sweep.png" in commands

@@ -128,3 +128,12 @@ def test_the_lecture_sweep_changes_one_thing_per_variant_at_matched_parameter_co
     assert {name: params[name] for name in ("sinusoidal", "rope", "no_positions")} == dict.fromkeys(
         ("sinusoidal", "rope", "no_positions"), 842_496 - 128 * 128)  # the learned position table
     assert (models["mla"].kv_latent_dim, models["mqa"].num_kv_heads) == (64, 1)
+
+
+def test_the_second_seed_repeats_the_close_calls_with_seed_1():
+    from configs.sweeps import lecture, lecture_seed1
+
+    first, second = lecture.get_config(), lecture_seed1.get_config()
+    assert second["overrides"] == {**first["overrides"], "train.seed": 1}
+    assert list(second["variants"]) == list(lecture_seed1.CLOSE)
+    assert all(second["variants"][name] == first["variants"][name] for name in lecture_seed1.CLOSE)

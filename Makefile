@@ -71,3 +71,5 @@ lecture-sweep: .venv/.installed-run
 	mkdir -p docs/sweeps
 	cp runs/sweeps/lecture/results.md docs/sweeps/lecture.md
 	cp runs/sweeps/lecture/val_loss.png docs/figures/lecture_sweep.png
+	$(PY) sweep.py --sweep configs/sweeps/lecture_seed1.py --workdir runs/sweeps/lecture_seed1
+	cp runs/sweeps/lecture_seed1/results.md docs/sweeps/lecture_seed1.md

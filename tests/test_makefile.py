@@ -45,3 +45,4 @@ def test_the_lecture_sweep_is_one_command_that_rewrites_its_committed_results():
     commands = dry_run("lecture-sweep")
     assert "sweep.py --sweep configs/sweeps/lecture.py --workdir runs/sweeps/lecture" in commands
     assert "docs/sweeps/lecture.md" in commands and "docs/figures/lecture_sweep.png" in commands
+    assert "configs/sweeps/lecture_seed1.py" in commands and "docs/sweeps/lecture_seed1.md" in commands

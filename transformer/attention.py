@@ -16,8 +16,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer import cache as kv_cache
 from transformer import ops
-from transformer.cache import KVCache, LatentCache
+from transformer.cache import Cache, KVCache, LatentCache
 from transformer.config import ModelConfig
 from transformer.linear import Linear
 from transformer.norm import Norm
@@ -31,36 +32,52 @@ def dense_init(cfg: ModelConfig, output: bool = False) -> nn.initializers.Initia
     return nn.initializers.normal(std)
 
 
-def segment_masks(positions: Array, cache_len: int | None) -> list[Array]:
+def segment_masks(positions: Array, cached: Cache | None) -> list[Array]:
     """Masks for the keys a query sees: cached slots (if any), then this call's tokens.
 
     Args:
-      positions: [B, T] positions of this call's tokens, contiguous in each row.
-      cache_len: S, the cache's number of slots, or None without a cache.
+      positions: [B, T] positions of this call's tokens, contiguous in each row (register tokens
+        at -R..-1 before 0, see model.py).
+      cached: one layer's cache (R register slots, then S slots), or None without a cache.
     Returns:
-      [cache mask [B, 1, T, S],] new-token mask [B, 1, T, T].
+      [cache mask [B, 1, T, R + S],] new-token mask [B, 1, T, T].
     """
     masks = [ops.causal_mask(positions, positions)]
-    if cache_len is not None:
-        slots = jnp.broadcast_to(jnp.arange(cache_len), (positions.shape[0], cache_len))
+    if cached is not None:
+        slots = kv_cache.slot_positions(cached)  # [R + S]: -R..-1, 0..S-1
+        slots = jnp.broadcast_to(slots, (positions.shape[0], slots.shape[0]))
         # Slots at or after this call's first position are stale: this call rewrites them.
         filled = slots < positions[:, :1]
         masks.insert(0, ops.causal_mask(positions, slots, filled))
     return masks
 
 
+def rotary_positions(positions: Array) -> Array:
+    """[B, T] positions for RoPE: register tokens (negative positions) are not rotated (angle 0)."""
+    return jnp.maximum(positions, 0)
+
+
+def sink_logit(module: nn.Module, cfg: ModelConfig) -> Array | None:
+    """The [H] learned sink logit per head (cfg.attention_sink), or None. Zero at init: the sink
+    starts as one more key of logit 0 ("softmax plus one"), neutral next to near-zero scores."""
+    if not cfg.attention_sink:
+        return None
+    return module.param("sink", nn.initializers.zeros, (cfg.num_heads,), jnp.float32)
+
+
 class Attention(nn.Module):
     """Multi-head attention with learned W_q, W_k, W_v, W_o; G < H key/value heads = grouped-query.
 
     x [B, T, D] -> out [B, T, D]; new cache entries KVCache(k, v) with arrays [B, T, G, K];
-    attention weights [B, H, T, S_total] when asked for.
+    attention weights [B, H, T, S_total] when asked for ([B, H, T, S_total + 1] with a sink, its
+    column last; return_weights='logits': the pre-softmax logits instead).
     """
 
     cfg: ModelConfig
 
     @nn.compact
     def __call__(self, x: Array, positions: Array, cached: KVCache | None = None, head_mask: Array | None = None,
-                 return_weights: bool = False) -> tuple[Array, KVCache, Array | None]:
+                 return_weights: bool | str = False) -> tuple[Array, KVCache, Array | None]:
         cfg = self.cfg
         dense = lambda heads, name: Linear(  # noqa: E731  W [heads, K, D]
             (heads, cfg.head_dim), use_bias=cfg.use_bias, dtype=cfg.dtype,
@@ -70,19 +87,19 @@ class Attention(nn.Module):
         k = dense(cfg.num_kv_heads, "k")(x)  # [B, T, G, K]
         v = dense(cfg.num_kv_heads, "v")(x)  # [B, T, G, K]
         if cfg.position == "rope":
-            q = ops.rope(q, positions, cfg.rope_theta)
-            k = ops.rope(k, positions, cfg.rope_theta)
+            q = ops.rope(q, rotary_positions(positions), cfg.rope_theta)
+            k = ops.rope(k, rotary_positions(positions), cfg.rope_theta)
 
         ks, vs, heads_first = [k], [v], [False]
         if cached is not None:  # one layer's cache, [B, G, S, K] as it lies
             ks.insert(0, cached.k.astype(k.dtype))
             vs.insert(0, cached.v.astype(v.dtype))
             heads_first.insert(0, True)
-        masks = segment_masks(positions, None if cached is None else cached.max_len)
+        masks = segment_masks(positions, cached)
         out, weights = ops.dot_product_attention(
             q, ks, vs, masks, return_weights=return_weights,
             implementation="reference" if cached is not None else cfg.attention_impl,
-            heads_first=heads_first,
+            heads_first=heads_first, sink=sink_logit(self, cfg),
         )
         out = output_projection(cfg, out, head_mask)
         return out, KVCache(k=k, v=v), weights
@@ -120,7 +137,7 @@ class LatentAttention(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, positions: Array, cached: LatentCache | None = None, head_mask: Array | None = None,
-                 return_weights: bool = False) -> tuple[Array, LatentCache, Array | None]:
+                 return_weights: bool | str = False) -> tuple[Array, LatentCache, Array | None]:
         cfg = self.cfg
         h, k_nope, k_v, c_kv = cfg.num_heads, cfg.head_dim, cfg.v_head_dim, cfg.kv_latent_dim
         k_r = cfg.rope_head_dim or 0  # Kr, the rotary width (0 without RoPE)
@@ -138,8 +155,8 @@ class LatentAttention(nn.Module):
         kv = dense(c_kv + k_r, "kv_down")(x)  # [B, T, C + Kr]
         latent = norm("kv_norm")(kv[..., :c_kv])
         if k_r:
-            q_rope = ops.rope(q_rope, positions, cfg.rope_theta)
-            k_rope = ops.rope(kv[:, :, None, c_kv:], positions, cfg.rope_theta)[:, :, 0]
+            q_rope = ops.rope(q_rope, rotary_positions(positions), cfg.rope_theta)
+            k_rope = ops.rope(kv[:, :, None, c_kv:], rotary_positions(positions), cfg.rope_theta)[:, :, 0]
             latent = jnp.concatenate([latent, k_rope], axis=-1)  # [B, T, C + Kr]
 
         # W_UK [H, K, C] and W_UV [H, Kv, C], stored [out, in] as every projection (see linear.py).
@@ -147,7 +164,8 @@ class LatentAttention(nn.Module):
         w_uv = self.param("v_up", dense_init(cfg), (h, k_v, c_kv), jnp.float32).astype(cfg.dtype)
 
         segments = [latent] if cached is None else [cached.latent.astype(latent.dtype), latent]
-        masks = segment_masks(positions, None if cached is None else cached.max_len)
+        masks = segment_masks(positions, cached)
+        sink = sink_logit(self, cfg)
         scale = (k_nope + k_r) ** -0.5  # the width of the original query/key dot product
         absorb = cached is not None if self.absorb is None else self.absorb
         if absorb:
@@ -157,7 +175,7 @@ class LatentAttention(nn.Module):
             ks = [s[:, :, None, :] for s in segments]  # [B, S, 1, C + Kr]
             vs = [s[:, :, None, :c_kv] for s in segments]  # [B, S, 1, C]
             out_c, weights = ops.dot_product_attention(
-                q_abs, ks, vs, masks, scale=scale, return_weights=return_weights
+                q_abs, ks, vs, masks, scale=scale, return_weights=return_weights, sink=sink
             )
             out = jnp.einsum("bthc,hkc->bthk", out_c, w_uv)  # [B, T, H, Kv]
         else:
@@ -169,7 +187,7 @@ class LatentAttention(nn.Module):
                 vs.append(jnp.einsum("bsc,hkc->bshk", s[..., :c_kv], w_uv))  # [B, S, H, Kv]
             out, weights = ops.dot_product_attention(
                 jnp.concatenate([q_nope, q_rope], axis=-1), ks, vs, masks, scale=scale,
-                return_weights=return_weights,
+                return_weights=return_weights, sink=sink,
                 implementation="reference" if cached is not None else cfg.attention_impl,
             )
         out = output_projection(cfg, out, head_mask)

@@ -16,6 +16,12 @@ buffers through `stacked`; decoding always runs unrolled layers.
 Because slot = position, a row's slots below its current position are always filled: rows of a
 ragged batch may sit at different positions, and stale slots (e.g. padding written during a
 prefill) are overwritten before any query can see them.
+
+Register tokens (cfg.num_registers = R > 0) take R extra leading slots: the registers sit at
+positions -R..-1 (model.py), so slot = position + R, and max_len still counts real tokens. Their
+keys and values depend on the parameters only (they come first causally), so the call that fills
+an empty cache (the prefill) computes and writes them once; `registers_written`, a static field
+(part of the pytree's structure, not an array), tells later calls to read them from the cache.
 """
 
 from __future__ import annotations
@@ -40,10 +46,13 @@ class KVCache:
 
     k: Layers | Array
     v: Layers | Array
+    registers: int = flax.struct.field(pytree_node=False, default=0)  # R leading register slots
+    registers_written: bool = flax.struct.field(pytree_node=False, default=False)
 
     @property
     def max_len(self) -> int:
-        return jax.tree.leaves(self.k)[0].shape[-2]
+        """Slots for real tokens (the R register slots are not counted)."""
+        return jax.tree.leaves(self.k)[0].shape[-2] - self.registers
 
 
 @flax.struct.dataclass
@@ -56,10 +65,13 @@ class LatentCache:
     """
 
     latent: Layers | Array
+    registers: int = flax.struct.field(pytree_node=False, default=0)  # R leading register slots
+    registers_written: bool = flax.struct.field(pytree_node=False, default=False)
 
     @property
     def max_len(self) -> int:
-        return jax.tree.leaves(self.latent)[0].shape[-2]
+        """Slots for real tokens (the R register slots are not counted)."""
+        return jax.tree.leaves(self.latent)[0].shape[-2] - self.registers
 
 
 Cache = KVCache | LatentCache
@@ -69,7 +81,8 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: str | Non
     """An empty cache for `batch_size` rows of up to `max_len` positions (zeros; nothing is valid yet).
 
     Size max_len to what a generation needs (prompt + new tokens), not to the model's context:
-    every decode step attends over all max_len slots.
+    every decode step attends over all max_len slots. With registers the buffers hold R more
+    slots, before the tokens' (max_len counts real tokens only).
     """
     if max_len > cfg.max_seq_len:
         raise ValueError(
@@ -78,15 +91,21 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: str | Non
         )
     dtype = jnp.dtype(dtype or cfg.dtype)
     zeros = lambda *shape: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))  # noqa: E731
+    slots, r = cfg.num_registers + max_len, cfg.num_registers
     if cfg.attention == "mla":
-        return LatentCache(latent=zeros(batch_size, max_len, cfg.kv_latent_dim + (cfg.rope_head_dim or 0)))
-    shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
-    return KVCache(k=zeros(*shape), v=zeros(*shape))
+        return LatentCache(latent=zeros(batch_size, slots, cfg.kv_latent_dim + (cfg.rope_head_dim or 0)), registers=r)
+    shape = (batch_size, cfg.num_kv_heads, slots, cfg.head_dim)
+    return KVCache(k=zeros(*shape), v=zeros(*shape), registers=r)
 
 
 def max_len(cache: Cache) -> int:
-    """S, the number of slots per row."""
+    """S, the number of slots per row for real tokens."""
     return cache.max_len
+
+
+def slot_positions(cache: Cache) -> Array:
+    """[R + S] the position each slot holds: -R..-1 for the registers, then 0..S-1."""
+    return jnp.arange(cache.registers + cache.max_len) - cache.registers
 
 
 def _is_layers(x) -> bool:
@@ -114,18 +133,21 @@ def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None
     Args:
       cache: the cache, per layer KVCache [B, G, S, K] or LatentCache [B, S, C + Kr].
       new: this call's entries, per layer KVCache [B, T, G, K] or LatentCache [B, T, C + Kr].
-      positions: [B, T] slot (= position) of each new entry. Out-of-range slots are dropped: the
-        decoder checks the range and reports it.
+      positions: [B, T] position of each new entry (registers: -R..-1); it goes to slot position
+        + R. Out-of-range slots are dropped: the decoder checks the range and reports it.
       after: an array computed from every layer's read of the cache (the decoder passes its final
         hidden state). The write is made to depend on it (adding 0 * one of its elements), so that
         XLA sees every read come before the write and updates the cache in place; XLA orders
         buffers by data dependence only, and without this it copies the whole cache twice per
         decode step (layer l's new keys do not depend on layer l's read).
     """
+    # The layers' new entries carry the default static fields; the cache's own go with the write.
+    new = new.replace(registers=cache.registers, registers_written=cache.registers_written)
     if after is not None:
         zero = 0.0 * after.reshape(-1)[0]
         new = jax.tree.map(lambda n: n + zero.astype(n.dtype), new)
     rows = jnp.arange(positions.shape[0])[:, None]  # [B, 1], broadcasts against positions [B, T]
+    positions = positions + cache.registers  # slot = position + R
     if isinstance(cache, LatentCache):
         put = lambda c, n: c.at[rows, positions].set(n.astype(c.dtype))  # noqa: E731
     else:
@@ -160,7 +182,7 @@ bytes_per_token = kv_cache_bytes_per_token  # the old name (notebooks/kv_cache.i
 
 
 def measured_bytes_per_token(cache: Cache) -> float:
-    """Cache bytes per token measured on the pytree: all its bytes / (B * S)."""
+    """Cache bytes per token measured on the pytree: all its bytes / (B * slots), registers' included."""
     batch = jax.tree.leaves(cache)[0].shape[0]
     total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
-    return total / float(batch * cache.max_len)
+    return total / float(batch * (cache.registers + cache.max_len))

@@ -41,6 +41,13 @@ class ModelConfig:
     v_head_dim is the value width (defaults to head_dim). mlp_dim=0 leaves the MLP and its norm out
     of every block (attention-only layers).
 
+    Attention sinks (both off by default): attention_sink=True gives each head a learned logit that
+    joins every softmax row as one more column and meets no value, so a row may give attention to
+    "nothing" (gpt-oss's sinks; a logit of 0 is "softmax plus one"). num_registers=R > 0 prepends R
+    learned register tokens to every sequence: they attend and are attended to like tokens, come
+    first causally, carry no position (no position embedding, no RoPE rotation) and give no logits;
+    real tokens keep positions 0..T-1. See docs/design.md ("Sinks and registers").
+
     The fields fall in two groups: the architecture (every field above `dropout`: what the
     parameters mean) and the execution (EXECUTION_FIELDS: how they are computed). Fields left None
     are derived (DERIVED_FIELDS); `replace` derives them again from the new values unless they were
@@ -70,6 +77,8 @@ class ModelConfig:
     q_latent_dim: int | None = None  # MLA: width of the query latent (None: no query latent)
     rope_head_dim: int | None = None  # MLA with RoPE: width of the decoupled rotary part
     v_head_dim: int | None = None  # MLA: value head width (None: head_dim)
+    attention_sink: bool = False  # a learned logit per head that joins every softmax row, with no value
+    num_registers: int = 0  # learned register tokens placed before every sequence (no logits, no loss)
     # --- execution (EXECUTION_FIELDS): changing these keeps the parameters' meaning ---
     dropout: float = 0.0
     dtype: str = "float32"  # compute dtype; parameters stay float32
@@ -126,6 +135,7 @@ class ModelConfig:
                 f"ModelConfig: attention_impl='cudnn' (cuDNN's fused attention) runs in bfloat16 or "
                 f"float16, not {self.dtype}; set dtype='bfloat16', or attention_impl='xla' for {self.dtype}"
             )
+        self._validate_sinks()
         if self.attention == "mla":
             self._validate_mla()
         else:
@@ -140,6 +150,19 @@ class ModelConfig:
                     f"ModelConfig: RoPE rotates pairs of features, so head_dim must be even; got "
                     f"head_dim={self.head_dim}"
                 )
+
+    def _validate_sinks(self) -> None:
+        if not isinstance(self.attention_sink, bool):
+            raise ValueError(f"ModelConfig.attention_sink must be True or False, got {self.attention_sink!r}")
+        if not isinstance(self.num_registers, int) or isinstance(self.num_registers, bool) or self.num_registers < 0:
+            raise ValueError(
+                f"ModelConfig.num_registers must be an integer >= 0 (0: no registers), got {self.num_registers!r}"
+            )
+        if self.attention_sink and self.attention_impl != "reference":
+            raise ValueError(
+                f"ModelConfig: attention_sink=True needs attention_impl='reference' (got "
+                f"{self.attention_impl!r}): jax.nn.dot_product_attention has no sink logit"
+            )
 
     def _validate_mla(self) -> None:
         if self.kv_latent_dim is None:

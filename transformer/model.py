@@ -7,6 +7,8 @@
     logits = head(norm(x))                      (the final norm only with pre-norm)
 
 mlp_dim=0 leaves out each block's MLP line (and its norm): attention-only blocks.
+num_registers=R > 0 puts R learned register rows before the tokens' x (at positions -R..-1) and
+drops them before the final norm: they give no logits.
 
 `Decoder.__call__` is that forward pass; its helpers below it hold the mechanics: `_embed`,
 `_layers` (an nn.scan or a Python loop), `_logits`, and the out-of-range guard.
@@ -83,7 +85,7 @@ class Block(nn.Module):
 
     cfg: ModelConfig
     deterministic: bool = True
-    return_weights: bool = False
+    return_weights: bool | str = False
 
     @nn.compact
     def __call__(
@@ -114,6 +116,15 @@ class Decoder(nn.Module):
       -> (logits [B, T, V] float32, updated cache or None)
       -> (logits, cache, attention [L, B, H, T, S_total]) when return_attention.
 
+    return_attention='logits' returns the pre-softmax logits (scaled scores plus the mask) in place of
+    the weights, same shape. With the sink/register options the attention's key axis grows; its
+    query axis stays T (registers' own rows are dropped):
+      registers (num_registers = R): R more columns first, one per register ([.., T, R + S_total]);
+        with a cache they are its R leading slots, written by the call that fills an empty cache;
+      sink (attention_sink): one more column last, the sink's share ([.., T, (R +) S_total + 1]).
+    Registers sit at positions -R..-1: causally first, with no position embedding and no RoPE
+    rotation; the real tokens keep their positions (0..T-1 by default), logits [B, T, V].
+
     positions default to 0..T-1 (the cache-free forward). With a cache, this call's keys/values are
     written at slots `positions`, and each token attends to the cached slots before its row's first
     position plus this call's tokens up to itself: the same code serves prefill (T tokens) and
@@ -139,7 +150,7 @@ class Decoder(nn.Module):
         positions: Array | None = None,
         cache: Cache | None = None,
         head_mask: Array | None = None,
-        return_attention: bool = False,
+        return_attention: bool | str = False,
         deterministic: bool = True,
     ):
         cfg = self.cfg
@@ -150,13 +161,21 @@ class Decoder(nn.Module):
         embed = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=nn.initializers.normal(0.02),
                          dtype=cfg.dtype, name="embed")  # E [V, D]
         x = self._embed(embed, tokens, positions, deterministic)  # [B, T, D]: E[tokens] + positions
-        x, new, weights = self._layers(x, positions, cache, head_mask, return_attention, deterministic)  # [B, T, D]
+        # Registers go through the layers in the cache-free forward and in the call that fills an
+        # empty cache; later calls read their keys and values from the cache.
+        r = cfg.num_registers if cache is None or not cache.registers_written else 0
+        x_all, positions_all = self._prepend_registers(x, positions) if r else (x, positions)  # [B, R + T, ...]
+        x, new, weights = self._layers(x_all, positions_all, cache, head_mask, return_attention, deterministic)
+        x = x[:, r:]  # [B, T, D]: the registers give no logits
+        if weights is not None:
+            weights = weights[:, :, :, r:]  # [L, B, H, T, ...]: the tokens' rows
         if cfg.prenorm:
             x = norm(cfg, "final_norm")(x)  # [B, T, D]
         h = nan_from_out_of_range(cfg, x, tokens, positions, cache)  # [B, T, D]: jit's stand-in for the checks
         logits = self._logits(embed, h)  # [B, T, V] float32
         if cache is not None:
-            cache = kv_cache.write(cache, new, positions, after=x)  # x, not h: 0 * NaN would poison every row
+            cache = kv_cache.write(cache, new, positions_all, after=x)  # x, not h: 0 * NaN would poison every row
+            cache = cache.replace(registers_written=cache.registers_written or bool(r))
         if return_attention:
             return logits, cache, weights  # weights [L, B, H, T, S_total]
         return logits, cache
@@ -177,9 +196,20 @@ class Decoder(nn.Module):
         return nn.Dropout(cfg.dropout, deterministic=deterministic)(x)  # [B, T, D]
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
+    def _prepend_registers(self, x: Array, positions: Array) -> tuple[Array, Array]:
+        """x [B, T, D], positions [B, T] -> [B, R + T, D], [B, R + T]: the R learned registers
+        first, at positions -R..-1 (no position embedding; RoPE leaves them unrotated)."""
+        cfg = self.cfg
+        registers = self.param("registers", nn.initializers.normal(0.02), (cfg.num_registers, cfg.d_model))
+        b = x.shape[0]
+        x = jnp.concatenate([jnp.broadcast_to(registers.astype(x.dtype), (b, *registers.shape)), x], axis=1)
+        first = jnp.broadcast_to(jnp.arange(-cfg.num_registers, 0, dtype=positions.dtype), (b, cfg.num_registers))
+        return x, jnp.concatenate([first, positions], axis=1)
+
+    @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
     def _layers(
         self, x: Array, positions: Array, cache: Cache | None, head_mask: Array | None,
-        return_attention: bool, deterministic: bool,
+        return_attention: bool | str, deterministic: bool,
     ) -> tuple[Array, Cache | None, Array | None]:
         """x [B, T, D] through the L blocks -> (x [B, T, D], the layers' new cache entries (tuples of
         L, as the cache holds them) or None, attention weights [L, B, H, T, S_total] or None).

@@ -79,9 +79,10 @@ def dot_product_attention(
     mask: Array | Sequence[Array] | None = None,
     *,
     scale: float | None = None,
-    return_weights: bool = False,
+    return_weights: bool | str = False,
     implementation: str = "reference",
     heads_first: Sequence[bool] | None = None,
+    sink: Array | None = None,
 ) -> tuple[Array, Array | None]:
     """`attention` as the model runs it: grouped key/value heads, key segments, the cache's layout.
 
@@ -107,6 +108,9 @@ def dot_product_attention(
       logits loses too much); the output in q's dtype.
     - implementation='xla' / 'cudnn' hands one segment to `jax.nn.dot_product_attention`
       (`_fused_attention`).
+    - Sink (`_joint_softmax`): a logit per query head that joins every row as one more column after
+      the keys; it takes part in the normalisation and meets no value, so the weights of a row sum
+      to 1 - (the sink's share) over the real keys. A sink of -inf is no sink.
 
     Args:
       q: [B, T, H, K] queries.
@@ -114,15 +118,18 @@ def dot_product_attention(
       v: [B, S, G, Kv] values (Kv may differ from K), matching k segment by segment.
       mask: additive [B, 1 or H, T, S] mask (or one per segment), or None for no mask.
       scale: score scale; default 1 / sqrt(K), the lecture's 1/sqrt(d_h).
-      return_weights: also return the attention weights.
+      return_weights: also return the attention weights; 'logits' returns the pre-softmax logits
+        (scaled scores plus the mask, float32) in their place, of the same shape.
       implementation: 'reference' (the einsums below, runs everywhere), or 'xla' / 'cudnn' to call
         `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU). The fused paths take a single
         segment and cannot return weights.
       heads_first: per segment, True if its keys and values come as [B, G, S, K] (the KV cache's
         layout) instead of [B, S, G, K].
+      sink: optional [H] sink logit per query head (reference implementation only).
 
     Returns:
-      (out, weights): out [B, T, H, Kv] in q's dtype; weights [B, H, T, S_total] float32 or None.
+      (out, weights): out [B, T, H, Kv] in q's dtype; weights [B, H, T, S_total] float32 or None,
+      [B, H, T, S_total + 1] with a sink (its last column: the sink's share).
     """
     ks, vs, masks, firsts = _segments(k, v, mask, heads_first)
     b, t, h, d_h = q.shape  # [B, T, H, K]
@@ -135,10 +142,11 @@ def dot_product_attention(
         vs = [v_i.swapaxes(1, 2) if f else v_i for v_i, f in zip(vs, firsts)]  # [B, S_i, G, Kv]
         firsts = [False] * len(ks)
     if implementation != "reference":
-        if return_weights or len(ks) != 1:
+        if return_weights or len(ks) != 1 or sink is not None:
             raise ValueError(
-                f"implementation={implementation!r} takes one key segment and returns no weights; "
-                "use implementation='reference' to look at attention maps or to decode from a cache"
+                f"implementation={implementation!r} takes one key segment, has no sink logit and returns "
+                "no weights; use implementation='reference' to look at attention maps, to decode from a "
+                "cache or for attention_sink=True"
             )
         return _fused_attention(q, ks[0], vs[0], masks[0], scale, implementation), None
 
@@ -147,10 +155,15 @@ def dot_product_attention(
     scores = [  # per segment [B, G, R, T, S_i]
         _segment_scores(q, k_i, m, scale, f) for k_i, m, f in zip(ks, masks, firsts)
     ]
-    weights, pieces = _joint_softmax(scores)  # [B, G, R, T, S_total], and per segment [B, G, R, T, S_i]
+    if sink is not None:  # [H] -> [G, R, 1, 1] grouped or [H, 1, 1]: one logit per row of each head
+        sink = (sink if g == h else sink.reshape(g, h // g))[..., None, None].astype(jnp.float32)
+    # [B, G, R, T, S_total (+1 with a sink)], and per segment [B, G, R, T, S_i]
+    logits, weights, pieces = _joint_softmax(scores, sink)
     outs = [_weigh_values(w_i, v_i, f) for w_i, v_i, f in zip(pieces, vs, firsts)]  # [B, T, G, R, Kv]
     out = sum(outs).reshape(b, t, h, vs[0].shape[-1]).astype(q.dtype)  # [B, T, H, Kv]
-    return out, weights.reshape(b, h, t, -1) if return_weights else None  # [B, H, T, S_total]
+    if not return_weights:
+        return out, None
+    return out, (logits if return_weights == "logits" else weights).reshape(b, h, t, -1)  # [B, H, T, S_total (+1)]
 
 
 def _segments(
@@ -209,19 +222,26 @@ def _segment_scores(q: Array, k: Array, mask: Array | None, scale: float, heads_
     return scores if mask is None else scores + mask.astype(f32)
 
 
-def _joint_softmax(scores: list[Array]) -> tuple[Array, list[Array]]:
+def _joint_softmax(scores: list[Array], sink: Array | None = None) -> tuple[Array, Array, list[Array]]:
     """One softmax over the keys of all segments together, as over their concatenation.
 
-    scores: per segment [..., T, S_i] float32. Returns the weights [..., T, S_total] and their
-    slices [..., T, S_i], one per segment.
+    scores: per segment [..., T, S_i] float32. sink: None, or a logit per head broadcastable to
+    [..., T, 1]: one more column after the keys, normalised with them, that no value meets (its
+    weight is attention given to nothing). Returns the logits and the weights [..., T, S_total]
+    ([..., T, S_total + 1] with a sink, its column last) and the weights' slices [..., T, S_i],
+    one per segment.
     """
+    columns = list(scores)
+    if sink is not None:
+        columns.append(jnp.broadcast_to(sink, (*scores[0].shape[:-1], 1)))  # [..., T, 1]
+    logits = jnp.concatenate(columns, axis=-1)  # [..., T, S_total (+1)]
     with softmax_saves_output():
-        weights = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)  # [..., T, S_total]
+        weights = jax.nn.softmax(logits, axis=-1)  # [..., T, S_total (+1)]
     pieces, start = [], 0
     for s in scores:
         pieces.append(weights[..., start : start + s.shape[-1]])  # [..., T, S_i]
         start += s.shape[-1]
-    return weights, pieces
+    return logits, weights, pieces
 
 
 def _weigh_values(weights: Array, v: Array, heads_first: bool) -> Array:

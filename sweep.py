@@ -63,7 +63,8 @@ SWEEP_KEYS = ("base", "overrides", "variants", "seeds")
 # Fields a finished or started run may differ in from the sweep's config without being stale:
 # more train.steps continue a run; the others do not change what it learns.
 MAY_CHANGE = ("train.steps", "train.run_steps", "train.sample_tokens", "train.log_every", "train.eval_every",
-              "train.checkpoint_every", "train.keep_checkpoints", "train.peak_flops", "data.cache_dir")
+              "train.checkpoint_every", "train.keep_checkpoints", "train.peak_flops", "data.cache_dir",
+              "train.eval_attention_shares")
 FORMAT = ("dict(base='shakespeare', overrides={'train.steps': 300}, variants={'rmsnorm': {'model.norm': "
           "'rmsnorm'}, ...}, seeds=[0, 1]), overrides and seeds optional")
 

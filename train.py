@@ -52,6 +52,7 @@ from transformer.optim import make_optimizer
 from transformer.prefetch import Prefetcher
 from transformer.run_config import check_resume, check_tokenizer_left, check_train_config, check_workdir, resolve
 from transformer.sharding import batch_sharding, make_mesh
+from transformer.sinks import share_metrics
 from transformer.token_cache import load_corpus
 from transformer.tokenizer import Tokenizer, load_tokenizer, make_tokenizer, save_tokenizer
 
@@ -181,6 +182,7 @@ class Steps:
 
     train: Callable  # (state, inputs [B, T], targets [B, T]) -> (state, metrics); donates the state
     eval: Callable  # (params, inputs, targets) -> mean loss
+    shares: Callable | None  # (params, inputs) -> sinks.AttentionShares; with train.eval_attention_shares
     put: Callable  # a host-local batch [B / hosts, T] -> a global array split over the mesh
     compile_seconds: float
 
@@ -239,6 +241,8 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, training.TrainSta
     steps = Steps(
         train=training.make_train_step(cfg, tx, schedule, mesh, state, t.grad_accum).lower(state, x, y).compile(),
         eval=training.make_eval_step(cfg, mesh, state).lower(state.params, x, y).compile(),
+        shares=training.make_shares_step(cfg, mesh, state).lower(state.params, x).compile()
+        if t.eval_attention_shares else None,
         put=put, compile_seconds=time.perf_counter() - compiling,
     )
     num_params = count_params(state.params)
@@ -395,10 +399,15 @@ def log_train_metrics(run: Run, report: Report, step: int, metrics: dict) -> Non
 
 
 def evaluate(run: Run, params, step: int) -> dict:
-    """The validation loss of `params` (and its perplexity and bits per byte)."""
+    """The validation loss of `params` (and its perplexity and bits per byte); with
+    train.eval_attention_shares also the attention shares on the first validation batch
+    (sinks.share_metrics: first_token_share, per layer, register_share, sink_share)."""
     loss = float(np.mean([float(run.steps.eval(params, x, y)) for x, y in run.eval_set]))
-    return {"step": step, "val_loss": loss, "val_perplexity": math.exp(min(loss, 50.0)),
-            "val_bits_per_byte": loss / math.log(2) / run.bytes_per_token}
+    row = {"step": step, "val_loss": loss, "val_perplexity": math.exp(min(loss, 50.0)),
+           "val_bits_per_byte": loss / math.log(2) / run.bytes_per_token}
+    if run.steps.shares is not None:
+        row.update(share_metrics(run.cfg, run.steps.shares(params, run.eval_set[0][0])))
+    return row
 
 
 def log_evaluation(report: Report, evaluation: dict) -> None:

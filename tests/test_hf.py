@@ -256,6 +256,9 @@ def test_export_of_imported_gpt2_is_the_same_checkpoint(tmp_path):
           norm="rmsnorm"), "attention='mla'"),
     (dict(position="rope", norm="layernorm", activation="gelu"), "norm='layernorm'"),
     (dict(num_kv_heads=2), "num_kv_heads=2"),
+    (dict(attention_sink=True), "attention_sink=True, num_registers=0: neither GPT-2 nor Llama"),
+    (dict(num_registers=2), "attention_sink=False, num_registers=2: neither GPT-2 nor Llama"),
+    (dict(position="rope", norm="rmsnorm", activation="swiglu", num_registers=1), "num_registers=1"),
 ])
 def test_export_refuses_what_no_supported_architecture_represents(change, message, tmp_path):
     cfg = ModelConfig(vocab_size=V, max_seq_len=T, d_model=64, num_layers=2, num_heads=4, **change)
@@ -513,3 +516,12 @@ def test_train_starts_from_the_imported_weights_and_tokenizer(tmp_path):
     assert_trees_equal(jax.tree.map(np.asarray, saved), jax.tree.map(np.asarray, from_hf(tmp_path / "hf")[1]))
     tok = load_tokenizer(tmp_path / "run" / "tokenizer")
     assert isinstance(tok, BPETokenizer) and tok.hf.to_str() == load_tokenizer(tmp_path / "hf").hf.to_str()
+
+
+def test_an_import_cannot_start_a_run_with_a_sink_or_registers():
+    """Imported weights have no sink logit nor registers: a run that asks for them is told how to match."""
+    cfg = ModelConfig(vocab_size=V, max_seq_len=T, d_model=64, num_layers=2, num_heads=4)
+    with pytest.raises(ValueError, match=r"attention_sink: imported False, config True.*"
+                                         r"num_registers: imported 0, config 4.*--config.model.attention_sink=False "
+                                         r"--config.model.num_registers=0"):
+        check_same_architecture(cfg, cfg.replace(attention_sink=True, num_registers=4))

@@ -70,6 +70,10 @@ def check_train_config(config: ConfigDict, cfg: ModelConfig) -> None:
     if config.data.tokenizer not in ("bytes", "bpe"):
         raise ValueError(f"data.tokenizer={config.data.tokenizer!r} is not known; use 'bytes' or 'bpe'")
     t = config.train
+    if t.get("eval_attention_shares") and cfg.attention_impl != "reference":
+        raise ValueError(f"train.eval_attention_shares=True needs the attention weights, which "
+                         f"model.attention_impl={cfg.attention_impl!r} does not return; set "
+                         "--config.model.attention_impl=reference or --config.train.eval_attention_shares=False")
     if t.seq_len > cfg.max_seq_len:
         raise ValueError(f"train.seq_len={t.seq_len} exceeds model.max_seq_len={cfg.max_seq_len}")
     if t.batch_size % t.grad_accum:

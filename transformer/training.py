@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from transformer import sinks
 from transformer.config import ModelConfig
 from transformer.loss import loss_fn
 from transformer.model import Decoder
@@ -115,6 +116,18 @@ def make_eval_step(cfg: ModelConfig, mesh: Mesh, state: TrainState):
         lambda params, x, y: loss_fn(params, cfg, x, y, None),
         in_shardings=(state_sharding(state.params, mesh), data, data),
     )
+
+
+def make_shares_step(cfg: ModelConfig, mesh: Mesh, state: TrainState):
+    """The jitted attention-share measurement: (params, inputs [B, T]) -> sinks.AttentionShares of
+    [L, H] arrays (first token, registers, sink; see sinks.py). One forward pass with the weights."""
+    data = batch_sharding(mesh)
+
+    def shares(params, x):
+        _, _, weights = Decoder(cfg).apply({"params": params}, x, return_attention=True)
+        return sinks.shares_from_weights(cfg, weights)
+
+    return jax.jit(shares, in_shardings=(state_sharding(state.params, mesh), data))
 
 
 def flops_per_token(cfg: ModelConfig, num_params: int, seq_len: int) -> float:

@@ -96,7 +96,7 @@ def to_hf(
     RMSNorm, SwiGLU, optional grouped-query attention) become LlamaForCausalLM. A missing norm gain
     or bias (norm_scale / norm_bias / use_bias False) is written as ones / zeros, so importing the
     export gives an equivalent model whose config has them. Anything else (post-norm, sinusoidal or
-    no positions, MLA, mlp_dim=0, ...) raises a ValueError saying why, before anything is written.
+    no positions, MLA, mlp_dim=0, a sink logit, registers, ...) raises a ValueError saying why, before anything is written.
 
     With `tokenizer` (the one the model was trained with) the folder also holds:
       tokenizer.json         a Hugging Face tokenizer: a BPE's own; for the byte tokenizer, a
@@ -114,6 +114,12 @@ def to_hf(
       directory: created if needed; then `AutoModelForCausalLM.from_pretrained(directory)`.
       tokenizer: a ByteTokenizer or BPETokenizer with at most cfg.vocab_size ids, or None.
     """
+    if cfg.attention_sink or cfg.num_registers:
+        raise ValueError(
+            f"cannot export attention_sink={cfg.attention_sink}, num_registers={cfg.num_registers}: neither "
+            "GPT-2 nor Llama has a sink logit or register tokens, so no supported Hugging Face architecture "
+            "can hold this model; train it with attention_sink=False and num_registers=0 to export"
+        )
     if cfg.mlp_dim == 0:
         raise ValueError(
             "cannot export mlp_dim=0 (attention-only blocks): GPT-2 and Llama have an MLP in every layer, "

@@ -52,11 +52,6 @@ def segment_masks(positions: Array, cached: Cache | None) -> list[Array]:
     return masks
 
 
-def rotary_positions(positions: Array) -> Array:
-    """[B, T] positions for RoPE: register tokens (negative positions) are not rotated (angle 0)."""
-    return jnp.maximum(positions, 0)
-
-
 def sink_logit(module: nn.Module, cfg: ModelConfig) -> Array | None:
     """The [H] learned sink logit per head (cfg.attention_sink), or None. Zero at init: the sink
     starts as one more key of logit 0 ("softmax plus one"), neutral next to near-zero scores."""
@@ -87,8 +82,8 @@ class Attention(nn.Module):
         k = dense(cfg.num_kv_heads, "k")(x)  # [B, T, G, K]
         v = dense(cfg.num_kv_heads, "v")(x)  # [B, T, G, K]
         if cfg.position == "rope":
-            q = ops.rope(q, rotary_positions(positions), cfg.rope_theta)
-            k = ops.rope(k, rotary_positions(positions), cfg.rope_theta)
+            q = ops.rope(q, positions, cfg.rope_theta)
+            k = ops.rope(k, positions, cfg.rope_theta)
 
         ks, vs, heads_first = [k], [v], [False]
         if cached is not None:  # one layer's cache, [B, G, S, K] as it lies
@@ -155,8 +150,8 @@ class LatentAttention(nn.Module):
         kv = dense(c_kv + k_r, "kv_down")(x)  # [B, T, C + Kr]
         latent = norm("kv_norm")(kv[..., :c_kv])
         if k_r:
-            q_rope = ops.rope(q_rope, rotary_positions(positions), cfg.rope_theta)
-            k_rope = ops.rope(kv[:, :, None, c_kv:], rotary_positions(positions), cfg.rope_theta)[:, :, 0]
+            q_rope = ops.rope(q_rope, positions, cfg.rope_theta)
+            k_rope = ops.rope(kv[:, :, None, c_kv:], positions, cfg.rope_theta)[:, :, 0]
             latent = jnp.concatenate([latent, k_rope], axis=-1)  # [B, T, C + Kr]
 
         # W_UK [H, K, C] and W_UV [H, Kv, C], stored [out, in] as every projection (see linear.py).

@@ -45,8 +45,9 @@ class ModelConfig:
     joins every softmax row as one more column and meets no value, so a row may give attention to
     "nothing" (gpt-oss's sinks; a logit of 0 is "softmax plus one"). num_registers=R > 0 prepends R
     learned register tokens to every sequence: they attend and are attended to like tokens, come
-    first causally, carry no position (no position embedding, no RoPE rotation) and give no logits;
-    real tokens keep positions 0..T-1. See docs/design.md ("Sinks and registers").
+    first causally (at positions -R..-1: no position embedding; RoPE rotates them as tokens just
+    before the window) and give no logits; real tokens keep positions 0..T-1. See docs/design.md
+    ("Attention sinks and registers").
 
     The fields fall in two groups: the architecture (every field above `dropout`: what the
     parameters mean) and the execution (EXECUTION_FIELDS: how they are computed). Fields left None

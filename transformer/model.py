@@ -122,8 +122,10 @@ class Decoder(nn.Module):
       registers (num_registers = R): R more columns first, one per register ([.., T, R + S_total]);
         with a cache they are its R leading slots, written by the call that fills an empty cache;
       sink (attention_sink): one more column last, the sink's share ([.., T, (R +) S_total + 1]).
-    Registers sit at positions -R..-1: causally first, with no position embedding and no RoPE
-    rotation; the real tokens keep their positions (0..T-1 by default), logits [B, T, V].
+    Registers sit at positions -R..-1, whatever the tokens' positions: causally first, with no
+    position embedding (learned or sinusoidal: a table has no negative rows) and, with RoPE, rotated
+    by their positions like R tokens just before the window. The real tokens keep their positions
+    (0..T-1 by default), so their embeddings and rotations are the plain model's; logits [B, T, V].
 
     positions default to 0..T-1 (the cache-free forward). With a cache, this call's keys/values are
     written at slots `positions`, and each token attends to the cached slots before its row's first
@@ -198,7 +200,7 @@ class Decoder(nn.Module):
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
     def _prepend_registers(self, x: Array, positions: Array) -> tuple[Array, Array]:
         """x [B, T, D], positions [B, T] -> [B, R + T, D], [B, R + T]: the R learned registers
-        first, at positions -R..-1 (no position embedding; RoPE leaves them unrotated)."""
+        first, at positions -R..-1 (no position embedding; RoPE rotates them by those positions)."""
         cfg = self.cfg
         registers = self.param("registers", nn.initializers.normal(0.02), (cfg.num_registers, cfg.d_model))
         b = x.shape[0]

@@ -16,7 +16,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import cache as kv_cache
 from transformer import ops
 from transformer.cache import Cache, KVCache, LatentCache
 from transformer.config import ModelConfig
@@ -32,24 +31,30 @@ def dense_init(cfg: ModelConfig, output: bool = False) -> nn.initializers.Initia
     return nn.initializers.normal(std)
 
 
-def segment_masks(positions: Array, cached: Cache | None) -> list[Array]:
+def segment_masks(positions: Array, cache_len: int | None, registers: int = 0) -> list[Array]:
     """Masks for the keys a query sees: cached slots (if any), then this call's tokens.
 
     Args:
       positions: [B, T] positions of this call's tokens, contiguous in each row (register tokens
         at -R..-1 before 0, see model.py).
-      cached: one layer's cache (R register slots, then S slots), or None without a cache.
+      cache_len: S, the cache's number of slots for tokens, or None without a cache.
+      registers: R, the cache's leading register slots (positions -R..-1).
     Returns:
       [cache mask [B, 1, T, R + S],] new-token mask [B, 1, T, T].
     """
     masks = [ops.causal_mask(positions, positions)]
-    if cached is not None:
-        slots = kv_cache.slot_positions(cached)  # [R + S]: -R..-1, 0..S-1
-        slots = jnp.broadcast_to(slots, (positions.shape[0], slots.shape[0]))
+    if cache_len is not None:
+        slots = jnp.arange(registers + cache_len) - registers  # [R + S]: the position each slot holds
+        slots = jnp.broadcast_to(slots, (positions.shape[0], registers + cache_len))
         # Slots at or after this call's first position are stale: this call rewrites them.
         filled = slots < positions[:, :1]
         masks.insert(0, ops.causal_mask(positions, slots, filled))
     return masks
+
+
+def cache_masks(positions: Array, cached: Cache | None) -> list[Array]:
+    """`segment_masks` for one layer's view of the cache (or None)."""
+    return segment_masks(positions, None) if cached is None else segment_masks(positions, cached.max_len, cached.registers)
 
 
 def sink_logit(module: nn.Module, cfg: ModelConfig) -> Array | None:
@@ -90,7 +95,7 @@ class Attention(nn.Module):
             ks.insert(0, cached.k.astype(k.dtype))
             vs.insert(0, cached.v.astype(v.dtype))
             heads_first.insert(0, True)
-        masks = segment_masks(positions, cached)
+        masks = cache_masks(positions, cached)
         out, weights = ops.dot_product_attention(
             q, ks, vs, masks, return_weights=return_weights,
             implementation="reference" if cached is not None else cfg.attention_impl,
@@ -159,7 +164,7 @@ class LatentAttention(nn.Module):
         w_uv = self.param("v_up", dense_init(cfg), (h, k_v, c_kv), jnp.float32).astype(cfg.dtype)
 
         segments = [latent] if cached is None else [cached.latent.astype(latent.dtype), latent]
-        masks = segment_masks(positions, cached)
+        masks = cache_masks(positions, cached)
         sink = sink_logit(self, cfg)
         scale = (k_nope + k_r) ** -0.5  # the width of the original query/key dot product
         absorb = cached is not None if self.absorb is None else self.absorb

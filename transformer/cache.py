@@ -103,11 +103,6 @@ def max_len(cache: Cache) -> int:
     return cache.max_len
 
 
-def slot_positions(cache: Cache) -> Array:
-    """[R + S] the position each slot holds: -R..-1 for the registers, then 0..S-1."""
-    return jnp.arange(cache.registers + cache.max_len) - cache.registers
-
-
 def _is_layers(x) -> bool:
     return isinstance(x, tuple)
 

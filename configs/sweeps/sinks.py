@@ -1,5 +1,4 @@
-"""Watching an attention sink form: configs/sinks.py trained plain, with a sink logit, with registers
-(and plain again without positions).
+"""Watching an attention sink form: configs/sinks.py trained plain, with a sink logit, with registers.
 
     python sweep.py --sweep configs/sweeps/sinks.py --workdir runs/sweeps/sinks
     make sweep SWEEP=configs/sweeps/sinks.py                   # the same
@@ -15,6 +14,5 @@ def get_config():
             "plain": {},
             "sink": {"model.attention_sink": True},
             "registers": {"model.num_registers": 4},
-            "plain_nope": {"model.position": "none"},  # no positions at all: another setting sinks are seen in
         },
     )

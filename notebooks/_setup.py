@@ -323,3 +323,40 @@ def kv_cache_variants(smoke: bool = SMOKE) -> dict:
         "MQA": ModelConfig.from_dict({**gqa_fields, "num_kv_heads": 1}),
         "MLA": ModelConfig.from_dict(mla_fields),
     }
+
+
+# --- attention_sinks.ipynb: the sink experiment's runs (built here so that the test can rebuild them) ---
+
+SINKS_SWEEP = os.path.join(ROOT, "configs", "sweeps", "sinks.py")
+# Smoke mode: the sweep's three variants on a tiny model, a few steps.
+SINKS_SMOKE = {"model.d_model": 32, "model.num_layers": 2, "model.max_seq_len": 32, "train.seq_len": 32,
+               "train.batch_size": 4, "train.steps": 6, "train.log_every": 3, "train.eval_every": 3,
+               "train.checkpoint_every": 6, "optim.warmup_steps": 2}
+
+
+@functools.cache
+def _sweep_script():
+    """The repository's sweep.py (it imports train.py as `train`: that one is loaded first)."""
+    _train_script()
+    spec = importlib.util.spec_from_file_location("sweep", os.path.join(ROOT, "sweep.py"))
+    module = sys.modules["sweep"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sinks_runs(smoke: bool = SMOKE) -> tuple[list, str]:
+    """(the runs of configs/sweeps/sinks.py as sweep.Job: name, config, workdir; the sweep's folder):
+    runs/sweeps/sinks, as `make sweep SWEEP=configs/sweeps/sinks.py` trains them; in smoke mode a
+    tiny model (SINKS_SMOKE) in a temporary folder. Nothing is trained here."""
+    sweep = _sweep_script()
+    workdir = os.path.join(_smoke_workdir(), "sinks") if smoke else os.path.join(ROOT, "runs", "sweeps", "sinks")
+    extra = {**SINKS_SMOKE, "data.cache_dir": TOKEN_CACHE} if smoke else {}
+    return sweep.plan(sweep.load_sweep(SINKS_SWEEP), SINKS_SWEEP, workdir, extra), workdir
+
+
+def sinks_configs(smoke: bool = SMOKE) -> tuple[dict, dict]:
+    """({run name: ModelConfig}, the runs' RUN_FIELDS) of attention_sinks.ipynb's runs."""
+    from transformer.config import ModelConfig
+
+    jobs, _ = sinks_runs(smoke)
+    return {job.name: ModelConfig.from_dict(job.config.model) for job in jobs}, run_fields(jobs[0].config)

@@ -27,7 +27,7 @@ import nbformat
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOTEBOOKS = ["attention_basics", "attention_maps", "head_ablation", "kv_cache"]
+NOTEBOOKS = ["attention_basics", "attention_maps", "attention_sinks", "head_ablation", "kv_cache"]
 KERNEL = "transformer-notebook-test"
 import _setup  # noqa: E402  (the notebooks' shared set-up; notebooks/ is on pytest's pythonpath)
 from scripts import plot_metrics  # noqa: E402
@@ -58,6 +58,8 @@ def builds_now(name):
     if uses_a_model(name):
         config = _setup.train_config(smoke=False)
         return {"model": ModelConfig.from_dict(config.model)}, _setup.run_fields(config)
+    if name == "attention_sinks":  # its own three runs (configs/sweeps/sinks.py), with their training fields
+        return _setup.sinks_configs(smoke=False)
     model_free = {"attention_basics": lambda: {"section 4": _setup.lecture_layer_config()},
                   "kv_cache": lambda: _setup.kv_cache_variants(smoke=False)}
     return model_free[name](), None
@@ -110,7 +112,7 @@ def test_committed_notebook_is_from_todays_code(name):
     now = {"configs": {k: cfg.to_dict() for k, cfg in configs.items()}, "run": run}
     stale = differences({"configs": record.get("configs"), "run": record.get("run")},
                         json.loads(json.dumps(now)))
-    if run is not None:
+    if run is not None and uses_a_model(name):
         model = record.get("model") or {}
         assert model.get("from") == _setup.OWN_MODEL, (
             f"{path}: executed on the model {model.get('run')!r} from {model.get('from')!r}, not the notebooks' "

@@ -39,7 +39,7 @@ from ml_collections import ConfigDict, config_flags
 from tqdm import tqdm
 
 from transformer import training
-from transformer.batches import batch_at, eval_batches
+from transformer.batches import batch_at, eval_batches, with_start_token
 from transformer.cache import kv_cache_bytes_per_token
 from transformer.checkpoint import CheckpointError, Checkpointer
 from transformer.cli import config_flags_parser
@@ -233,8 +233,9 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, training.TrainSta
     put = lambda x: jax.make_array_from_process_local_data(batch_sharding(mesh), x)  # noqa: E731
     eval_set = [
         (put(x), put(y))
-        for x, y in eval_batches(val_tokens, num_batches=t.eval_batches, batch_size=t.batch_size,
-                                 seq_len=t.seq_len, host_index=host, host_count=hosts)
+        for x, y in (with_start_token(b, config.data.get("start_token", -1)) for b in eval_batches(
+            val_tokens, num_batches=t.eval_batches, batch_size=t.batch_size, seq_len=t.seq_len,
+            host_index=host, host_count=hosts))
     ]
     compiling = time.perf_counter()  # compiled here, so the first step's time is training only
     x, y = eval_set[0]
@@ -309,8 +310,9 @@ def training_batches(run: Run, start: int) -> Prefetcher:
     """
     t = run.config.train
     return Prefetcher(
-        lambda s: batch_at(run.train_tokens, seed=t.seed, step=s, batch_size=t.batch_size,
-                           seq_len=t.seq_len, host_index=run.host, host_count=run.hosts),
+        lambda s: with_start_token(batch_at(run.train_tokens, seed=t.seed, step=s, batch_size=t.batch_size,
+                                            seq_len=t.seq_len, host_index=run.host, host_count=run.hosts),
+                                   run.config.data.get("start_token", -1)),
         start,
     )
 

@@ -40,6 +40,7 @@ def base_config(model: dict) -> ml_collections.ConfigDict:
     c.data.tokenizer = "bytes"  # 'bytes' (vocab 256, no training) or 'bpe' (trained on the corpus)
     c.data.vocab_size = c.model.get_ref("vocab_size")  # BPE vocabulary = the model's vocab_size
     c.data.val_fraction = 0.05  # the last 5% of the token stream is the validation set
+    c.data.start_token = -1  # a token id that begins every window (a fixed start token, like a BOS); -1 = none
     c.data.cache_dir = ""  # memory-mapped token arrays, reused across runs; "" = .cache/tokens in the repository
 
     c.optim = ml_collections.ConfigDict()

@@ -15,14 +15,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import tiny
 from tests.helpers.cli import run as run_train
 from tests.helpers.decoder import PREFILL, TOL, T, build, jit, max_diff
 from tests.test_model import check_cached_decoding_equals_forward, check_causality, check_ragged_batch_equals_rows_alone
 from transformer import ModelConfig, init_cache, ops, sinks
 from transformer.attention import segment_masks
+from transformer.batches import with_start_token
 from transformer.loss import cross_entropy, loss_fn
 from transformer.metrics import read_metrics
 from transformer.param_tree import unstack_layers
+from transformer.run_config import check_train_config
 
 R = 3  # registers in the tests' models
 OPTIONS = {"sink": dict(attention_sink=True), "registers": dict(num_registers=R),
@@ -286,6 +289,27 @@ def test_measurement_needs_two_tokens():
         sinks.attention_shares(m.params, m.cfg, m.tokens[:, :1])
 
 
+# ----------------------------------------------------------------------------- a fixed start token
+
+
+def test_with_start_token_begins_every_window_with_it():
+    inputs = np.array([[5, 6, 7, 8], [1, 2, 3, 4]], np.int32)
+    targets = np.array([[6, 7, 8, 9], [2, 3, 4, 5]], np.int32)
+    x, y = with_start_token((inputs, targets), 0)
+    np.testing.assert_array_equal(x, [[0, 5, 6, 7], [0, 1, 2, 3]])
+    np.testing.assert_array_equal(y, inputs)  # each target is still the token after its input
+    assert x.dtype == np.int32
+    assert with_start_token((inputs, targets), -1) == (inputs, targets)
+
+
+@pytest.mark.parametrize("start", [256, -2])
+def test_a_start_token_outside_the_vocabulary_is_named(start):
+    config = tiny.get_config()
+    config.data.start_token = start
+    with pytest.raises(ValueError, match=r"data.start_token=.* must be a token id in \[0, 256\) or -1"):
+        check_train_config(config, ModelConfig.from_dict(config.model))
+
+
 # ----------------------------------------------------------------------------- the command line
 
 
@@ -295,7 +319,7 @@ def test_train_from_the_command_line_with_a_sink_and_registers(tmp_path):
     done = run_train(workdir, "--config.model.attention_sink=True", "--config.model.num_registers=2",
                      "--config.model.position=rope", "--config.train.steps=4", "--config.train.eval_every=2",
                      "--config.train.checkpoint_every=4", "--config.train.sample_tokens=8",
-                     "--config.train.eval_attention_shares=True")
+                     "--config.train.eval_attention_shares=True", "--config.data.start_token=0")
     assert done.returncode == 0, done.stderr
     evals = [r for r in read_metrics(os.path.join(workdir, "metrics.jsonl")) if "val_loss" in r]
     assert [r["step"] for r in evals] == [2, 4]

@@ -98,3 +98,17 @@ def eval_batches(
     starts = np.linspace(0, last_start, num_batches * batch_size).round().astype(np.int64)
     starts = starts.reshape(num_batches, batch_size)
     return [_windows(tokens, batch_starts[rows], seq_len) for batch_starts in starts]
+
+
+def with_start_token(batch: tuple[np.ndarray, np.ndarray], start_token: int) -> tuple[np.ndarray, np.ndarray]:
+    """The same windows begun by a fixed start token (as a BOS token begins a document), or the
+    batch unchanged for start_token = -1.
+
+    (inputs [x_0 .. x_{T-1}], targets [x_1 .. x_T]) -> (inputs [s, x_0 .. x_{T-2}], targets [x_0 .. x_{T-1}]):
+    every row's first token is then the same one (configs/sinks.py tries whether that grows a sink).
+    """
+    if start_token == -1:
+        return batch
+    inputs, _ = batch
+    start = np.full((inputs.shape[0], 1), start_token, inputs.dtype)
+    return np.concatenate([start, inputs[:, :-1]], axis=1), inputs

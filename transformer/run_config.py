@@ -69,6 +69,9 @@ def check_train_config(config: ConfigDict, cfg: ModelConfig) -> None:
         raise ValueError(f"train.peak_flops={config.train.peak_flops!r} must be positive (the hardware's FLOP/s)")
     if config.data.tokenizer not in ("bytes", "bpe"):
         raise ValueError(f"data.tokenizer={config.data.tokenizer!r} is not known; use 'bytes' or 'bpe'")
+    start = config.data.get("start_token", -1)
+    if not (isinstance(start, int) and (start == -1 or 0 <= start < cfg.vocab_size)):
+        raise ValueError(f"data.start_token={start!r} must be a token id in [0, {cfg.vocab_size}) or -1 (none)")
     t = config.train
     if t.get("eval_attention_shares") and cfg.attention_impl != "reference":
         raise ValueError(f"train.eval_attention_shares=True needs the attention weights, which "

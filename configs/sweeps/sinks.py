@@ -1,4 +1,5 @@
-"""Watching an attention sink form: configs/sinks.py trained plain, with a sink logit, with registers.
+"""Watching an attention sink form: configs/sinks.py trained plain, with a sink logit, with registers,
+and plain with a fixed start token at the head of every window.
 
     python sweep.py --sweep configs/sweeps/sinks.py --workdir runs/sweeps/sinks
     make sweep SWEEP=configs/sweeps/sinks.py                   # the same
@@ -14,5 +15,7 @@ def get_config():
             "plain": {},
             "sink": {"model.attention_sink": True},
             "registers": {"model.num_registers": 4},
+            # plain again, every window begun by byte 0 (absent from the text): a fixed start token, as a BOS
+            "start_token": {"data.start_token": 0},
         },
     )

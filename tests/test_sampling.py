@@ -143,6 +143,8 @@ VARIANTS = {  # between them: every attention, position, norm and MLP kind, tied
         **TINY, attention="mla", head_dim=8, kv_latent_dim=16, q_latent_dim=24, rope_head_dim=8,
         position="rope", tie_embeddings=False,
     ),
+    # a sink logit per head and registers: the prefill writes the registers' cache slots, decoding reads them
+    "sinks": ModelConfig(**TINY, num_kv_heads=2, position="rope", attention_sink=True, num_registers=2),
 }
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]  # a ragged batch
 NEW = 10  # new tokens: the tests share it, so they share compiled functions too

@@ -13,6 +13,7 @@ into a temporary folder by the first of them. The kernel is this test's own Pyth
 installed elsewhere.
 """
 
+import dataclasses
 import glob
 import json
 import os
@@ -77,6 +78,13 @@ def differences(recorded, now, prefix=""):
     return out
 
 
+def with_new_fields(configs):
+    """Recorded configs with the ModelConfig fields added since, at their defaults: a field a record
+    lacks was not there to set, and its default keeps the model what it was (as for checkpoints)."""
+    defaults = {f.name: f.default for f in ModelConfig.fields() if f.default is not dataclasses.MISSING}
+    return {name: {**defaults, **fields} for name, fields in (configs or {}).items()}
+
+
 def provenance_record(nb, path):
     """The provenance record of a committed notebook: exactly one, in its first code cell."""
     found = [(i, o) for i, c in enumerate(c for c in nb.cells if c.cell_type == "code") for o in c.outputs
@@ -110,7 +118,7 @@ def test_committed_notebook_is_from_todays_code(name):
     assert record.get("smoke") is False, f"{path}: executed with NOTEBOOK_SMOKE=1 (the tests' tiny model). {FIX}"
     configs, run = builds_now(name)
     now = {"configs": {k: cfg.to_dict() for k, cfg in configs.items()}, "run": run}
-    stale = differences({"configs": record.get("configs"), "run": record.get("run")},
+    stale = differences({"configs": with_new_fields(record.get("configs")), "run": record.get("run")},
                         json.loads(json.dumps(now)))
     if run is not None and uses_a_model(name):
         model = record.get("model") or {}

@@ -282,8 +282,10 @@ def _forward(cfg: ModelConfig, params: Any, tokens: jax.Array, last: jax.Array, 
 
 
 def _label(tokenizer: Any, token: int) -> str:
-    """How token id `token` is shown: its text with whitespace made visible, or '#id' without a tokenizer."""
-    return (token_label(tokenizer.decode([token])) if tokenizer is not None else "") or f"#{token}"
+    """How token id `token` is shown: its text with whitespace made visible; '#id' without a tokenizer
+    or for a part of a character (a byte of a multi-byte UTF-8 character decodes to U+FFFD)."""
+    text = tokenizer.decode([token]) if tokenizer is not None else ""
+    return f"#{token}" if not text or "\ufffd" in text else token_label(text)
 
 
 def token_label(text: str) -> str:

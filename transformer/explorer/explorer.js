@@ -44,6 +44,7 @@ function drawMap() {
   const width = (labels) => Math.max(...labels.map((x, i) => ctx.measureText(`${x} ${i}`).width));
   map.left = Math.ceil(width(p.query_labels)) + 8; map.top = Math.ceil(width(p.key_labels)) + 8;
   canvas.width = map.left + S * map.cell + 2; canvas.height = map.top + T * map.cell + 2;
+  Object.assign(canvas.dataset, map);  // the cell grid's geometry, for tests and tools
   ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
   for (let t = 0; t < T; t++) for (let s = 0; s < S; s++) {
     const c = visible(p, t, s) ? colour(A[t][s]) : MASKED;
@@ -119,7 +120,7 @@ function buildGrid() {
       caption.appendChild(document.createTextNode(` L${l + 1} H${h + 1}`));
       const stats = thumb.appendChild(document.createElement("div"));
       stats.className = "stats";
-      stats.textContent = `sink ${p.first_token_share[l][h].toFixed(2)} \u00b7 H ${p.entropy[l][h].toFixed(2)}`;
+      stats.textContent = `sink ${p.first_token_share[l][h].toFixed(2)} \u00b7 ent ${p.entropy[l][h].toFixed(2)}`;
       thumb.onclick = () => { state.layer = l; state.head = h; update(); };
     }
   }

@@ -99,7 +99,7 @@ function drawTopK() {
 function buildGrid() {
   const p = prompt(), grid = $("grid");
   grid.replaceChildren();
-  grid.style.gridTemplateColumns = `auto repeat(${H}, 84px)`;
+  grid.style.gridTemplateColumns = `auto repeat(${H}, 96px)`;
   for (let l = 0; l < L; l++) {
     const head = grid.appendChild(document.createElement("div"));
     head.className = "rowhead"; head.textContent = `layer ${l + 1} `;

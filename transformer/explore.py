@@ -65,7 +65,7 @@ class PromptView:
     next_probs: np.ndarray  # [M, V] float32: next-token distribution after the prompt, per mask
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class Exploration:
     """What `explore` computed; `_repr_html_` shows it in Jupyter, `save` writes the page."""
 
@@ -124,6 +124,11 @@ class Exploration:
         with open(path, "w", encoding="utf-8") as f:
             f.write(self.html())
         return os.fspath(path)
+
+    def __repr__(self) -> str:
+        L, H = self.masks.shape[1:]
+        return (f"Exploration of {len(self.prompts)} prompt(s): {L} layers x {H} heads, {len(self.masks)} head "
+                "masks precomputed (display it in Jupyter, or .save(path) for a browser)")
 
     def _repr_html_(self) -> str:
         # An iframe of its own: the page's ids and script cannot clash with the notebook's or with

@@ -79,7 +79,7 @@ def human_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class TreeView:
     """A titled summary of a pytree; `_repr_html_` renders it with treescope in Jupyter."""
 
@@ -99,7 +99,7 @@ class TreeView:
         treescope = _treescope()
         return f"<div><b>{html.escape(self.header())}</b></div>" + treescope.render_to_html(self.summary)
 
-    def __str__(self) -> str:
+    def __repr__(self) -> str:  # the text a terminal (or a notebook without HTML) shows
         return self.header() + "\n" + _treescope().render_to_text(self.summary)
 
 

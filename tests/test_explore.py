@@ -99,6 +99,9 @@ def test_the_page_embeds_its_data_and_loads_nothing():
     assert data == json.loads(json.dumps(ex.data()))
     assert data["prompts"][0]["text"] == "ROMEO: </script><b>"  # the prompt cannot close the element
     assert data["prompts"][1]["query_labels"] == ["a", "⏎", "b"]
+    rows = data["prompts"][1]["attention"]  # [L][H][T][keys up to the query's own]: integers
+    assert [len(r) for r in rows[0][0]] == [1, 2, 3] and data["prompts"][1]["attention_scale"] == 10**4
+    np.testing.assert_array_equal(rows[1][2][2], np.rint(ex.prompts[1].attention[1, 2, 2] * 10**4))
     assert not re.search(r"https?:|//[a-z]|\bsrc=|\bhref=|import\(|fetch\(", page)  # nothing from a network
     keys = [m["key"] for m in data["masks"]]
     assert keys[0] == "1" * 8 and set(data["prompts"][0]["top"]) == set(keys)
@@ -106,7 +109,9 @@ def test_the_page_embeds_its_data_and_loads_nothing():
     L0H1_off[0, 1] = 0
     assert mask_key(L0H1_off) == "10111111"
     assert data["prompts"][0]["top"][mask_key(L0H1_off)] == [
-        [t, token_label(tokenizer.decode([t])), round(p, 6)] for t, p in ex.top_tokens(0, L0H1_off)]
+        [t, ex.labels[t], round(p, 6)] for t, p in ex.top_tokens(0, L0H1_off)]
+    # A byte of a multi-byte character decodes to U+FFFD alone: shown by its id instead.
+    assert ex.labels and all(label == (token_label(chr(t)) if t < 128 else f"#{t}") for t, label in ex.labels.items())
     assert 'srcdoc="' in ex._repr_html_() and "<script" not in ex._repr_html_()  # escaped into the iframe
 
 

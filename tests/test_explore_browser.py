@@ -73,7 +73,7 @@ def test_the_page_in_chromium(exploration, tmp_path):
         browser = p.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
                                     args=ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1500, "height": 950})
+            page = browser.new_page(viewport={"width": 1500, "height": 760})
             errors, requests = [], []
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
@@ -98,7 +98,7 @@ def test_the_page_in_chromium(exploration, tmp_path):
             # The pointer over cell (t, s): its value and its two tokens.
             for t, s in [(T - 1, 0), (T - 1, T - 2), (T // 2, T // 2)]:
                 point_at(page, t, s)
-                a = prompt["attention"][L - 1][H - 1][t][s]
+                a = prompt["attention"][L - 1][H - 1][t][s] / prompt["attention_scale"]
                 assert page.text_content("#readout") == (
                     f'query {t} "{prompt["query_labels"][t]}" \u2192 key {s} "{prompt["key_labels"][s]}": {fmt(a)}')
                 assert abs(a - ex.prompts[0].attention[L - 1, H - 1, t, s]) <= 5e-5
@@ -133,10 +133,18 @@ def test_the_page_in_chromium(exploration, tmp_path):
             page.select_option("#prompt", "1")
             check_map_cells(page, len(data["prompts"][1]["tokens"]))
             assert read_top(page) == expected_top(ex, 1, mask)
-            page.click(".layer-toggle[data-layer='0']")
+            page.click(".layer-toggle[data-layer='0']")  # the layer back on
+
+            # Back to the first prompt with one head of the last layer off: the view the README shows.
+            page.select_option("#prompt", "0")
+            page.click(f".toggle[data-layer='{L - 1}'][data-head='0']")
+            mask = np.ones((L, H))
+            mask[L - 1, 0] = 0
+            assert read_top(page) == expected_top(ex, 0, mask)
             page.click(f".thumb[data-layer='{L - 1}'][data-head='{H - 1}']")
+            point_at(page, T - 1, T - 3)
+            assert page.text_content("#readout").startswith(f'query {T - 1} "{prompt["query_labels"][T - 1]}"')
             if os.environ.get("EXPLORER_SCREENSHOT"):
-                point_at(page, len(data["prompts"][1]["tokens"]) - 1, 0)
                 page.screenshot(path=os.environ["EXPLORER_SCREENSHOT"], full_page=True)
 
             assert errors == []

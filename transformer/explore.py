@@ -44,7 +44,8 @@ import numpy as np
 from transformer.config import ModelConfig
 from transformer.model import Decoder
 
-DIGITS = 4  # decimals of the attention weights kept in the page (what it shows)
+DIGITS = 4  # decimals of the attention weights and statistics the page shows
+ATTENTION_SCALE = 10**DIGITS  # the page stores a weight a as the integer round(a * ATTENTION_SCALE)
 PROB_DIGITS = 6  # decimals of the next-token probabilities kept in the page
 
 
@@ -321,11 +322,21 @@ def _prompt_data(ex: Exploration, i: int) -> dict:
     return {
         "text": p.text, "tokens": p.tokens, "query_labels": p.query_labels, "key_labels": p.key_labels,
         "key_positions": p.key_positions, "first_key": p.first_key,
-        "attention": np.round(p.attention, DIGITS).tolist(),  # [L][H][T][S]
+        "attention_scale": ATTENTION_SCALE,
+        "attention": _stored_rows(p),  # [L][H][T][<= S]
         "first_token_share": np.round(p.first_token_share, DIGITS).tolist(),
         "entropy": np.round(p.entropy, DIGITS).tolist(),
         "top": top,
     }
+
+
+def _stored_rows(p: PromptView) -> list:
+    """The weights as the page stores them: integers round(a * ATTENTION_SCALE), each query's row
+    cut after its last visible key (the keys after it are masked: nothing to store)."""
+    positions = np.array([-1 if x is None else x for x in p.key_positions])  # None: seen by every query
+    ints = np.rint(p.attention * ATTENTION_SCALE).astype(np.int64)  # [L, H, T, S]
+    ends = [int(np.nonzero(positions <= t)[0].max()) + 1 for t in range(len(p.query_labels))]  # [T]
+    return [[[row[:end].tolist() for row, end in zip(head, ends)] for head in layer] for layer in ints]
 
 
 def _asset(name: str) -> str:

@@ -1,6 +1,7 @@
 // The attention explorer's script: reads the JSON that transformer/explore.py embeds in the page and
-// draws it. No libraries, no network. Data layout (per prompt): attention[l][h][t][s] for query t and
-// key column s; key_positions[s] (null: a key every query sees); top[maskKey] = [[id, label, p], ...]
+// draws it. No libraries, no network. Data layout (per prompt): attention[l][h][t][s] * attention_scale
+// (an integer) for query t and key column s, each row cut after its last visible key; key_positions[s]
+// (null: a key every query sees); top[maskKey] = [[id, label, p], ...]
 // for the precomputed head masks only (maskKey: '1' on / '0' off per head, layer by layer).
 "use strict";
 const data = JSON.parse(document.getElementById("explorer-data").textContent);
@@ -20,14 +21,15 @@ const MASKED = [238, 238, 238];  // a key after the query: not attended to at al
 
 function prompt() { return data.prompts[state.prompt]; }
 function visible(p, t, s) { const pos = p.key_positions[s]; return pos === null || pos <= t; }
+function weight(p, l, h, t, s) { const row = p.attention[l][h][t]; return s < row.length ? row[s] / p.attention_scale : 0; }
 function maskKey() { return state.on.map((row) => row.map((x) => (x ? "1" : "0")).join("")).join(""); }
 
 function drawThumb(canvas, p, l, h) {
-  const A = p.attention[l][h], T = A.length, S = A[0].length;
+  const T = p.query_labels.length, S = p.key_labels.length;
   canvas.width = S; canvas.height = T;
   const ctx = canvas.getContext("2d"), img = ctx.createImageData(S, T);
   for (let t = 0; t < T; t++) for (let s = 0; s < S; s++) {
-    const c = visible(p, t, s) ? colour(A[t][s]) : MASKED, o = 4 * (t * S + s);
+    const c = visible(p, t, s) ? colour(weight(p, l, h, t, s)) : MASKED, o = 4 * (t * S + s);
     img.data[o] = c[0]; img.data[o + 1] = c[1]; img.data[o + 2] = c[2]; img.data[o + 3] = 255;
   }
   ctx.putImageData(img, 0, 0);
@@ -36,9 +38,9 @@ function drawThumb(canvas, p, l, h) {
 // The selected map: one cell per (query, key), the tokens as axis labels.
 const map = {cell: 0, left: 0, top: 0};
 function drawMap() {
-  const p = prompt(), A = p.attention[state.layer][state.head], T = A.length, S = A[0].length;
+  const p = prompt(), T = p.query_labels.length, S = p.key_labels.length;
   const canvas = $("map"), ctx = canvas.getContext("2d");
-  map.cell = Math.max(4, Math.min(22, Math.floor(560 / Math.max(T, S))));
+  map.cell = Math.max(4, Math.min(22, Math.floor(520 / Math.max(T, S))));
   const font = Math.min(12, map.cell), every = Math.ceil(9 / map.cell);  // label every n-th token when cells are small
   ctx.font = `${font}px ui-monospace, monospace`;
   const width = (labels) => Math.max(...labels.map((x, i) => ctx.measureText(`${x} ${i}`).width));
@@ -47,7 +49,7 @@ function drawMap() {
   Object.assign(canvas.dataset, map);  // the cell grid's geometry, for tests and tools
   ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
   for (let t = 0; t < T; t++) for (let s = 0; s < S; s++) {
-    const c = visible(p, t, s) ? colour(A[t][s]) : MASKED;
+    const c = visible(p, t, s) ? colour(weight(p, state.layer, state.head, t, s)) : MASKED;
     ctx.fillStyle = `rgb(${c[0]},${c[1]},${c[2]})`;
     ctx.fillRect(map.left + s * map.cell, map.top + t * map.cell, map.cell, map.cell);
   }
@@ -64,11 +66,11 @@ function drawMap() {
 }
 
 function pointAt(event) {
-  const p = prompt(), A = p.attention[state.layer][state.head];
+  const p = prompt(), T = p.query_labels.length, S = p.key_labels.length;
   const t = Math.floor((event.offsetY - map.top) / map.cell), s = Math.floor((event.offsetX - map.left) / map.cell);
   const readout = $("readout");
-  if (t < 0 || s < 0 || t >= A.length || s >= A[0].length) { readout.textContent = "point at a cell"; return; }
-  const what = visible(p, t, s) ? A[t][s].toFixed(4) : "masked (the key comes after the query)";
+  if (t < 0 || s < 0 || t >= T || s >= S) { readout.textContent = "point at a cell"; return; }
+  const what = visible(p, t, s) ? weight(p, state.layer, state.head, t, s).toFixed(4) : "masked (the key comes after the query)";
   readout.textContent = `query ${t} "${p.query_labels[t]}" \u2192 key ${s} "${p.key_labels[s]}": ${what}`;
   readout.dataset.query = t; readout.dataset.key = s;
 }
@@ -99,7 +101,7 @@ function drawTopK() {
 function buildGrid() {
   const p = prompt(), grid = $("grid");
   grid.replaceChildren();
-  grid.style.gridTemplateColumns = `auto repeat(${H}, 96px)`;
+  grid.style.gridTemplateColumns = `auto repeat(${H}, 100px)`;
   for (let l = 0; l < L; l++) {
     const head = grid.appendChild(document.createElement("div"));
     head.className = "rowhead"; head.textContent = `layer ${l + 1} `;

@@ -16,6 +16,7 @@ model, with the same checks:
         .venv/bin/python -m pytest -q tests/test_explore_browser.py
 """
 
+import contextlib
 import os
 import shutil
 from decimal import ROUND_HALF_UP, Decimal
@@ -51,6 +52,18 @@ def browser_or_skip():
     return sync_playwright
 
 
+@contextlib.contextmanager
+def chromium(sync_playwright):
+    """The system's chromium, headless, through Playwright; closed afterwards."""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
+                                    args=ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
 @pytest.fixture(scope="module")
 def exploration():
     if os.environ.get("EXPLORER_WORKDIR"):
@@ -69,88 +82,83 @@ def test_the_page_in_chromium(exploration, tmp_path):
     ex, data = exploration, exploration.data()
     L, H = ex.masks.shape[1:]
     path = ex.save(tmp_path / "explorer.html")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
-                                    args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1500, "height": 760})
-            errors, requests = [], []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("request", lambda r: requests.append(r.url))
-            page.goto(f"file://{path}")
+    with chromium(sync_playwright) as browser:
+        page = browser.new_page(viewport={"width": 1500, "height": 760})
+        errors, requests = [], []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(f"file://{path}")
 
-            prompt = data["prompts"][0]
-            T = len(prompt["tokens"])
-            assert page.locator("#grid canvas").count() == L * H
-            assert page.locator("#layer-buttons button").count() == L and page.locator("#head-buttons button").count() == H
-            check_map_cells(page, T)
+        prompt = data["prompts"][0]
+        T = len(prompt["tokens"])
+        assert page.locator("#grid canvas").count() == L * H
+        assert page.locator("#layer-buttons button").count() == L and page.locator("#head-buttons button").count() == H
+        check_map_cells(page, T)
 
-            # A layer, then a head: the title and the statistics follow.
-            page.click(f"#layer-buttons button[data-layer='{L - 1}']")
-            page.click(f"#head-buttons button[data-head='{H - 1}']")
-            assert page.text_content("#map-title").startswith(f"layer {L}, head {H}:")
-            assert page.text_content("#stat-share") == fmt(prompt["first_token_share"][L - 1][H - 1])
-            assert page.text_content("#stat-entropy") == fmt(prompt["entropy"][L - 1][H - 1])
-            np.testing.assert_allclose(float(page.text_content("#stat-share")),
-                                       ex.prompts[0].first_token_share[L - 1, H - 1], atol=5e-5)
+        # A layer, then a head: the title and the statistics follow.
+        page.click(f"#layer-buttons button[data-layer='{L - 1}']")
+        page.click(f"#head-buttons button[data-head='{H - 1}']")
+        assert page.text_content("#map-title").startswith(f"layer {L}, head {H}:")
+        assert page.text_content("#stat-share") == fmt(prompt["first_token_share"][L - 1][H - 1])
+        assert page.text_content("#stat-entropy") == fmt(prompt["entropy"][L - 1][H - 1])
+        np.testing.assert_allclose(float(page.text_content("#stat-share")),
+                                   ex.prompts[0].first_token_share[L - 1, H - 1], atol=5e-5)
 
-            # The pointer over cell (t, s): its value and its two tokens.
-            for t, s in [(T - 1, 0), (T - 1, T - 2), (T // 2, T // 2)]:
-                point_at(page, t, s)
-                a = prompt["attention"][L - 1][H - 1][t][s] / prompt["attention_scale"]
-                assert page.text_content("#readout") == (
-                    f'query {t} "{prompt["query_labels"][t]}" \u2192 key {s} "{prompt["key_labels"][s]}": {fmt(a)}')
-                assert abs(a - ex.prompts[0].attention[L - 1, H - 1, t, s]) <= 5e-5
-            point_at(page, 0, T - 1)
-            assert page.text_content("#readout").endswith("masked (the key comes after the query)")
+        # The pointer over cell (t, s): its value and its two tokens.
+        for t, s in [(T - 1, 0), (T - 1, T - 2), (T // 2, T // 2)]:
+            point_at(page, t, s)
+            a = prompt["attention"][L - 1][H - 1][t][s] / prompt["attention_scale"]
+            assert page.text_content("#readout") == (
+                f'query {t} "{prompt["query_labels"][t]}" \u2192 key {s} "{prompt["key_labels"][s]}": {fmt(a)}')
+            assert abs(a - ex.prompts[0].attention[L - 1, H - 1, t, s]) <= 5e-5
+        point_at(page, 0, T - 1)
+        assert page.text_content("#readout").endswith("masked (the key comes after the query)")
 
-            # A thumbnail selects its head.
-            page.click(".thumb[data-layer='0'][data-head='1']")
-            assert page.text_content("#stat-entropy") == fmt(prompt["entropy"][0][1])
+        # A thumbnail selects its head.
+        page.click(".thumb[data-layer='0'][data-head='1']")
+        assert page.text_content("#stat-entropy") == fmt(prompt["entropy"][0][1])
 
-            # Head toggles: the top-k next tokens are those of the masked model.
-            assert read_top(page) == expected_top(ex, 0, np.ones((L, H)))
-            page.click(".toggle[data-layer='0'][data-head='1']")
-            mask = np.ones((L, H))
-            mask[0, 1] = 0
-            assert page.text_content("#mask-status") == "heads: layer 1 head 2 off"
-            assert read_top(page) == expected_top(ex, 0, mask)
-            assert read_top(page) != expected_top(ex, 0, np.ones((L, H)))  # the toggle changed the numbers
+        # Head toggles: the top-k next tokens are those of the masked model.
+        assert read_top(page) == expected_top(ex, 0, np.ones((L, H)))
+        page.click(".toggle[data-layer='0'][data-head='1']")
+        mask = np.ones((L, H))
+        mask[0, 1] = 0
+        assert page.text_content("#mask-status") == "heads: layer 1 head 2 off"
+        assert read_top(page) == expected_top(ex, 0, mask)
+        assert read_top(page) != expected_top(ex, 0, np.ones((L, H)))  # the toggle changed the numbers
 
-            page.click(f".toggle[data-layer='{L - 1}'][data-head='0']")  # two heads in two layers: not precomputed
-            assert page.get_attribute("#mask-status", "class") == "uncovered"
-            assert "not precomputed" in page.text_content("#mask-status") and read_top(page) == []
-            page.click(f".toggle[data-layer='{L - 1}'][data-head='0']")
-            page.click(".toggle[data-layer='0'][data-head='1']")
-            page.click(".layer-toggle[data-layer='0']")  # the whole first layer off
-            mask = np.ones((L, H))
-            mask[0] = 0
-            assert page.text_content("#mask-status") == "heads: layer 1 off"
-            assert read_top(page) == expected_top(ex, 0, mask)
+        page.click(f".toggle[data-layer='{L - 1}'][data-head='0']")  # two heads in two layers: not precomputed
+        assert page.get_attribute("#mask-status", "class") == "uncovered"
+        assert "not precomputed" in page.text_content("#mask-status") and read_top(page) == []
+        page.click(f".toggle[data-layer='{L - 1}'][data-head='0']")
+        page.click(".toggle[data-layer='0'][data-head='1']")
+        page.click(".layer-toggle[data-layer='0']")  # the whole first layer off
+        mask = np.ones((L, H))
+        mask[0] = 0
+        assert page.text_content("#mask-status") == "heads: layer 1 off"
+        assert read_top(page) == expected_top(ex, 0, mask)
 
-            # The second prompt: its own map and numbers (the layer stays off).
-            page.select_option("#prompt", "1")
-            check_map_cells(page, len(data["prompts"][1]["tokens"]))
-            assert read_top(page) == expected_top(ex, 1, mask)
-            page.click(".layer-toggle[data-layer='0']")  # the layer back on
+        # The second prompt: its own map and numbers (the layer stays off).
+        page.select_option("#prompt", "1")
+        check_map_cells(page, len(data["prompts"][1]["tokens"]))
+        assert read_top(page) == expected_top(ex, 1, mask)
+        page.click(".layer-toggle[data-layer='0']")  # the layer back on
 
-            # Back to the first prompt with one head of the last layer off: the view the README shows.
-            page.select_option("#prompt", "0")
-            page.click(f".toggle[data-layer='{L - 1}'][data-head='0']")
-            mask = np.ones((L, H))
-            mask[L - 1, 0] = 0
-            assert read_top(page) == expected_top(ex, 0, mask)
-            page.click(f".thumb[data-layer='{L - 1}'][data-head='{H - 1}']")
-            point_at(page, T - 1, T - 3)
-            assert page.text_content("#readout").startswith(f'query {T - 1} "{prompt["query_labels"][T - 1]}"')
-            if os.environ.get("EXPLORER_SCREENSHOT"):
-                page.screenshot(path=os.environ["EXPLORER_SCREENSHOT"], full_page=True)
+        # Back to the first prompt with one head of the last layer off: the view the README shows.
+        page.select_option("#prompt", "0")
+        page.click(f".toggle[data-layer='{L - 1}'][data-head='0']")
+        mask = np.ones((L, H))
+        mask[L - 1, 0] = 0
+        assert read_top(page) == expected_top(ex, 0, mask)
+        page.click(f".thumb[data-layer='{L - 1}'][data-head='{H - 1}']")
+        point_at(page, T - 1, T - 3)
+        assert page.text_content("#readout").startswith(f'query {T - 1} "{prompt["query_labels"][T - 1]}"')
+        if os.environ.get("EXPLORER_SCREENSHOT"):
+            page.screenshot(path=os.environ["EXPLORER_SCREENSHOT"], full_page=True)
 
-            assert errors == []
-            assert all(url.startswith("file://") for url in requests), requests  # nothing from a network
-        finally:
-            browser.close()
+        assert errors == []
+        assert all(url.startswith("file://") for url in requests), requests  # nothing from a network
 
 
 def check_map_cells(page, T):
@@ -190,3 +198,22 @@ def read_top(page):
 
 def expected_top(ex, prompt, mask):
     return [[t, round(p, 6), fmt(round(p, 6))] for t, p in ex.top_tokens(prompt, mask)]
+
+
+def test_the_inline_view_runs_in_its_iframe(exploration, tmp_path):
+    """What Jupyter shows (`_repr_html_`: the page in a sandboxed iframe) draws the same page."""
+    sync_playwright = browser_or_skip()
+    ex = exploration
+    L, H = ex.masks.shape[1:]
+    notebook = tmp_path / "notebook.html"
+    notebook.write_text(f"<html><body><div id='output'>{ex._repr_html_()}</div></body></html>", encoding="utf-8")
+    with chromium(sync_playwright) as browser:
+        page = browser.new_page()
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"file://{notebook}")
+        frame = page.frame_locator("#output iframe")
+        assert frame.locator("#grid canvas").count() == L * H
+        frame.locator(f"#head-buttons button[data-head='{H - 1}']").click()
+        assert frame.locator("#stat-entropy").text_content() == fmt(ex.data()["prompts"][0]["entropy"][0][H - 1])
+        assert errors == []

@@ -177,3 +177,20 @@ def test_command_line_writes_a_page_from_a_hugging_face_folder(tmp_path):
     assert [p["text"] for p in data["prompts"]] == ["ROMEO:", "JULIET:"]
     done = run("--workdir", str(tmp_path / "nothing"), "--prompt", "x", "--out", str(out))
     assert done.returncode == 1 and done.stderr.startswith("error: workdir ") and "Traceback" not in done.stderr
+
+
+def test_the_page_ships_with_the_package_and_its_tools_are_extras():
+    import fnmatch
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        pyproject = tomllib.load(f)
+    shipped = pyproject["tool"]["setuptools"]["package-data"]["transformer"]
+    for name in ("explorer/page.html", "explorer/explorer.js"):  # what explore() reads with importlib.resources
+        assert os.path.isfile(os.path.join(ROOT, "transformer", name))
+        assert any(fnmatch.fnmatch(name, pattern) for pattern in shipped), f"{name} is not package data"
+    core = " ".join(pyproject["project"]["dependencies"])
+    extras = pyproject["project"]["optional-dependencies"]
+    assert "playwright" not in core and "treescope" not in core
+    assert any(d.startswith("playwright") for d in extras["dev"])
+    assert any(d.startswith("treescope") for d in extras["notebooks"]) and any(d.startswith("treescope") for d in extras["dev"])

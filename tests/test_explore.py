@@ -6,6 +6,7 @@ uniform) of every attention variant; an imported Hugging Face model against `tra
 attention weights.
 """
 
+import functools
 import json
 import os
 import re
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.helpers.decoder import make_cfg, random_params
+from tests.helpers.decoder import jit, make_cfg, random_params
 from transformer.explore import explore, head_masks, mask_key, token_label
 from transformer.model import Decoder
 from transformer.tokenizer import ByteTokenizer
@@ -33,9 +34,14 @@ def model(attention):
 
 def direct(cfg, params, tokens, head_mask=None):
     """(attention [L, H, T, T], next-token probabilities [V]) of one prompt, straight from Decoder."""
-    logits, _, attention = Decoder(cfg).apply({"params": params}, jnp.asarray(tokens)[None], head_mask=head_mask,
-                                              return_attention=True)
-    return np.asarray(attention[:, 0]), np.asarray(jax.nn.softmax(logits[0, -1]))
+    attention, probs = _direct(cfg, params, jnp.asarray(tokens)[None], head_mask)
+    return np.asarray(attention[:, 0]), np.asarray(probs)
+
+
+@functools.partial(jit, static_argnums=0)
+def _direct(cfg, params, tokens, head_mask):
+    logits, _, attention = Decoder(cfg).apply({"params": params}, tokens, head_mask=head_mask, return_attention=True)
+    return attention, jax.nn.softmax(logits[0, -1])
 
 
 @pytest.mark.parametrize("attention", ["mha", "gqa", "mqa", "mla_q_rope"])
@@ -119,6 +125,8 @@ def test_bad_input_is_named(tmp_path):
     cfg, params = model("mha")
     with pytest.raises(ValueError, match="needs the model's config"):
         explore(params, [[1, 2]])
+    with pytest.raises(ValueError, match="step picks a checkpoint of a run"):
+        explore(params, [[1, 2]], cfg=cfg, step=3)
     with pytest.raises(ValueError, match="needs the model's tokenizer"):
         explore(params, "text", cfg=cfg)
     with pytest.raises(ValueError, match="the prompt has 20 tokens.*max_tokens=12"):

@@ -174,6 +174,8 @@ def explore(
     else:
         if cfg is None:
             raise ValueError("explore(params, ...) needs the model's config: pass cfg=ModelConfig(...)")
+        if step is not None:
+            raise ValueError("step picks a checkpoint of a run: pass the run's workdir, not params, with step")
         params = params_or_workdir
         if isinstance(params, dict) and set(params) == {"params"}:  # {"params": ...} as Flax's apply takes it
             params = params["params"]
@@ -185,7 +187,7 @@ def explore(
     # The reference attention returns weights; the fused implementations compute the same function but cannot.
     cfg = cfg.replace(attention_impl="reference", dropout=0.0)
     masks, names = head_masks(cfg, extra_masks)
-    label = lambda t: _label(tokenizer, t)  # noqa: E731
+    label = functools.partial(_label, tokenizer)
     views = _views(cfg, params, prompts, tokenizer, label, masks, max_tokens)
     ex = Exploration(_describe(cfg), masks, names, views, {}, min(top_k, cfg.vocab_size))
     shown = {t for i in range(len(views)) for m in masks for t, _ in ex.top_tokens(i, m)}

@@ -202,3 +202,18 @@ def test_the_page_ships_with_the_package_and_its_tools_are_extras():
     assert "playwright" not in core and "treescope" not in core
     assert any(d.startswith("playwright") for d in extras["dev"])
     assert any(d.startswith("treescope") for d in extras["notebooks"]) and any(d.startswith("treescope") for d in extras["dev"])
+
+
+def test_the_layout_takes_extra_key_columns_seen_by_every_query():
+    """Keys that are not prompt tokens (sinks, registers: not in the model yet) are extra leading
+    columns with position None; the stored rows keep them for every query."""
+    from transformer.explore import PromptView, _stored_rows
+
+    T = 3
+    a = np.zeros((1, 1, T, T + 1), np.float32)
+    for t in range(T):
+        a[0, 0, t, : t + 2] = 1 / (t + 2)  # the extra column and the tokens up to t
+    view = PromptView(text="abc", tokens=[1, 2, 3], query_labels=list("abc"), key_labels=["<sink>", *"abc"],
+                      key_positions=[None, 0, 1, 2], first_key=1, attention=a, first_token_share=np.zeros((1, 1)),
+                      entropy=np.zeros((1, 1)), next_probs=np.zeros((1, 4)))
+    assert _stored_rows(view) == [[[[5000, 5000], [3333, 3333, 3333], [2500, 2500, 2500, 2500]]]]

@@ -1,6 +1,6 @@
 """The device check: what this codebase does on the accelerator JAX finds (GPU, TPU, or the CPU).
 
-    python bench/accelerator.py           # on a GPU or TPU: under 5 minutes
+    python bench/accelerator.py           # on a GPU or TPU: sized for under 5 minutes (not yet timed there)
     make accelerator JAX=cuda             # the same, after installing the CUDA build of JAX
     python bench/accelerator.py --tiny    # 1-layer stand-ins of the models: seconds on a CPU (the tests)
 

@@ -360,7 +360,10 @@ def sinks_runs(smoke: bool = SMOKE) -> tuple[list, str]:
 
 def sinks_configs(smoke: bool = SMOKE) -> tuple[dict, dict]:
     """({run name: ModelConfig}, the runs' RUN_FIELDS) of attention_sinks.ipynb's runs."""
+    from transformer.backend import resolve_auto
     from transformer.config import ModelConfig
 
     jobs, _ = sinks_runs(smoke)
-    return {job.name: ModelConfig.from_dict(job.config.model) for job in jobs}, run_fields(jobs[0].config)
+    # The configs' 'auto' dtype, chosen for this backend (float32 on a CPU).
+    return ({job.name: resolve_auto(ModelConfig.from_dict(job.config.model)).cfg for job in jobs},
+            run_fields(jobs[0].config))

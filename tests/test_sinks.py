@@ -21,6 +21,7 @@ from tests.helpers.decoder import PREFILL, TOL, T, build, jit, max_diff
 from tests.test_model import check_cached_decoding_equals_forward, check_causality, check_ragged_batch_equals_rows_alone
 from transformer import ModelConfig, init_cache, ops, sinks
 from transformer.attention import segment_masks
+from transformer.backend import resolve_auto
 from transformer.batches import with_start_token
 from transformer.loss import cross_entropy, loss_fn
 from transformer.metrics import read_metrics
@@ -101,6 +102,16 @@ def test_fused_attention_refuses_a_sink():
 def test_bad_sink_options_are_named(fields, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig(vocab_size=8, max_seq_len=8, d_model=8, num_layers=1, num_heads=2, **fields)
+
+
+@pytest.mark.parametrize("backend", ["gpu", "tpu", "cpu"])
+def test_auto_attention_is_the_reference_one_for_a_sink(backend):
+    cfg = ModelConfig(vocab_size=8, max_seq_len=8, d_model=16, num_layers=1, num_heads=2, attention_sink=True,
+                      dtype="auto", attention_impl="auto")  # head width 8: cuDNN could run it
+    resolved = resolve_auto(cfg, backend)
+    assert resolved.cfg.attention_impl == "reference"
+    assert resolve_auto(cfg.replace(attention_sink=False, num_registers=2), backend).cfg.attention_impl == (
+        {"gpu": "cudnn", "tpu": "xla", "cpu": "reference"}[backend])  # registers are tokens: any path
 
 
 def test_the_options_are_off_by_default_and_registers_work_with_fused_attention():

@@ -161,10 +161,10 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.num_registers must be an integer >= 0 (0: no registers), got {self.num_registers!r}"
             )
-        if self.attention_sink and self.attention_impl != "reference":
+        if self.attention_sink and self.attention_impl in ("xla", "cudnn"):
             raise ValueError(
-                f"ModelConfig: attention_sink=True needs attention_impl='reference' (got "
-                f"{self.attention_impl!r}): jax.nn.dot_product_attention has no sink logit"
+                f"ModelConfig: attention_sink=True needs attention_impl='reference' (or 'auto', which "
+                f"chooses it; got {self.attention_impl!r}): jax.nn.dot_product_attention has no sink logit"
             )
 
     def _validate_mla(self) -> None:

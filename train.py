@@ -245,7 +245,7 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, training.TrainSta
         train=training.make_train_step(cfg, tx, schedule, mesh, state, t.grad_accum).lower(state, x, y).compile(),
         eval=training.make_eval_step(cfg, mesh, state).lower(state.params, x, y).compile(),
         shares=training.make_shares_step(cfg, mesh, state).lower(state.params, x).compile()
-        if t.eval_attention_shares else None,
+        if t.get("eval_attention_shares", False) else None,
         put=put, compile_seconds=time.perf_counter() - compiling,
     )
     num_params = count_params(state.params)

@@ -20,7 +20,6 @@ def get_config():
             num_heads=4,  # d_h = 32
             position="rope",
             scan_layers=False,  # a Python loop over 4 layers trains faster than nn.scan on CPU
-            attention_impl="reference",  # every evaluation reads the attention weights, which the fused paths do not return
         )
     )
     c.train.steps = 700

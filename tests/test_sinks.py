@@ -294,6 +294,14 @@ def test_mean_logit_map_is_what_the_softmax_takes(option):
         np.testing.assert_allclose(row, seen / seen.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
 
 
+def test_a_model_on_a_fused_attention_path_is_measured_with_the_reference_one():
+    m = build("gqa", "rope", num_registers=2)
+    fused = sinks.attention_shares(m.params, m.cfg.replace(attention_impl="xla"), m.tokens)
+    reference = sinks.attention_shares(m.params, m.cfg, m.tokens)
+    np.testing.assert_allclose(fused.registers, reference.registers, rtol=1e-6)
+    np.testing.assert_allclose(fused.first_token, reference.first_token, rtol=1e-6)
+
+
 def test_measurement_needs_two_tokens():
     m = build("gqa", "rope")
     with pytest.raises(ValueError, match=r"tokens must be \[B, T\] with T >= 2"):

@@ -93,10 +93,6 @@ def check_train_config(config: ConfigDict, cfg: ModelConfig) -> None:
     if not (isinstance(start, int) and (start == -1 or 0 <= start < cfg.vocab_size)):
         raise ValueError(f"data.start_token={start!r} must be a token id in [0, {cfg.vocab_size}) or -1 (none)")
     t = config.train
-    if t.get("eval_attention_shares") and cfg.attention_impl != "reference":
-        raise ValueError(f"train.eval_attention_shares=True needs the attention weights, which "
-                         f"model.attention_impl={cfg.attention_impl!r} does not return; set "
-                         "--config.model.attention_impl=reference or --config.train.eval_attention_shares=False")
     if t.seq_len > cfg.max_seq_len:
         raise ValueError(f"train.seq_len={t.seq_len} exceeds model.max_seq_len={cfg.max_seq_len}")
     if t.batch_size % t.grad_accum:

@@ -108,10 +108,16 @@ def share_metrics(cfg: ModelConfig, shares: AttentionShares) -> dict[str, float]
     return row
 
 
+def weights_config(cfg: ModelConfig) -> ModelConfig:
+    """`cfg` computing its attention with the reference path: the same function, and the only path
+    that returns the weights (a model trained with attention_impl='xla' or 'cudnn' is measured so)."""
+    return cfg if cfg.attention_impl == "reference" else cfg.replace(attention_impl="reference")
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "what"))
 def _apply(params: Any, cfg: ModelConfig, tokens: Array, head_mask: Array | None, what: bool | str):
     """The forward pass returning (logits, None, attention weights (what=True) or logits ('logits'))."""
-    return Decoder(cfg).apply({"params": params}, tokens, head_mask=head_mask, return_attention=what)
+    return Decoder(weights_config(cfg)).apply({"params": params}, tokens, head_mask=head_mask, return_attention=what)
 
 
 def _check_tokens(tokens: Array) -> None:

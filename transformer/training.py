@@ -124,7 +124,7 @@ def make_shares_step(cfg: ModelConfig, mesh: Mesh, state: TrainState):
     data = batch_sharding(mesh)
 
     def shares(params, x):
-        _, _, weights = Decoder(cfg).apply({"params": params}, x, return_attention=True)
+        _, _, weights = Decoder(sinks.weights_config(cfg)).apply({"params": params}, x, return_attention=True)
         return sinks.shares_from_weights(cfg, weights)
 
     return jax.jit(shares, in_shardings=(state_sharding(state.params, mesh), data))

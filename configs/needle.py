@@ -3,9 +3,10 @@
     python train.py --config configs/needle.py --workdir runs/needle
 
 Each training row is one document (transformer/needle.py): Shakespeare filler with " The code of
-Kelav is 48213. " planted at a random depth, then "\\nWhat is the code of Kelav? "; the loss grades
-only the answer's digits. Prompts of 64-256 bytes; RoPE and max_seq_len 1024, so that the same
-model can be asked about documents past the trained lengths (notebooks/retrieval_heads.ipynb).
+Kelav is 48213. " planted at a random depth, then "\\nWhat is the code of Kelav? " and the answer;
+the loss grades every byte of the document (data.needle.graded). Prompts of 64-192 bytes; RoPE and
+max_seq_len 1024, so that the same model can be asked about documents past the trained lengths
+(notebooks/retrieval_heads.ipynb).
 The README reports the run's time and accuracy.
 """
 
@@ -30,13 +31,15 @@ def get_config():
     )
     c.data.task = "needle"
     c.data.needle.min_length = 64
-    c.data.needle.max_length = 256
+    c.data.needle.max_length = 192
     c.data.needle.min_depth = 0.0
     c.data.needle.max_depth = 1.0
     c.data.needle.digits = 5
-    c.train.steps = 1500
-    c.train.batch_size = 32
-    c.train.seq_len = 260  # the longest prompt (256) and its 5-digit answer, less the last token
+    c.data.needle.graded = "all"  # the filler too: its next-byte loss gives the heads that retrieval builds
+    # on (looking at the previous bytes) a signal from every position, not only from the 5 answer digits
+    c.train.steps = 4000
+    c.train.batch_size = 16  # documents per step; only their 5 answer digits are graded
+    c.train.seq_len = 196  # the longest prompt (192) and its 5-digit answer, less the last token
     c.train.log_every = 25
     c.train.eval_every = 250
     c.train.eval_batches = 4

@@ -89,6 +89,20 @@ def test_batch_at_grades_only_the_answer_and_is_a_function_of_seed_and_step():
                                                                    task=TASK)[1][1])
 
 
+def test_graded_all_grades_every_byte_of_the_document_and_not_the_padding():
+    everything = needle.NeedleTask(min_length=64, max_length=96, graded="all")
+    x, y = needle.batch_at(FILLER, seed=0, step=4, batch_size=6, seq_len=100, task=everything)
+    _, answer_only = needle.batch_at(FILLER, seed=0, step=4, batch_size=6, seq_len=100, task=TASK)
+    for row_x, row_y, row_answer in zip(x, y, answer_only):
+        n = np.flatnonzero(row_answer != IGNORED)[-1] + 1  # the document's tokens but the last
+        np.testing.assert_array_equal(row_y[: n - 1], row_x[1:n])  # every next byte is graded
+        assert np.all(row_y[n:] == IGNORED)  # the padding is not
+        graded = row_answer != IGNORED
+        np.testing.assert_array_equal(row_y[graded], row_answer[graded])  # the same document
+    with pytest.raises(ValueError, match="graded='some' is not known"):
+        needle.NeedleTask(graded="some")
+
+
 def test_document_grid_cells_have_their_length_and_depth():
     grid = needle.document_grid(FILLER, [64, 100], [0.0, 1.0], per_cell=3, seed=1)
     assert len(grid) == 2 and all(len(row) == 2 and all(len(cell) == 3 for cell in row) for row in grid)

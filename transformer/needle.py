@@ -17,11 +17,13 @@ tokens in the needle are the answer's tokens (a BPE would merge digits with thei
 differently in the needle and after the question).
 
 Training batches (`batch_at`) are (inputs, targets) int32 [B, T] like `batches.batch_at`: one
-document per row, its length and depth drawn uniformly from the task's ranges, right-padded. Only
-the answer's tokens are graded: every other target is `batches.IGNORED`, so the loss is the answer's
-cross-entropy (nats per answer token; ln 10 = 2.30 is a uniform guess of a digit). The filler is
-left out of the loss because it would dominate it (~200 filler bytes per 5 answer bytes): a small
-model trained for minutes would spend its capacity on Shakespeare instead of on the retrieval.
+document per row, its length and depth drawn uniformly from the task's ranges, right-padded (padding
+targets are `batches.IGNORED`, which the loss leaves out). `graded` says which other targets count:
+'answer' grades only the value's digits (the loss is then the answer's cross-entropy, ln 10 = 2.30
+per digit for a guess), 'all' every byte of the document, filler included. configs/needle.py grades
+'all': with the answer alone, the only signal for the heads that retrieval is built from (heads that
+look at the previous bytes, which the copying heads compose with) comes from 5 digits per document,
+and a small model learned the task several times slower in steps (README, "Retrieval heads").
 Batch `step` depends only on (seed, step), so a resumed run sees the batches an unbroken run would.
 """
 

@@ -4,7 +4,7 @@
 
 Each training row is one document (transformer/needle.py): Shakespeare filler with " The code of
 Kelav is 48213. " planted at a random depth, then "\\nWhat is the code of Kelav? " and the answer;
-the loss grades every byte of the document (data.needle.graded). Prompts of 64-192 bytes; RoPE and
+the loss grades only the answer's digits (data.needle.graded). Prompts of 64-128 bytes; RoPE and
 max_seq_len 1024, so that the same model can be asked about documents past the trained lengths
 (notebooks/retrieval_heads.ipynb).
 The README reports the run's time and accuracy.
@@ -31,15 +31,14 @@ def get_config():
     )
     c.data.task = "needle"
     c.data.needle.min_length = 64
-    c.data.needle.max_length = 192
+    c.data.needle.max_length = 128
     c.data.needle.min_depth = 0.0
     c.data.needle.max_depth = 1.0
     c.data.needle.digits = 5
-    c.data.needle.graded = "all"  # the filler too: its next-byte loss gives the heads that retrieval builds
-    # on (looking at the previous bytes) a signal from every position, not only from the 5 answer digits
-    c.train.steps = 4000
-    c.train.batch_size = 16  # documents per step; only their 5 answer digits are graded
-    c.train.seq_len = 196  # the longest prompt (192) and its 5-digit answer, less the last token
+    c.data.needle.graded = "answer"  # only the answer's digits (grading every byte learned slower, README)
+    c.train.steps = 2500
+    c.train.batch_size = 32  # documents per step; only their 5 answer digits are graded
+    c.train.seq_len = 132  # the longest prompt (128) and its 5-digit answer, less the last token
     c.train.log_every = 25
     c.train.eval_every = 250
     c.train.eval_batches = 4

@@ -176,7 +176,8 @@ def test_retrieval_scores_read_the_answer_steps(params, monkeypatch):
     np.testing.assert_allclose(both, (4 * scores + 2 * retrieval.retrieval_scores(params, CFG, more)) / 6)
 
     # A step the model gets wrong does not count.
-    monkeypatch.setattr(retrieval, "answers", lambda p, c, docs, mask=None: np.stack([(d.answer + 1) % 256 for d in docs]))
+    wrong = lambda p, c, docs, mask=None: np.stack([(d.answer + 1) % 256 for d in docs])  # noqa: E731
+    monkeypatch.setattr(retrieval, "answers", wrong)
     np.testing.assert_array_equal(retrieval.retrieval_scores(params, CFG, docs), np.zeros((3, 2)))
 
 

@@ -21,9 +21,9 @@ document per row, its length and depth drawn uniformly from the task's ranges, r
 targets are `batches.IGNORED`, which the loss leaves out). `graded` says which other targets count:
 'answer' grades only the value's digits (the loss is then the answer's cross-entropy, ln 10 = 2.30
 per digit for a guess), 'all' every byte of the document, filler included. configs/needle.py grades
-'all': with the answer alone, the only signal for the heads that retrieval is built from (heads that
-look at the previous bytes, which the copying heads compose with) comes from 5 digits per document,
-and a small model learned the task several times slower in steps (README, "Retrieval heads").
+the answer only: the filler's next-byte loss would dominate the loss (~100 filler bytes per 5 answer
+bytes), and in a comparison on this task (README, "Retrieval heads") grading every byte left the
+answer's digits at chance for longer.
 Batch `step` depends only on (seed, step), so a resumed run sees the batches an unbroken run would.
 """
 

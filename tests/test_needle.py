@@ -154,6 +154,8 @@ def test_the_score_of_a_hand_built_pattern():
                 attention[0, b, h, a, rows[b][a]] = 0.9
     scores = retrieval.score_from_attention(jnp.asarray(attention), value_positions, copied)
     np.testing.assert_allclose(scores, [[1.0, 1 / 3, 0.0]])
+    per_step = retrieval.score_from_attention(jnp.asarray(attention), value_positions, copied, per_step=True)
+    np.testing.assert_allclose(per_step, [[[1.0, 1.0], [0.5, 0.0], [0.0, 0.0]]])  # step 1 counts once: doc 0
 
 
 def test_retrieval_scores_read_the_answer_steps(params, monkeypatch):
@@ -169,6 +171,9 @@ def test_retrieval_scores_read_the_answer_steps(params, monkeypatch):
     expected = (top == want[None, :, None]).mean(axis=(1, 3))  # [L, H]: every one of the 20 steps counts
     assert scores.shape == (3, 2) and expected.any()
     np.testing.assert_allclose(scores, expected)
+    per_step = retrieval.retrieval_scores(params, CFG, docs, per_step=True)  # [L, H, 5]
+    np.testing.assert_allclose(per_step, (top == want[None, :, None]).mean(axis=1))
+    np.testing.assert_allclose(per_step.mean(-1), scores)  # every step counts as often here
 
     # Documents of several lengths: each answer step of each document weighs the same.
     more = needle.document_grid(FILLER, [57], [0.5], per_cell=2)[0][0]

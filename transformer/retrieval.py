@@ -64,7 +64,8 @@ def standard_error(accuracy: np.ndarray | float, per_cell: int) -> np.ndarray:
 # --- The retrieval score ------------------------------------------------------------------------
 
 
-def score_from_attention(attention: Array, value_positions: np.ndarray, copied: np.ndarray) -> np.ndarray:
+def score_from_attention(attention: Array, value_positions: np.ndarray, copied: np.ndarray,
+                         per_step: bool = False) -> np.ndarray:
     """Retrieval scores from attention weights at the answer steps.
 
     Args:
@@ -72,24 +73,28 @@ def score_from_attention(attention: Array, value_positions: np.ndarray, copied: 
       value_positions: int [B, A], the key position of the digit that answer step a copies.
       copied: bool [B, A], whether the model's answer token at step a equals that digit (the steps
         that count).
+      per_step: score each answer step apart.
     Returns:
-      float [L, H]: per head, hits / counted steps (0 where no step counts).
+      float [L, H]: per head, hits / counted steps (0 where no step counts); [L, H, A] per step.
     """
     top = np.asarray(jnp.argmax(attention, axis=-1))  # [L, B, H, A]
     hits = (top == value_positions[None, :, None, :]) & copied[None, :, None, :]  # [L, B, H, A]
+    if per_step:
+        return hits.sum(axis=1) / np.maximum(copied.sum(axis=0), 1)
     return hits.sum(axis=(1, 3)) / max(int(copied.sum()), 1)
 
 
 def retrieval_scores(params: dict, cfg: ModelConfig, documents: list[Document], batch_size: int = 32,
-                     head_mask: Array | None = None) -> np.ndarray:
-    """The retrieval score of every head over all the answer steps of `documents`: float [L, H].
+                     head_mask: Array | None = None, per_step: bool = False) -> np.ndarray:
+    """The retrieval score of every head over all the answer steps of `documents`: float [L, H]
+    (per_step: [L, H, A], each answer step apart).
 
     The model answers greedily (`answers`); each prompt with its answer is then read in one forward
     pass with return_attention (documents of one prompt length together, `batch_size` at a time), and
     each answer step's attention is scored (`score_from_attention`).
     """
     digits = len(documents[0].answer)
-    hits, counted = np.zeros((cfg.num_layers, cfg.num_heads)), 0
+    hits, counted = np.zeros((cfg.num_layers, cfg.num_heads, digits)), np.zeros(digits)
     for n in sorted({len(d.prompt) for d in documents}):
         same = [d for d in documents if len(d.prompt) == n]
         for start in range(0, len(same), batch_size):
@@ -99,9 +104,11 @@ def retrieval_scores(params: dict, cfg: ModelConfig, documents: list[Document], 
             steps = _attention(params, cfg, jnp.asarray(tokens), head_mask)[:, :, :, n - 1: n - 1 + digits]
             value_positions = np.array([[d.value_start + i for i in range(digits)] for d in batch])  # [B, A]
             copied = got == np.stack([d.answer for d in batch])  # the steps that count
-            hits += score_from_attention(steps, value_positions, copied) * int(copied.sum())
-            counted += int(copied.sum())
-    return hits / max(counted, 1)
+            hits += score_from_attention(steps, value_positions, copied, per_step=True) * copied.sum(axis=0)
+            counted += copied.sum(axis=0)
+    if per_step:
+        return hits / np.maximum(counted, 1)
+    return hits.sum(axis=-1) / max(counted.sum(), 1)
 
 
 @functools.partial(jax.jit, static_argnames="cfg")

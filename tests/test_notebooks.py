@@ -31,6 +31,7 @@ NOTEBOOKS = ["attention_basics", "attention_maps", "head_ablation", "kv_cache", 
 KERNEL = "transformer-notebook-test"
 import _setup  # noqa: E402  (the notebooks' shared set-up; notebooks/ is on pytest's pythonpath)
 from scripts import plot_metrics  # noqa: E402
+from transformer.backend import resolve_auto  # noqa: E402
 from transformer.config import ModelConfig  # noqa: E402
 
 
@@ -58,11 +59,13 @@ def builds_now(name):
     mode, would record."""
     if uses_a_model(name):
         config = _setup.train_config(smoke=False)
-        return {"model": ModelConfig.from_dict(config.model)}, _setup.run_fields(config), _setup.OWN_MODEL
+        # The loaded model's 'auto' fields are chosen for this backend (checkpoint.saved_model_config).
+        return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, _setup.run_fields(config), \
+            _setup.OWN_MODEL
     if name == "retrieval_heads":
         config = _setup.needle_config(smoke=False)
         fields = _setup.run_fields(config, _setup.RUN_FIELDS + _setup.NEEDLE_FIELDS)
-        return {"model": ModelConfig.from_dict(config.model)}, fields, _setup.NEEDLE_MODEL
+        return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, fields, _setup.NEEDLE_MODEL
     model_free = {"attention_basics": lambda: {"section 4": _setup.lecture_layer_config()},
                   "kv_cache": lambda: _setup.kv_cache_variants(smoke=False)}
     return model_free[name](), None, None

@@ -237,7 +237,7 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, training.TrainSta
     eval_set = [
         (put(x), put(y))
         for x, y in task_eval_batches(val_tokens, num_batches=t.eval_batches, batch_size=t.batch_size,
-                                 seq_len=t.seq_len, host_index=host, host_count=hosts)
+                                      seq_len=t.seq_len, host_index=host, host_count=hosts)
     ]
     compiling = time.perf_counter()  # compiled here, so the first step's time is training only
     x, y = eval_set[0]
@@ -323,7 +323,7 @@ def training_batches(run: Run, start: int) -> Prefetcher:
     t = run.config.train
     return Prefetcher(
         lambda s: run.batch_at(run.train_tokens, seed=t.seed, step=s, batch_size=t.batch_size,
-                           seq_len=t.seq_len, host_index=run.host, host_count=run.hosts),
+                               seq_len=t.seq_len, host_index=run.host, host_count=run.hosts),
         start,
     )
 

@@ -75,7 +75,7 @@ class NeedleTask:
         """From a config's data.needle section (a ConfigDict or a dict)."""
         return cls(**{k: needle[k] for k in ("min_length", "max_length", "min_depth", "max_depth", "digits", "graded")})
 
-    def check(self, seq_len: int, tokenizer: str) -> None:
+    def check(self, seq_len: int, tokenizer: str = "bytes") -> None:
         """Raises unless a batch of seq_len tokens holds the longest document and its answer, in bytes."""
         if tokenizer != "bytes":
             raise ValueError(f"data.task='needle' needs data.tokenizer='bytes' (got {tokenizer!r}): the needle "
@@ -175,7 +175,7 @@ def batch_at(tokens: np.ndarray, *, seed: int, step: int, batch_size: int, seq_l
     """Training batch `step`: one document per row, drawn from (seed, step, row) only; filler from
     `tokens` [N]. Returns (inputs, targets) int32 [batch_size // host_count, seq_len]; targets are
     IGNORED except at the answer's tokens."""
-    task.check(seq_len, "bytes")
+    task.check(seq_len)
     rows = range(batch_size)[_host_rows(batch_size, host_index, host_count)]
     return _rows(tokens, [[seed, step, b] for b in rows], task, seq_len)
 
@@ -184,7 +184,7 @@ def eval_batches(tokens: np.ndarray, *, num_batches: int, batch_size: int, seq_l
                  host_index: int = 0, host_count: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
     """Fixed validation batches of documents, filler from `tokens` [N] (the validation split), as
     `batches.eval_batches` returns them: `num_batches` (inputs, targets) pairs."""
-    task.check(seq_len, "bytes")
+    task.check(seq_len)
     rows = range(batch_size)[_host_rows(batch_size, host_index, host_count)]
     return [_rows(tokens, [[EVAL_SEED, i, b] for b in rows], task, seq_len) for i in range(num_batches)]
 

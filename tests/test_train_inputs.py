@@ -226,7 +226,7 @@ def test_a_checkpoint_saved_on_four_devices_samples_on_one(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
     out = run(workdir, *QUICK, "--config.mesh.fsdp=2", env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "mesh {'data': 2, 'fsdp': 2}" in out.stdout
+    assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 1}" in out.stdout
     one = sample("--workdir", str(workdir), "--max_new_tokens", "5", "--temperature", "0")
     assert one.returncode == 0, one.stderr[-3000:]
     assert "--- sample 1 of 1 ---" in one.stdout

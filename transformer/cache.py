@@ -20,6 +20,7 @@ prefill) are overwritten before any query can see them.
 
 from __future__ import annotations
 
+import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -77,11 +78,17 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: str | Non
             "use a shorter cache (prompt length + new tokens)"
         )
     dtype = jnp.dtype(dtype or cfg.dtype)
-    zeros = lambda *shape: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))  # noqa: E731
+    # Logical axes (sharding.py): under sharding.axis_rules the buffers are split by batch and
+    # key/value heads; the MLA latent is read by every head, so only by batch.
+    zeros = lambda shape, axes: tuple(  # noqa: E731
+        nn.with_logical_constraint(jnp.zeros(shape, dtype), axes) for _ in range(cfg.num_layers)
+    )
     if cfg.attention == "mla":
-        return LatentCache(latent=zeros(batch_size, max_len, cfg.kv_latent_dim + (cfg.rope_head_dim or 0)))
+        width = cfg.kv_latent_dim + (cfg.rope_head_dim or 0)
+        return LatentCache(latent=zeros((batch_size, max_len, width), ("batch", "length", "latent")))
     shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
-    return KVCache(k=zeros(*shape), v=zeros(*shape))
+    axes = ("batch", "kv_heads", "length", "head_dim")
+    return KVCache(k=zeros(shape, axes), v=zeros(shape, axes))
 
 
 def max_len(cache: Cache) -> int:

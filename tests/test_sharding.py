@@ -169,8 +169,8 @@ def test_checkpoints_move_between_meshes():
     for move, run in sharded_runs("checkpoint").items():
         assert run["restored_into_target_shardings"], move
         np.testing.assert_allclose(run["resumed"], run["unbroken"], rtol=RTOL, err_msg=move)
-        q = run["restored_layout"]["layers/attn/q/kernel"]
-        assert q["spec"] == ([None, "tensor", None, "fsdp"] if move.endswith("2x2x2") else [None] * 4), move
+        q = run["restored_layout"]["layers/attn/q/kernel"]  # [L, H, K, D]: heads over tensor, D over fsdp
+        assert q["shard"] == ([2, 4, 8, 32] if move.endswith("2x2x2") else q["shape"]), move
 
 
 @pytest.mark.slow
@@ -179,7 +179,7 @@ def test_sharded_decoding_equals_one_device():
     greedy tokens as on one device."""
     for variant, run in sharded_runs("decode").items():
         assert run["sharded"] == run["one"], variant
-        assert len({tuple(row) for row in run["one"]}) > 1 and len(set(run["one"][0])) > 1  # not degenerate
+        assert any(len(set(row)) > 1 for row in run["one"])  # not one token repeated: the context matters
     gqa, mla = sharded_runs("decode")["gqa"], sharded_runs("decode")["mla"]
     assert gqa["cache_spec"] == [["data", "fsdp"], "tensor", None, None]  # [B, G, S, K]
     assert gqa["cache_shard"] == [gqa["cache_shape"][0] // 4, gqa["cache_shape"][1] // 2, *gqa["cache_shape"][2:]]

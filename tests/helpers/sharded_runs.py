@@ -160,8 +160,12 @@ def decode() -> dict:
         sharded = jax.device_put(params, state_sharding(params, mesh, rules))
         with axis_rules(mesh, rules):
             out = generate(sharded, cfg, prompts, jax.random.key(1), max_new_tokens=8, temperature=0.0)
-            tokens = np.zeros((4, 8), np.int32)
-            state = prefill(sharded, cfg, tokens, np.full(4, 8, np.int32), row_keys(jax.random.key(1), 4), 16,
+            # The prefill generate just ran (same shapes and options: jit's cached trace), to read its cache.
+            tokens = np.zeros((4, 16), np.int32)  # prompts right-padded to the 16-slot bucket
+            for b, row in enumerate(prompts):
+                tokens[b, : len(row)] = row
+            lengths = np.array([len(row) for row in prompts], np.int32)
+            state = prefill(sharded, cfg, tokens, lengths, row_keys(jax.random.key(1), 4), 16,
                             SamplingOptions(temperature=0.0))
         cache = jax.tree.leaves(state.cache)[0]
         result[variant] = {"one": one.tokens.tolist(), "sharded": out.tokens.tolist(),

@@ -238,7 +238,8 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, training.TrainSta
     compiling = time.perf_counter()  # compiled here, so the first step's time is training only
     x, y = eval_set[0]
     steps = Steps(
-        train=training.make_train_step(cfg, tx, schedule, mesh, state, t.grad_accum, rules).lower(state, x, y).compile(),
+        train=training.make_train_step(cfg, tx, schedule, mesh, state, t.grad_accum, rules)
+        .lower(state, x, y).compile(),
         eval=training.make_eval_step(cfg, mesh, state, rules).lower(state.params, x, y).compile(),
         put=put, compile_seconds=time.perf_counter() - compiling,
     )

@@ -163,6 +163,19 @@ def test_sharded_training_equals_one_device():
 
 
 @pytest.mark.slow
+def test_tensor_parallel_forward_all_reduces_twice_per_layer():
+    """Megatron-style on 1x1x8: the compiled forward (eval step) all-reduces the residual stream
+    [B, T, D] = [16, 16, 64] once after attention and once after the MLP of each layer, once after
+    the embedding lookup (the table is split over the vocabulary), and [B, T] once in the loss over
+    the split vocabulary; nothing else."""
+    result = sharded_runs("losses")
+    stream, loss = "f32[16,16,64]", "f32[16,16]"
+    for variant in ("mha", "gqa", "mla"):  # the scanned layer's body appears once in the program
+        assert sorted(result[f"{variant}/all_reduces"]) == [stream] * 3 + [loss], variant
+    assert sorted(result["mha/all_reduces/unscanned"]) == [stream] * (2 * 2 + 1) + [loss]  # L = 2 layers
+
+
+@pytest.mark.slow
 def test_checkpoints_move_between_meshes():
     """Saved on 2x2x2 and resumed on 1 device, and the reverse: restored straight into the target's
     shardings, and the losses continue as an unbroken run on the second mesh."""

@@ -41,6 +41,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -218,7 +219,7 @@ def _first_axis(axes: Any) -> str:
 
 def _param_shapes(cfg: ModelConfig) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
     """(path, shape) of every parameter Decoder(cfg) has (abstract: nothing is allocated)."""
-    from transformer.training import init_params  # here: training imports this module
+    from transformer.model import Decoder  # here: model sits above this module (docs/design.md, Layering)
 
-    shapes = jax.eval_shape(init_params, cfg, jax.random.key(0))
+    shapes = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"]
     return [(_names(p), tuple(x.shape)) for p, x in jax.tree_util.tree_leaves_with_path(shapes)]

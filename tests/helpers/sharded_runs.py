@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -105,10 +106,23 @@ def _spec(x) -> list:
     return [list(s) if isinstance(s, tuple) else s for s in spec]
 
 
+def forward_all_reduces(cfg) -> list[str]:
+    """The shapes of the all-reduces in the compiled eval step (forward and loss) on the 1x1x8 mesh;
+    the scanned layer's body appears once in the program."""
+    mesh = mesh_of("1x1x8")
+    state = jax.eval_shape(lambda: fresh(cfg, mesh, 1)[0])
+    batch = jax.ShapeDtypeStruct((BATCH, SEQ), np.int32, sharding=batch_sharding(mesh, make_rules(cfg, mesh)))
+    hlo = training.make_eval_step(cfg, mesh, state).lower(state.params, batch, batch).compile().as_text()
+    return re.findall(r"= (\w+\[[\d,]*\])\S* all-reduce(?:-start)?\(", hlo)
+
+
 def losses(steps: int = 3) -> dict:
     result = {}
     for variant, fields in VARIANTS.items():
         cfg = ModelConfig(**BASE, **fields)
+        result[f"{variant}/all_reduces"] = forward_all_reduces(cfg)
+        if variant == "mha":  # the L = 2 layers unrolled: each its own collectives
+            result["mha/all_reduces/unscanned"] = forward_all_reduces(cfg.replace(scan_layers=False))
         for name in ("1", *MESHES):
             mesh = mesh_of(name)
             state, tx, schedule = fresh(cfg, mesh, steps)

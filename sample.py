@@ -22,10 +22,10 @@ import numpy as np
 from absl import app, flags, logging
 
 from transformer.cache import kv_cache_bytes_per_token
-from transformer.checkpoint import CheckpointError, restore_for_inference
+from transformer.checkpoint import CheckpointError, load_model
 from transformer.config import ModelConfig
 from transformer.model import count_params
-from transformer.sampling import SamplingOptions, generate_stream, row_keys
+from transformer.sampling import SamplingOptions, encode_prompt, generate_stream, row_keys
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A training run's folder (holding checkpoints/).")
@@ -40,21 +40,6 @@ flags.DEFINE_integer("top_k", 40, "Keep only the k most likely tokens; 0 = all."
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass in (0, 1]; 1 = all tokens.")
 flags.DEFINE_integer("seed", 0, "Seed of the sampling keys.")
 flags.DEFINE_integer("chunk_size", 16, "Tokens generated between two prints.", lower_bound=1)
-
-
-def load_model(workdir: str | None, hf_dir: str | None, step: int | None) -> tuple[ModelConfig, Any, Any]:
-    """(model config, params, tokenizer) from a training run's workdir (checkpoint `step`, default
-    the latest) or a Hugging Face model folder: exactly one of the two."""
-    if (workdir is None) == (hf_dir is None):
-        raise ValueError("give exactly one of --workdir (a training run) or --hf_dir (a Hugging Face model)")
-    if hf_dir is not None:
-        # Imported here: only this branch needs the Hugging Face conversion code.
-        from transformer.hf import from_hf
-        from transformer.tokenizer import load_tokenizer
-
-        cfg, params = from_hf(hf_dir)
-        return cfg, params, load_tokenizer(hf_dir)
-    return restore_for_inference(workdir, step=step)
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
@@ -72,19 +57,6 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     except UnicodeDecodeError as e:
         raise ValueError(f"--prompt_file {prompt_file!r} is not UTF-8 text ({e.reason} at byte {e.start}); "
                          "convert it, e.g. iconv -f latin1 -t utf-8") from None
-
-
-def encode_prompt(cfg: ModelConfig, tokenizer: Any, prompt: str) -> np.ndarray:
-    """Prompt text -> token ids [N], with clear errors for an empty or too long prompt."""
-    ids = tokenizer.encode(prompt)  # raises ValueError for text the tokenizer cannot represent
-    if len(ids) == 0:
-        raise ValueError("the prompt is empty; pass --prompt with at least one character")
-    if len(ids) >= cfg.max_seq_len:
-        raise ValueError(
-            f"the prompt has {len(ids)} tokens but the model's context is max_seq_len={cfg.max_seq_len}, "
-            "leaving no room for new tokens; shorten the prompt"
-        )
-    return ids
 
 
 def stream_text(tokenizer: Any, chunks: Iterable[np.ndarray]) -> Iterator[str]:

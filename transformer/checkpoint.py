@@ -222,6 +222,22 @@ def restore_for_inference(workdir: str, step: int | None = None) -> tuple[ModelC
     return cfg, ckpt.restore_params(step), ckpt.tokenizer(step)
 
 
+def load_model(workdir: str | None, hf_dir: str | None, step: int | None) -> tuple[ModelConfig, Any, Any]:
+    """(model config, params, tokenizer) from a training run's workdir (checkpoint `step`, default
+    the latest) or a Hugging Face model folder: exactly one of the two. What the command lines of
+    sample.py and `python -m transformer.explore` load."""
+    if (workdir is None) == (hf_dir is None):
+        raise ValueError("give exactly one of --workdir (a training run) or --hf_dir (a Hugging Face model)")
+    if hf_dir is not None:
+        # Imported here: only this branch needs the Hugging Face conversion code.
+        from transformer.hf import from_hf
+        from transformer.tokenizer import load_tokenizer
+
+        cfg, params = from_hf(hf_dir)
+        return cfg, params, load_tokenizer(hf_dir)
+    return restore_for_inference(workdir, step=step)
+
+
 # What orbax and TensorStore say when a checkpoint's files are truncated, garbled or missing.
 _DAMAGE = re.compile(r"DATA_LOSS|OUT_OF_RANGE|NOT_FOUND|Error reading|No such file|corrupt", re.IGNORECASE)
 

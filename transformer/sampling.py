@@ -178,6 +178,19 @@ def sample_token(
     return jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32)
 
 
+def encode_prompt(cfg: ModelConfig, tokenizer: Any, prompt: str) -> np.ndarray:
+    """Prompt text -> token ids [N], with clear errors for an empty or too long prompt."""
+    ids = tokenizer.encode(prompt)  # raises ValueError for text the tokenizer cannot represent
+    if len(ids) == 0:
+        raise ValueError("the prompt is empty; pass --prompt with at least one character")
+    if len(ids) >= cfg.max_seq_len:
+        raise ValueError(
+            f"the prompt has {len(ids)} tokens but the model's context is max_seq_len={cfg.max_seq_len}, "
+            "leaving no room for new tokens; shorten the prompt"
+        )
+    return ids
+
+
 def row_keys(key: Array, batch_size: int) -> Array:
     """One PRNG key per row, [B]: fold_in(key, b) for row b. An array of B keys is returned as is.
 

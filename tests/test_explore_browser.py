@@ -1,0 +1,219 @@
+"""The attention explorer's page in a real browser: Debian's chromium, headless, driven by Playwright
+(its Python package only: no browser of its own is downloaded).
+
+A page saved from a tiny random model is opened from its file; the test checks that the map is drawn
+(every visible cell coloured, every future cell grey), then clicks a layer, a head, a thumbnail and
+head toggles and reads the numbers the page shows back against those transformer/explore.py computed.
+
+Without chromium (`apt-get install chromium`) or playwright (the `dev` extra) the test is skipped,
+except in CI (CI=true), where .ci/run installs chromium and a skip would hide a broken page.
+
+EXPLORER_SCREENSHOT=path also saves a screenshot of the page there (the README's docs/figures/
+explorer.png); EXPLORER_WORKDIR=runs/NAME makes the page from that trained run instead of the tiny
+model, with the same checks:
+
+    EXPLORER_WORKDIR=runs/shakespeare EXPLORER_SCREENSHOT=docs/figures/explorer.png \\
+        .venv/bin/python -m pytest -q tests/test_explore_browser.py
+"""
+
+import contextlib
+import os
+import shutil
+from decimal import ROUND_HALF_UP, Decimal
+
+import numpy as np
+import pytest
+
+from tests.helpers.decoder import make_cfg, random_params
+from transformer.explore import explore
+from transformer.model import Decoder
+from transformer.tokenizer import ByteTokenizer
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+PROMPTS = ["ROMEO:\nBut soft, what light", "JULIET:\nO Romeo"]
+
+
+def browser_or_skip():
+    """playwright's sync API, or a skip (a failure in CI) naming what is missing."""
+    missing = []
+    if not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
+        missing.append(f"chromium ({CHROMIUM}; apt-get install -y chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing.append("playwright (pip install playwright, in the dev extra)")
+    if missing:
+        message = f"the browser test needs {' and '.join(missing)}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message}: .ci/run installs them; in CI this test must run, not skip")
+        pytest.skip(message)
+    return sync_playwright
+
+
+@contextlib.contextmanager
+def chromium(sync_playwright):
+    """The system's chromium, headless, through Playwright; closed afterwards."""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
+                                    args=ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def exploration():
+    if os.environ.get("EXPLORER_WORKDIR"):
+        return explore(os.environ["EXPLORER_WORKDIR"], PROMPTS, top_k=8)
+    cfg = make_cfg("gqa", "rope").replace(vocab_size=256, max_seq_len=32, num_layers=3)
+    return explore(random_params(Decoder(cfg)), PROMPTS, cfg=cfg, tokenizer=ByteTokenizer(), top_k=6)
+
+
+def fmt(x):
+    """x with 4 decimals as JavaScript's toFixed(4) writes it: the double's exact value, halves up."""
+    return str(Decimal(x).quantize(Decimal("0.0001"), ROUND_HALF_UP))
+
+
+def test_the_page_in_chromium(exploration, tmp_path):
+    sync_playwright = browser_or_skip()
+    ex, data = exploration, exploration.data()
+    L, H = ex.masks.shape[1:]
+    path = ex.save(tmp_path / "explorer.html")
+    with chromium(sync_playwright) as browser:
+        page = browser.new_page(viewport={"width": 1500, "height": 760})
+        errors, requests = [], []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(f"file://{path}")
+
+        prompt = data["prompts"][0]
+        T = len(prompt["tokens"])
+        assert page.locator("#grid canvas").count() == L * H
+        assert page.locator("#layer-buttons button").count() == L and page.locator("#head-buttons button").count() == H
+        check_map_cells(page, T)
+
+        # A layer, then a head: the title and the statistics follow.
+        page.click(f"#layer-buttons button[data-layer='{L - 1}']")
+        page.click(f"#head-buttons button[data-head='{H - 1}']")
+        assert page.text_content("#map-title").startswith(f"layer {L}, head {H}:")
+        assert page.text_content("#stat-share") == fmt(prompt["first_token_share"][L - 1][H - 1])
+        assert page.text_content("#stat-entropy") == fmt(prompt["entropy"][L - 1][H - 1])
+        np.testing.assert_allclose(float(page.text_content("#stat-share")),
+                                   ex.prompts[0].first_token_share[L - 1, H - 1], atol=5e-5)
+
+        # The pointer over cell (t, s): its value and its two tokens.
+        for t, s in [(T - 1, 0), (T - 1, T - 2), (T // 2, T // 2)]:
+            point_at(page, t, s)
+            a = prompt["attention"][L - 1][H - 1][t][s] / prompt["attention_scale"]
+            assert page.text_content("#readout") == (
+                f'query {t} "{prompt["query_labels"][t]}" \u2192 key {s} "{prompt["key_labels"][s]}": {fmt(a)}')
+            assert abs(a - ex.prompts[0].attention[L - 1, H - 1, t, s]) <= 5e-5
+        point_at(page, 0, T - 1)
+        assert page.text_content("#readout").endswith("masked (the key comes after the query)")
+
+        # A thumbnail selects its head.
+        page.click(".thumb[data-layer='0'][data-head='1']")
+        assert page.text_content("#stat-entropy") == fmt(prompt["entropy"][0][1])
+
+        # Head toggles: the top-k next tokens are those of the masked model.
+        assert read_top(page) == expected_top(ex, 0, np.ones((L, H)))
+        page.click(".toggle[data-layer='0'][data-head='1']")
+        mask = np.ones((L, H))
+        mask[0, 1] = 0
+        assert page.text_content("#mask-status") == "heads: layer 1 head 2 off"
+        assert read_top(page) == expected_top(ex, 0, mask)
+        assert read_top(page) != expected_top(ex, 0, np.ones((L, H)))  # the toggle changed the numbers
+
+        page.click(f".toggle[data-layer='{L - 1}'][data-head='0']")  # two heads in two layers: not precomputed
+        assert page.get_attribute("#mask-status", "class") == "uncovered"
+        assert "not precomputed" in page.text_content("#mask-status") and read_top(page) == []
+        page.click(f".toggle[data-layer='{L - 1}'][data-head='0']")
+        page.click(".toggle[data-layer='0'][data-head='1']")
+        page.click(".layer-toggle[data-layer='0']")  # the whole first layer off
+        mask = np.ones((L, H))
+        mask[0] = 0
+        assert page.text_content("#mask-status") == "heads: layer 1 off"
+        assert read_top(page) == expected_top(ex, 0, mask)
+
+        # The second prompt: its own map and numbers (the layer stays off).
+        page.select_option("#prompt", "1")
+        check_map_cells(page, len(data["prompts"][1]["tokens"]))
+        assert read_top(page) == expected_top(ex, 1, mask)
+        page.click(".layer-toggle[data-layer='0']")  # the layer back on
+
+        # Back to the first prompt with one head of the last layer off: the view the README shows.
+        page.select_option("#prompt", "0")
+        page.click(f".toggle[data-layer='{L - 1}'][data-head='0']")
+        mask = np.ones((L, H))
+        mask[L - 1, 0] = 0
+        assert read_top(page) == expected_top(ex, 0, mask)
+        page.click(f".thumb[data-layer='{L - 1}'][data-head='{H - 1}']")
+        point_at(page, T - 1, T - 3)
+        assert page.text_content("#readout").startswith(f'query {T - 1} "{prompt["query_labels"][T - 1]}"')
+        if os.environ.get("EXPLORER_SCREENSHOT"):
+            page.screenshot(path=os.environ["EXPLORER_SCREENSHOT"], full_page=True)
+
+        assert errors == []
+        assert all(url.startswith("file://") for url in requests), requests  # nothing from a network
+
+
+def check_map_cells(page, T):
+    """Every visible cell of the main map is coloured, every cell after its query is the mask's grey."""
+    colours = page.evaluate("""() => {
+        const c = document.getElementById("map"), d = c.dataset, ctx = c.getContext("2d");
+        const cell = Number(d.cell), left = Number(d.left), top = Number(d.top), out = [];
+        const T = Math.round((c.height - top - 2) / cell);
+        for (let t = 0; t < T; t++) { const row = [];
+          for (let s = 0; s < T; s++) {
+            const px = ctx.getImageData(left + (s + 0.5) * cell, top + (t + 0.5) * cell, 1, 1).data;
+            row.push([px[0], px[1], px[2]]); }
+          out.push(row); }
+        return out; }""")
+    assert len(colours) == T
+    grey, white = [238, 238, 238], [255, 255, 255]
+    for t in range(T):
+        for s in range(T):
+            if s > t:
+                assert colours[t][s] == grey, (t, s)
+            else:
+                assert colours[t][s] not in (grey, white), (t, s)
+
+
+def point_at(page, t, s):
+    box = page.locator("#map").bounding_box()
+    d = page.eval_on_selector("#map", "c => ({cell: +c.dataset.cell, left: +c.dataset.left, top: +c.dataset.top})")
+    page.mouse.move(box["x"] + d["left"] + (s + 0.5) * d["cell"], box["y"] + d["top"] + (t + 0.5) * d["cell"])
+
+
+def read_top(page):
+    """The top-k table as (token id, probability as embedded, probability as shown)."""
+    return page.eval_on_selector_all("#topk tbody tr", """rows => rows.map(r => [
+        Number(r.querySelector("td.token").dataset.id), Number(r.querySelector("td.prob").dataset.p),
+        r.querySelector("td.prob").textContent])""")
+
+
+def expected_top(ex, prompt, mask):
+    return [[t, round(p, 6), fmt(round(p, 6))] for t, p in ex.top_tokens(prompt, mask)]
+
+
+def test_the_inline_view_runs_in_its_iframe(exploration, tmp_path):
+    """What Jupyter shows (`_repr_html_`: the page in a sandboxed iframe) draws the same page."""
+    sync_playwright = browser_or_skip()
+    ex = exploration
+    L, H = ex.masks.shape[1:]
+    notebook = tmp_path / "notebook.html"
+    notebook.write_text(f"<html><body><div id='output'>{ex._repr_html_()}</div></body></html>", encoding="utf-8")
+    with chromium(sync_playwright) as browser:
+        page = browser.new_page()
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"file://{notebook}")
+        frame = page.frame_locator("#output iframe")
+        assert frame.locator("#grid canvas").count() == L * H
+        frame.locator(f"#head-buttons button[data-head='{H - 1}']").click()
+        assert frame.locator("#stat-entropy").text_content() == fmt(ex.data()["prompts"][0]["entropy"][0][H - 1])
+        assert errors == []

@@ -167,8 +167,10 @@ def train(config: ConfigDict, workdir: str, progress: bool = True, hard_exit: bo
     if stop.requested:
         raise Interrupted(stop.signum, f"{signal.Signals(stop.signum).name}: stopped after saving the "
                                        f"checkpoint at step {done}; rerun the same command to resume")
-    if done == t.steps and t.sample_tokens and run.host == 0:
+    if done == t.steps and t.sample_tokens and run.hosts == 1:
         print_sample(run.cfg, state.params, run.tokenizer, t.sample_tokens, t.seed)
+    elif done == t.steps and t.sample_tokens and run.host == 0:  # the params span the hosts' devices
+        print(f"no sample in a multi-host run: python sample.py --workdir {workdir} draws one from the checkpoint")
     return last_eval
 
 

@@ -203,7 +203,7 @@ def test_sharded_decoding_equals_one_device():
 # The multi-host run of the README ("Several hosts"): these arguments, on 2 processes of 4 devices.
 MULTIHOST_ARGS = ("--config.train.steps=3", "--config.train.batch_size=16", "--config.train.seq_len=16",
                   "--config.train.log_every=1", "--config.train.eval_every=3", "--config.train.checkpoint_every=3",
-                  "--config.train.sample_tokens=0", "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
+                  "--config.train.sample_tokens=8", "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
 
 
 @pytest.mark.slow
@@ -231,6 +231,7 @@ def test_two_processes_train_as_one_with_eight_devices(tmp_path):
     for p, (stdout, stderr) in zip(procs, outs):
         assert p.returncode == 0, stderr[-3000:]
     assert "8 device(s), mesh {'data': 2, 'fsdp': 2, 'tensor': 2}" in outs[0][0]
+    assert "no sample in a multi-host run" in outs[0][0] and "--- sample ---" in out.stdout
     assert sorted(os.listdir(two / "checkpoints")) == ["3"]
     np.testing.assert_allclose(list(losses(two).values()), list(losses(one).values()), rtol=RTOL)
     assert list(losses(two)) == [1, 2, 3]

@@ -3,6 +3,13 @@
 PY := .venv/bin/python
 PIP := $(PY) -m pip install -q
 RUN ?= runs/shakespeare
+# The JAX build that training and sampling install: cpu (the default), cuda (an NVIDIA GPU) or tpu,
+# e.g. `make train JAX=cuda`. Each is the package alone plus its extra in pyproject.toml.
+JAX ?= cpu
+ifeq ($(filter $(JAX),cpu cuda tpu),)
+$(error JAX=$(JAX) is not a JAX build this Makefile knows; use JAX=cpu, JAX=cuda or JAX=tpu)
+endif
+RUN_STAMP := .venv/.installed-run$(if $(filter-out cpu,$(JAX)),-$(JAX))
 
 .PHONY: setup train sample test bench notebooks figures tensorboard plot clean
 
@@ -16,16 +23,21 @@ RUN ?= runs/shakespeare
 	$(PIP) -e .
 	touch $@
 
+# JAX=cuda / JAX=tpu: the package with the accelerator build of JAX.
+.venv/.installed-run-cuda .venv/.installed-run-tpu: .venv/.installed-run-%: pyproject.toml .venv/.created
+	$(PIP) -e '.[$*]'
+	touch $@
+
 .venv/.installed-%: pyproject.toml .venv/.created
 	$(PIP) -e '.[$*]'
 	touch $@
 
-setup: .venv/.installed-run
+setup: $(RUN_STAMP)
 
-train: .venv/.installed-run
+train: $(RUN_STAMP)
 	$(PY) train.py --config configs/shakespeare.py --workdir runs/shakespeare
 
-sample: .venv/.installed-run
+sample: $(RUN_STAMP)
 	$(PY) sample.py --workdir $(RUN) --prompt "ROMEO:" --num_samples 2 --max_new_tokens 120
 
 test: .venv/.installed-dev
@@ -33,6 +45,12 @@ test: .venv/.installed-dev
 
 bench: .venv/.installed-dev
 	$(PY) bench/run_all.py --out bench/results.md
+
+# The device check (README: "GPU and TPU"): compile time, training tokens/s and MFU, decode
+# tokens/s and the largest batch on whatever backend JAX finds; e.g. `make accelerator JAX=cuda`.
+.PHONY: accelerator
+accelerator: $(RUN_STAMP)
+	$(PY) bench/accelerator.py
 
 # JUPYTER_PATH puts .venv's python3 kernel before any installed elsewhere (for another Python).
 JUPYTER := JUPYTER_PATH=$(CURDIR)/.venv/share/jupyter .venv/bin/jupyter
@@ -50,7 +68,7 @@ figures: .venv/.installed-notebooks
 tensorboard: .venv/.installed-tensorboard
 	.venv/bin/tensorboard --logdir runs
 
-plot: .venv/.installed-run
+plot: $(RUN_STAMP)
 	$(PY) scripts/plot_metrics.py $(RUN)/metrics.jsonl $(RUN)/loss_curve.png
 
 clean:
@@ -60,13 +78,13 @@ clean:
 # rerun to resume (finished variants are skipped).
 .PHONY: sweep
 SWEEP ?= configs/sweeps/lecture.py
-sweep: .venv/.installed-run
+sweep: $(RUN_STAMP)
 	$(PY) sweep.py --sweep $(SWEEP) --workdir runs/sweeps/$(basename $(notdir $(SWEEP)))
 
 # The lecture sweep, and its committed table and figure redrawn from the runs (README: "The lecture's
 # design choices, measured").
 .PHONY: lecture-sweep
-lecture-sweep: .venv/.installed-run
+lecture-sweep: $(RUN_STAMP)
 	$(PY) sweep.py --sweep configs/sweeps/lecture.py --workdir runs/sweeps/lecture
 	mkdir -p docs/sweeps
 	cp runs/sweeps/lecture/results.md docs/sweeps/lecture.md

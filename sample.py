@@ -109,7 +109,8 @@ def main(argv: list[str]) -> None:
         prompt = read_prompt(FLAGS.prompt, FLAGS.prompt_file)  # a bad file fails before any loading
         cfg, params, tokenizer = load_model(FLAGS.workdir, FLAGS.hf_dir, FLAGS.step)
         print(f"model: {count_params(params):,} parameters, context {cfg.max_seq_len} tokens, KV cache "
-              f"{kv_cache_bytes_per_token(cfg):,} bytes per token", file=sys.stderr)
+              f"{kv_cache_bytes_per_token(cfg):,} bytes per token; dtype {cfg.dtype}, attention "
+              f"{cfg.attention_impl} on {jax.default_backend()}", file=sys.stderr)
         print_samples(cfg, params, tokenizer, prompt, FLAGS.num_samples, FLAGS.max_new_tokens, FLAGS.seed,
                       FLAGS.chunk_size, temperature=FLAGS.temperature, top_k=FLAGS.top_k or None,
                       top_p=FLAGS.top_p if FLAGS.top_p != 1.0 else None)

@@ -49,6 +49,7 @@ from absl import logging
 from ml_collections import ConfigDict
 
 import train
+from transformer.backend import resolve_auto
 from transformer.cache import kv_cache_bytes_per_token
 from transformer.checkpoint import CHECKPOINT_DIR, CheckpointError
 from transformer.cli import closest_field, leaf_fields
@@ -56,7 +57,7 @@ from transformer.config import ModelConfig
 from transformer.files import write_atomically
 from transformer.metrics import read_metrics
 from transformer.model import Decoder, count_params
-from transformer.run_config import check_train_config, resolve
+from transformer.run_config import check_train_config, choose_execution, resolve
 
 CONFIGS = os.path.join(train.ROOT, "configs")
 SWEEP_KEYS = ("base", "overrides", "variants", "seeds")
@@ -179,7 +180,9 @@ def check_run_folder(job: Job) -> None:
         return
     with open(saved_path) as f:
         saved = flat(json.load(f))
-    now = flat(json.loads(json.dumps(resolve(job.config, train.DEFAULT_CACHE_DIR).to_dict())))
+    # As train.py saves it: its 'auto' execution fields chosen for this backend.
+    now, _ = choose_execution(resolve(job.config, train.DEFAULT_CACHE_DIR))
+    now = flat(json.loads(json.dumps(now.to_dict())))
     changed = [k for k in now if k in saved and k not in MAY_CHANGE and saved[k] != now[k]]
     if changed:
         what = "; ".join(f"{k}: {saved[k]!r} there, {now[k]!r} now" for k in changed[:4])
@@ -264,7 +267,7 @@ def collect(job: Job, failure: str | None = None) -> dict:
         with open(saved) as f:
             cfg = ModelConfig.from_dict(json.load(f)["model"])
     else:  # never started
-        cfg = ModelConfig.from_dict(resolve(job.config, train.DEFAULT_CACHE_DIR).model)
+        cfg = resolve_auto(ModelConfig.from_dict(job.config.model)).cfg  # 'auto': as train.py would choose
     metrics = os.path.join(job.workdir, "metrics.jsonl")
     rows = read_metrics(metrics) if os.path.isfile(metrics) else []
     evals = {r["step"]: r for r in rows if "val_loss" in r}  # a resumed run's repeated steps: the last

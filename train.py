@@ -50,7 +50,8 @@ from transformer.metrics import MetricWriter
 from transformer.model import count_params
 from transformer.optim import make_optimizer
 from transformer.prefetch import Prefetcher
-from transformer.run_config import check_resume, check_tokenizer_left, check_train_config, check_workdir, resolve
+from transformer.run_config import (check_resume, check_tokenizer_left, check_train_config, check_workdir,
+                                    choose_execution, resolve)
 from transformer.sharding import batch_sharding, make_mesh, make_rules
 from transformer.token_cache import load_corpus
 from transformer.tokenizer import Tokenizer, load_tokenizer, make_tokenizer, save_tokenizer
@@ -208,7 +209,8 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, training.TrainSta
     """Checks, tokenizer, corpus, mesh, optimizer, state and compiled steps; writes nothing to the
     workdir. Returns the run, its state (the latest checkpoint's when the workdir has one) and
     the checkpointer (None for a new run: it is opened once the set-up has succeeded)."""
-    cfg = ModelConfig.from_dict(config.model)
+    config, execution = choose_execution(config)  # dtype and attention_impl 'auto': for this backend
+    cfg = execution.cfg
     check_train_config(config, cfg)
     check_workdir(workdir)
     t = config.train
@@ -250,7 +252,7 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, training.TrainSta
     if host == 0:
         print(f"model: {num_params:,} parameters, {flops_per_token / 1e6:.1f} MFLOP per token (6N + 12 L T d), "
               f"KV cache {kv_cache_bytes_per_token(cfg):,} bytes per token; {len(jax.devices())} device(s), "
-              f"mesh {dict(mesh.shape)}; compiled in {steps.compile_seconds:.1f} s")
+              f"mesh {dict(mesh.shape)}; {execution.describe()}; compiled in {steps.compile_seconds:.1f} s")
     run = Run(config=config, cfg=cfg, tokenizer=tokenizer, steps=steps, train_tokens=train_tokens,
               eval_set=eval_set, bytes_per_token=bytes_per_token, flops_per_token=flops_per_token,
               host=host, hosts=hosts)

@@ -57,6 +57,14 @@ def step_memory(config, mesh=None, **model_overrides) -> dict[str, float]:
     """Byte sizes (one device's) from XLA's memory analysis of the compiled train step (never run)."""
     run = train_setup(config, abstract=True, mesh=mesh, **model_overrides)
     compiled, seconds = timing.timed(lambda: run.lower().compile())
+    sizes = memory_sizes(compiled)
+    sizes["params"] = run.num_params
+    sizes["compile_s"] = seconds
+    return sizes
+
+
+def memory_sizes(compiled) -> dict[str, int]:
+    """{argument, output, alias, temp, peak} bytes of a compiled step, from XLA's memory analysis."""
     stats = compiled.memory_analysis()
     sizes = {
         "argument": stats.argument_size_in_bytes,
@@ -65,8 +73,6 @@ def step_memory(config, mesh=None, **model_overrides) -> dict[str, float]:
         "temp": stats.temp_size_in_bytes,
     }
     sizes["peak"] = sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"]
-    sizes["params"] = run.num_params
-    sizes["compile_s"] = seconds
     return sizes
 
 

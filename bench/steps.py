@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
 from transformer import sampling, training
+from transformer.backend import resolve_auto
 from transformer.config import ModelConfig
 from transformer.model import count_params
 from transformer.optim import make_optimizer
@@ -31,8 +32,9 @@ GREEDY = sampling.SamplingOptions(temperature=0.0)
 
 
 def model_config(model: ConfigDict, **overrides) -> ModelConfig:
-    """A config file's `model` section as a ModelConfig, with `overrides` (ModelConfig fields) changed."""
-    return ModelConfig.from_dict({**model.to_dict(), **overrides})
+    """A config file's `model` section as a ModelConfig, with `overrides` (ModelConfig fields) changed
+    and its 'auto' fields chosen for this backend, as train.py chooses them (float32 on a CPU)."""
+    return resolve_auto(ModelConfig.from_dict({**model.to_dict(), **overrides})).cfg
 
 
 @dataclasses.dataclass

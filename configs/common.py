@@ -9,12 +9,16 @@ import dataclasses
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from transformer.config import ModelConfig
+from transformer.config import AUTO, ModelConfig
 from transformer.sharding import DEFAULT_RULES
+
+# Execution settings a named config leaves to the backend (transformer/backend.py): float32 and the
+# reference attention on a CPU, bfloat16 with cuDNN attention on a GPU, bfloat16 with XLA's on a TPU.
+BACKEND_CHOSEN = {"dtype": AUTO, "attention_impl": AUTO}
 
 
 def model_config(fields: dict) -> ml_collections.ConfigDict:
-    """Every ModelConfig field: the given values, ModelConfig's defaults for the rest.
+    """Every ModelConfig field: the given values, BACKEND_CHOSEN and ModelConfig's defaults for the rest.
 
     All fields are present so that any of them can be overridden on the command line; fields whose
     default is None (derived, e.g. num_kv_heads = num_heads) become typed placeholders.
@@ -24,7 +28,7 @@ def model_config(fields: dict) -> ml_collections.ConfigDict:
         raise ValueError(f"unknown model field(s) {sorted(unknown)}; see transformer/config.py")
     model = ml_collections.ConfigDict()
     for f in ModelConfig.fields():
-        value = fields.get(f.name, f.default)
+        value = fields.get(f.name, BACKEND_CHOSEN.get(f.name, f.default))
         if value is dataclasses.MISSING:
             raise ValueError(f"the model config needs {f.name}")
         model[f.name] = placeholder(int) if value is None else value

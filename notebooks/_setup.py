@@ -141,11 +141,12 @@ def load_model():
 def _check_same_run(config, workdir: str) -> None:
     """Raises if the finished run in `workdir` was trained with another model or run config than
     `config` (e.g. runs/notebook_model left over from an older train_config())."""
-    from transformer.checkpoint import Checkpointer
-    from transformer.config import ModelConfig
+    from transformer.checkpoint import Checkpointer, saved_model_config
+    from transformer.run_config import choose_execution
 
     saved = Checkpointer(workdir, read_only=True).config()
-    now, then = ModelConfig.from_dict(config.model), ModelConfig.from_dict(saved["model"])
+    # Both with their 'auto' execution fields chosen for this backend, as load_model's model is.
+    now, then = choose_execution(config)[1].cfg, saved_model_config(saved)
     differences = [f"model.{k}: {then.to_dict()[k]!r} -> {now.to_dict()[k]!r}" for k in then.differences(now)]
     wanted, found = run_fields(config), run_fields(saved)
     differences += [f"{k}: {found.get(k)!r} -> {wanted[k]!r}" for k in wanted if found.get(k) != wanted[k]]
@@ -308,6 +309,7 @@ def kv_cache_variants(smoke: bool = SMOKE) -> dict:
     """kv_cache.ipynb's models, name -> ModelConfig: configs/llama.py with H, H/4 and 1 key/value
     heads (MHA, GQA, MQA) and configs/mla.py (MLA); in smoke mode 2 layers of width 64."""
     from configs import llama, mla
+    from transformer.backend import resolve_auto
     from transformer.config import ModelConfig
 
     gqa_fields = llama.get_config().model.to_dict()
@@ -317,9 +319,11 @@ def kv_cache_variants(smoke: bool = SMOKE) -> dict:
         gqa_fields.update(small)
         mla_fields.update(small, head_dim=16, v_head_dim=16, kv_latent_dim=16, rope_head_dim=8, q_latent_dim=24)
     heads = gqa_fields["num_heads"]
-    return {
-        "MHA": ModelConfig.from_dict({**gqa_fields, "num_kv_heads": heads}),
-        "GQA": ModelConfig.from_dict({**gqa_fields, "num_kv_heads": heads // 4 if heads >= 8 else heads // 2}),
-        "MQA": ModelConfig.from_dict({**gqa_fields, "num_kv_heads": 1}),
-        "MLA": ModelConfig.from_dict(mla_fields),
+    fields = {
+        "MHA": {**gqa_fields, "num_kv_heads": heads},
+        "GQA": {**gqa_fields, "num_kv_heads": heads // 4 if heads >= 8 else heads // 2},
+        "MQA": {**gqa_fields, "num_kv_heads": 1},
+        "MLA": mla_fields,
     }
+    # The configs' 'auto' dtype and attention, chosen for this backend (float32 on a CPU).
+    return {name: resolve_auto(ModelConfig.from_dict(f)).cfg for name, f in fields.items()}

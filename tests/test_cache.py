@@ -11,6 +11,7 @@ import pytest
 from configs import gpt2
 from transformer import KVCache, LatentCache, ModelConfig, init_cache, kv_cache_bytes_per_token
 from transformer import cache as kv_cache
+from transformer.backend import resolve_auto
 
 BASE = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)  # K = 8
 CFGS = {
@@ -87,8 +88,9 @@ def test_gqa_and_mla_caches_are_smaller_than_mha():
     assert kv_cache.bytes_per_token(CFGS["gqa"]) == mha // 2
     assert kv_cache.bytes_per_token(CFGS["mqa"]) == mha // 4
     assert kv_cache.bytes_per_token(CFGS["mla"]) < mha
-    # GPT-2 small: 12 layers * 2 * 12 heads * 64 * 4 bytes = 73,728 bytes (72 KiB) per token.
-    assert kv_cache.bytes_per_token(ModelConfig.from_dict(gpt2.get_config().model)) == 73_728
+    # GPT-2 small in float32 (a CPU's 'auto' dtype): 12 layers * 2 * 12 heads * 64 * 4 bytes = 73,728
+    # bytes (72 KiB) per token.
+    assert kv_cache.bytes_per_token(resolve_auto(ModelConfig.from_dict(gpt2.get_config().model), "cpu").cfg) == 73_728
 
 
 def test_init_cache_longer_than_context_raises():

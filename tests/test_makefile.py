@@ -46,3 +46,31 @@ def test_the_lecture_sweep_is_one_command_that_rewrites_its_committed_results():
     assert "sweep.py --sweep configs/sweeps/lecture.py --workdir runs/sweeps/lecture" in commands
     assert "docs/sweeps/lecture.md" in commands and "docs/figures/lecture_sweep.png" in commands
     assert "configs/sweeps/lecture_seed1.py" in commands and "docs/sweeps/lecture_seed1.md" in commands
+
+
+@pytest.mark.parametrize("target", ["train", "sample", "accelerator"])
+def test_jax_cuda_and_tpu_install_the_accelerator_extra_instead_of_the_cpu_build(target):
+    for build in ("cuda", "tpu"):
+        commands = subprocess.run(["make", "-n", "-W", "pyproject.toml", target, f"JAX={build}"],
+                                  capture_output=True, text=True, cwd=ROOT).stdout
+        assert f"pip install -q -e '.[{build}]'\n" in commands and f"touch .venv/.installed-run-{build}" in commands
+        assert "pip install -q -e .\n" not in commands
+    assert "pip install -q -e .\n" in dry_run(target)  # the default stays the CPU build
+    if target == "accelerator":
+        assert "bench/accelerator.py" in dry_run(target)
+
+
+def test_an_unknown_jax_build_is_a_one_line_error():
+    out = subprocess.run(["make", "-n", "train", "JAX=rocm"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode != 0 and "JAX=rocm is not a JAX build" in out.stderr and "JAX=cuda" in out.stderr
+
+
+def test_the_core_and_the_accelerator_extras_pin_one_jax_version():
+    project = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))["project"]
+    extras = project["optional-dependencies"]
+    cuda, tpu = extras["cuda"], extras["tpu"]
+    assert len(cuda) == len(tpu) == 1 and cuda[0].startswith("jax[cuda12]==") and tpu[0].startswith("jax[tpu]==")
+    version = cuda[0].split("==")[1]
+    assert tpu[0].split("==")[1] == version
+    core = next(d for d in project["dependencies"] if d.startswith("jax"))
+    assert core == f"jax=={version}", core  # CPU, GPU and TPU installs get the version the tests run on

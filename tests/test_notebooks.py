@@ -31,6 +31,7 @@ NOTEBOOKS = ["attention_basics", "attention_maps", "head_ablation", "kv_cache"]
 KERNEL = "transformer-notebook-test"
 import _setup  # noqa: E402  (the notebooks' shared set-up; notebooks/ is on pytest's pythonpath)
 from scripts import plot_metrics  # noqa: E402
+from transformer.backend import resolve_auto  # noqa: E402
 from transformer.config import ModelConfig  # noqa: E402
 
 
@@ -57,7 +58,8 @@ def builds_now(name):
     """(configs, run fields) that notebook `name`, executed now outside smoke mode, would record."""
     if uses_a_model(name):
         config = _setup.train_config(smoke=False)
-        return {"model": ModelConfig.from_dict(config.model)}, _setup.run_fields(config)
+        # The loaded model's 'auto' fields are chosen for this backend (checkpoint.saved_model_config).
+        return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, _setup.run_fields(config)
     model_free = {"attention_basics": lambda: {"section 4": _setup.lecture_layer_config()},
                   "kv_cache": lambda: _setup.kv_cache_variants(smoke=False)}
     return model_free[name](), None

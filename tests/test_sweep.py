@@ -15,6 +15,7 @@ import pytest
 
 import sweep
 import train
+from transformer.backend import resolve_auto
 from transformer.config import ModelConfig
 from transformer.metrics import read_metrics
 from transformer.run_config import resolve
@@ -115,7 +116,7 @@ def test_a_bad_sweep_file_is_a_one_line_error(tmp_path, capsys, sweep_file, mess
 
 def test_the_lecture_sweep_changes_one_thing_per_variant_at_matched_parameter_counts(tmp_path):
     jobs = sweep.plan(sweep.load_sweep(LECTURE), LECTURE, str(tmp_path))
-    models = {job.name: ModelConfig.from_dict(resolve(job.config, "").model) for job in jobs}
+    models = {job.name: resolve_auto(ModelConfig.from_dict(resolve(job.config, "").model)).cfg for job in jobs}
     params = {name: sweep.num_params(cfg) for name, cfg in models.items()}
     assert len(jobs) == 12 and jobs[0].name == "baseline" and params["baseline"] == 842_496
     for job in jobs:

@@ -50,6 +50,10 @@ def test_config_file_errors_and_the_default_from_any_folder(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--workdir", str(tmp_path / "w"), "--config.train.stpes=1"]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=str(tmp_path), timeout=120)
     assert_one_line_error(out, "did you mean config.train.steps?", code=2)
+    # The default config named by its absolute path: parsed once, not "defined twice".
+    default = os.path.join(ROOT, "configs", "shakespeare.py")
+    out = subprocess.run([*cmd, "--config", default], capture_output=True, text=True, cwd=str(tmp_path), timeout=120)
+    assert_one_line_error(out, "did you mean config.train.steps?", code=2)
 
 
 @pytest.mark.parametrize("override, expected", [

@@ -77,6 +77,8 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: str | Non
             f"cache max_len={max_len} exceeds the model's context max_seq_len={cfg.max_seq_len}; "
             "use a shorter cache (prompt length + new tokens)"
         )
+    if dtype is None:
+        cfg.check_resolved()
     dtype = jnp.dtype(dtype or cfg.dtype)
     # Logical axes (sharding.py): under sharding.axis_rules the buffers are split by batch and
     # key/value heads; the MLA latent is read by every head, so only by batch.
@@ -155,6 +157,8 @@ def kv_cache_bytes_per_token(cfg: ModelConfig, dtype: str | None = None) -> int:
                        C = kv_latent_dim, Kr = rope_head_dim or 0).
     A cache of B rows and S slots takes B * S times this.
     """
+    if dtype is None:
+        cfg.check_resolved()
     itemsize = jnp.dtype(dtype or cfg.dtype).itemsize
     if cfg.attention == "mla":
         values = cfg.kv_latent_dim + (cfg.rope_head_dim or 0)

@@ -26,7 +26,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from transformer.config import ModelConfig
+from transformer.backend import resolve_auto
+from transformer.config import AUTO, ModelConfig
 from transformer.param_tree import layout_differences, relayout_layers
 from transformer.tokenizer import Tokenizer, tokenizer_from_json, tokenizer_to_json
 
@@ -208,7 +209,8 @@ def check_layout(cfg: ModelConfig, params: Any, where: str) -> None:
 def restore_for_inference(workdir: str, step: int | None = None) -> tuple[ModelConfig, Any, Tokenizer]:
     """(model config, params, tokenizer) of a run's checkpoint `step` (default: the latest).
 
-    workdir: a training run's folder (holding `checkpoints/`).
+    workdir: a training run's folder (holding `checkpoints/`). The model config is the saved one,
+    its 'auto' execution fields chosen again for this backend (`saved_model_config`).
     """
     if not os.path.isdir(workdir):
         raise FileNotFoundError(
@@ -217,9 +219,21 @@ def restore_for_inference(workdir: str, step: int | None = None) -> tuple[ModelC
         )
     ckpt = Checkpointer(workdir, read_only=True)
     step = ckpt._step_or_latest(step)
-    cfg = ModelConfig.from_dict(ckpt.config(step)["model"])
+    cfg = saved_model_config(ckpt.config(step))
     check_layout(cfg, ckpt.params_metadata(step), ckpt.directory)
     return cfg, ckpt.restore_params(step), ckpt.tokenizer(step)
+
+
+def saved_model_config(saved: Mapping[str, Any]) -> ModelConfig:
+    """The ModelConfig of a saved run config (config.json, a checkpoint's), for use on this backend.
+
+    The execution fields the run chose with 'auto' (its `auto` record, see
+    run_config.choose_execution) are chosen again for this process's backend: a model trained on a
+    GPU in bfloat16 with cuDNN attention samples on a CPU in float32 with the reference path.
+    """
+    cfg = ModelConfig.from_dict(saved["model"])
+    chosen = saved.get("auto", {}).get("fields", [])
+    return resolve_auto(cfg.replace(**{name: AUTO for name in chosen})).cfg
 
 
 def load_model(workdir: str | None, hf_dir: str | None, step: int | None) -> tuple[ModelConfig, Any, Any]:

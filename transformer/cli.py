@@ -20,8 +20,9 @@ def config_flags_parser(default_config: str) -> Callable[[list[str]], list[str]]
     ill-typed --config.* override, naming the closest valid field. No --config: `default_config`."""
 
     def parse(argv: list[str]) -> list[str]:
-        path = config_path(argv, default_config)
-        if path == default_config:
+        path = config_path(argv)
+        if path is None:  # no --config: the default, as if it had been given
+            path = default_config
             argv = [argv[0], f"--config={default_config}", *argv[1:]]
         if not os.path.isfile(path):
             root = os.path.dirname(os.path.dirname(default_config))  # configs/ sits in the repository
@@ -41,14 +42,14 @@ def exit_usage(message: str) -> None:
     sys.exit(2)
 
 
-def config_path(argv: list[str], default_config: str) -> str:
-    """The --config file named in argv, else `default_config`."""
+def config_path(argv: list[str]) -> str | None:
+    """The --config file named in argv, or None when there is none."""
     for i, arg in enumerate(argv):
         if arg.startswith("--config="):
             return arg.split("=", 1)[1]
         if arg == "--config" and i + 1 < len(argv):
             return argv[i + 1]
-    return default_config
+    return None
 
 
 def explain_flag_error(path: str, argv: list[str], error: Exception) -> str:

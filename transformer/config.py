@@ -16,9 +16,11 @@ CHOICES = {
     "position": ("learned", "sinusoidal", "rope", "none"),
     "norm": ("layernorm", "rmsnorm"),
     "attention": ("mha", "mla"),
-    "dtype": ("float32", "bfloat16", "float16"),
-    "attention_impl": ("reference", "xla", "cudnn"),
+    "dtype": ("float32", "bfloat16", "float16", "auto"),
+    "attention_impl": ("reference", "xla", "cudnn", "auto"),
 }
+# A value chosen at start-up from the backend JAX runs on (transformer/backend.py: resolve_auto).
+AUTO = "auto"
 
 
 # How the parameters are computed with, not what they mean: a checkpoint trained with one setting
@@ -72,8 +74,8 @@ class ModelConfig:
     v_head_dim: int | None = None  # MLA: value head width (None: head_dim)
     # --- execution (EXECUTION_FIELDS): changing these keeps the parameters' meaning ---
     dropout: float = 0.0
-    dtype: str = "float32"  # compute dtype; parameters stay float32
-    attention_impl: str = "reference"  # 'xla' / 'cudnn': jax.nn.dot_product_attention
+    dtype: str = "float32"  # compute dtype; parameters stay float32; 'auto': per backend
+    attention_impl: str = "reference"  # 'xla' / 'cudnn': jax.nn.dot_product_attention; 'auto': per backend
     scan_layers: bool = True  # stack the layers with nn.scan (fast compile for deep models)
     remat: bool = False  # recompute each layer's activations in the backward pass
     # Which DERIVED_FIELDS were given as None (filled by __post_init__); not a config field.
@@ -121,7 +123,7 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig: sinusoidal positions need an even d_model, got {self.d_model}"
             )
-        if self.attention_impl == "cudnn" and self.dtype not in ("bfloat16", "float16"):
+        if self.attention_impl == "cudnn" and self.dtype not in ("bfloat16", "float16", AUTO):
             raise ValueError(
                 f"ModelConfig: attention_impl='cudnn' (cuDNN's fused attention) runs in bfloat16 or "
                 f"float16, not {self.dtype}; set dtype='bfloat16', or attention_impl='xla' for {self.dtype}"
@@ -171,6 +173,16 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.rope_head_dim is only used with position='rope' (got position="
                 f"{self.position!r}); remove it"
+            )
+
+    def check_resolved(self) -> None:
+        """Raises if dtype or attention_impl is still 'auto': a model computes with concrete values,
+        chosen for the backend once at start-up by transformer.backend.resolve_auto."""
+        unresolved = [f"{name}='auto'" for name in ("dtype", "attention_impl") if getattr(self, name) == AUTO]
+        if unresolved:
+            raise ValueError(
+                f"ModelConfig.{' and '.join(unresolved)} is chosen per backend at start-up; build the model "
+                "from transformer.backend.resolve_auto(cfg).cfg, or set a concrete value"
             )
 
     @property

@@ -145,6 +145,7 @@ class Decoder(nn.Module):
         deterministic: bool = True,
     ):
         cfg = self.cfg
+        cfg.check_resolved()  # dtype / attention_impl 'auto' are chosen before any model is built
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)  # [B, T]: 0..T-1
         check_tokens(cfg, tokens)  # ids in [0, V), when they are known (not traced)

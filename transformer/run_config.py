@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from ml_collections import ConfigDict
 
+from transformer.backend import Resolved, resolve_auto
 from transformer.checkpoint import CheckpointError, Checkpointer, check_same_model
 from transformer.config import ModelConfig
 from transformer.optim import make_schedule
@@ -28,6 +29,25 @@ def resolve(config: ConfigDict, default_cache_dir: str) -> ConfigDict:
         config.data.path = os.path.abspath(os.path.expanduser(config.data.path))
     config.data.cache_dir = os.path.abspath(os.path.expanduser(config.data.cache_dir or default_cache_dir))
     return config
+
+
+def choose_execution(config: ConfigDict, backend: str | None = None) -> tuple[ConfigDict, Resolved]:
+    """The config with its model's 'auto' fields chosen for the backend (transformer/backend.py), and
+    that choice.
+
+    The copy records which fields were 'auto', and on which backend they were chosen, as
+    config.auto = {"backend": ..., "fields": [...]}; it is saved with the run (config.json, every
+    checkpoint), so a reader on another backend (sample.py, the notebooks) chooses them again. A
+    resumed run chooses them again from its own config: another backend's choices show as changed
+    execution settings (see check_resume).
+    """
+    resolved = resolve_auto(ModelConfig.from_dict(config.model), backend, seq_len=config.train.seq_len)
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+        for name in resolved.auto:
+            config.model[name] = getattr(resolved.cfg, name)
+        config.auto = ConfigDict({"backend": resolved.backend, "fields": list(resolved.auto)})
+    return config, resolved
 
 
 # Fields that must be positive integers, and what each one counts.

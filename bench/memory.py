@@ -93,7 +93,8 @@ def mesh_table() -> None:
     for name, config in mesh_configs().items():
         base = None
         for label, shape in MESHES[name].items():
-            mesh = make_mesh(devices=jax.devices()[:1]) if shape is None else make_mesh(*shape)
+            cpus = jax.devices("cpu")  # the 8 simulated devices, whatever the default backend
+            mesh = make_mesh(devices=cpus[:1]) if shape is None else make_mesh(*shape, devices=cpus)
             m = step_memory(config, mesh)
             base = base or m
             state = m["argument"]  # params + AdamW moments (+ the batch, a few KiB)

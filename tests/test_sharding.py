@@ -110,7 +110,7 @@ def test_state_sharding_places_params_and_moments_by_the_rules():
 @functools.cache
 def sharded_runs(what: str) -> dict:
     """tests/helpers/sharded_runs.py `what`, in its own process with 8 simulated CPU devices."""
-    env = dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, os.path.join(ROOT, "tests/helpers/sharded_runs.py"), what],
                          capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -211,7 +211,7 @@ def test_two_processes_train_as_one_with_eight_devices(tmp_path):
     """2 processes x 4 simulated CPU devices over one 2x2x2 mesh (JAX's distributed runtime, a local
     coordinator, gloo collectives) train and save a checkpoint; the losses equal one process's with 8."""
     one = tmp_path / "one"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     out = subprocess.run(train_cmd(one, *MULTIHOST_ARGS), capture_output=True, text=True, env=env, cwd=ROOT,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -223,6 +223,7 @@ def test_two_processes_train_as_one_with_eight_devices(tmp_path):
     procs = [
         subprocess.Popen(train_cmd(two, *MULTIHOST_ARGS), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          cwd=ROOT, env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+                                            JAX_PLATFORMS="cpu",
                                             JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
                                             JAX_PROCESS_ID=str(i)))
         for i in range(2)

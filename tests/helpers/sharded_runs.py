@@ -19,6 +19,7 @@ import tempfile
 # 8 devices; LLVM at optimisation level 0 compiles these tiny steps faster (compiling dominates).
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
                            " --xla_backend_optimization_level=0")
+os.environ["JAX_PLATFORMS"] = "cpu"  # simulated CPU devices, also on a machine with an accelerator
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

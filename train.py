@@ -26,6 +26,7 @@ if __name__ == "__main__":  # Ctrl-C while the libraries load: end at once (noth
     for _sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_sig, lambda signum, frame: os._exit(128 + signum))
 
+import functools
 import math
 import sys
 import time
@@ -38,7 +39,7 @@ from absl import app, flags, logging
 from ml_collections import ConfigDict, config_flags
 from tqdm import tqdm
 
-from transformer import training
+from transformer import needle, training
 from transformer.batches import batch_at, eval_batches
 from transformer.cache import kv_cache_bytes_per_token
 from transformer.checkpoint import CheckpointError, Checkpointer
@@ -197,6 +198,7 @@ class Run:
     cfg: ModelConfig
     tokenizer: Tokenizer
     steps: Steps
+    batch_at: Callable  # (tokens, seed=, step=, batch_size=, seq_len=, host_index=, host_count=) -> (inputs, targets)
     train_tokens: np.ndarray  # [N] the training token stream, memory-mapped
     eval_set: list[tuple[jax.Array, jax.Array]]  # fixed validation batches, on the mesh
     bytes_per_token: float  # of the validation text: bits/byte = loss / ln 2 / this
@@ -212,6 +214,7 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, training.TrainSta
     config, execution = choose_execution(config)  # dtype and attention_impl 'auto': for this backend
     cfg = execution.cfg
     check_train_config(config, cfg)
+    task_batch_at, task_eval_batches = batch_source(config)
     check_workdir(workdir)
     t = config.train
     host, hosts = jax.process_index(), jax.process_count()
@@ -236,8 +239,8 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, training.TrainSta
     put = lambda x: jax.make_array_from_process_local_data(batch_sharding(mesh, rules), x)  # noqa: E731
     eval_set = [
         (put(x), put(y))
-        for x, y in eval_batches(val_tokens, num_batches=t.eval_batches, batch_size=t.batch_size,
-                                 seq_len=t.seq_len, host_index=host, host_count=hosts)
+        for x, y in task_eval_batches(val_tokens, num_batches=t.eval_batches, batch_size=t.batch_size,
+                                      seq_len=t.seq_len, host_index=host, host_count=hosts)
     ]
     compiling = time.perf_counter()  # compiled here, so the first step's time is training only
     x, y = eval_set[0]
@@ -253,10 +256,22 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, training.TrainSta
         print(f"model: {num_params:,} parameters, {flops_per_token / 1e6:.1f} MFLOP per token (6N + 12 L T d), "
               f"KV cache {kv_cache_bytes_per_token(cfg):,} bytes per token; {len(jax.devices())} device(s), "
               f"mesh {dict(mesh.shape)}; {execution.describe()}; compiled in {steps.compile_seconds:.1f} s")
-    run = Run(config=config, cfg=cfg, tokenizer=tokenizer, steps=steps, train_tokens=train_tokens,
-              eval_set=eval_set, bytes_per_token=bytes_per_token, flops_per_token=flops_per_token,
-              host=host, hosts=hosts)
+    run = Run(config=config, cfg=cfg, tokenizer=tokenizer, steps=steps, batch_at=task_batch_at,
+              train_tokens=train_tokens, eval_set=eval_set, bytes_per_token=bytes_per_token,
+              flops_per_token=flops_per_token, host=host, hosts=hosts)
     return run, state, ckpt
+
+
+def batch_source(config: ConfigDict) -> tuple[Callable, Callable]:
+    """(batch_at, eval_batches) of the config's data.task: windows of the corpus ('text', batches.py)
+    or needle-in-a-haystack documents with filler from the corpus ('needle', needle.py)."""
+    if config.data.task == "text":
+        return batch_at, eval_batches
+    if config.data.task == "needle":
+        task = needle.NeedleTask.from_config(config.data.needle)
+        task.check(config.train.seq_len, config.data.tokenizer)
+        return functools.partial(needle.batch_at, task=task), functools.partial(needle.eval_batches, task=task)
+    raise ValueError(f"data.task={config.data.task!r} is not known; use 'text' or 'needle'")
 
 
 def load_or_make_tokenizer(config: ConfigDict, workdir: str) -> Tokenizer:
@@ -314,8 +329,8 @@ def training_batches(run: Run, start: int) -> Prefetcher:
     """
     t = run.config.train
     return Prefetcher(
-        lambda s: batch_at(run.train_tokens, seed=t.seed, step=s, batch_size=t.batch_size,
-                           seq_len=t.seq_len, host_index=run.host, host_count=run.hosts),
+        lambda s: run.batch_at(run.train_tokens, seed=t.seed, step=s, batch_size=t.batch_size,
+                               seq_len=t.seq_len, host_index=run.host, host_count=run.hosts),
         start,
     )
 

@@ -46,6 +46,14 @@ def base_config(model: dict) -> ml_collections.ConfigDict:
     c.data.vocab_size = c.model.get_ref("vocab_size")  # BPE vocabulary = the model's vocab_size
     c.data.val_fraction = 0.05  # the last 5% of the token stream is the validation set
     c.data.cache_dir = ""  # memory-mapped token arrays, reused across runs; "" = .cache/tokens in the repository
+    c.data.task = "text"  # 'text': windows of the corpus; 'needle': needle-in-a-haystack documents (needle.py)
+    c.data.needle = ml_collections.ConfigDict()  # the needle documents (data.task='needle'), filler from the corpus
+    c.data.needle.min_length = 64  # prompt length in tokens (bytes), drawn uniformly in [min_length, max_length]
+    c.data.needle.max_length = 256  # train.seq_len must hold it and the answer
+    c.data.needle.min_depth = 0.0  # where the needle sits in the haystack, drawn uniformly: 0 = first
+    c.data.needle.max_depth = 1.0  # 1 = right before the question
+    c.data.needle.digits = 5  # the value: this many random digits
+    c.data.needle.graded = "answer"  # which targets the loss grades: 'answer' (the value's digits) or 'all'
 
     c.optim = ml_collections.ConfigDict()
     c.optim.learning_rate = 1e-3  # peak learning rate after warm-up

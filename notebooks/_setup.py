@@ -76,9 +76,11 @@ def figures_folder(env: Mapping[str, str] = os.environ, smoke: bool = SMOKE) -> 
     return os.path.join(run_folder(env, smoke), "figures")
 
 
-def save_figure(fig, name: str) -> str:
-    """Writes `fig` to <figures_folder()>/<name>.png and returns the path."""
-    folder = figures_folder()
+def save_figure(fig, name: str, workdir: str | None = None) -> str:
+    """Writes `fig` to <folder>/<name>.png and returns the path: NOTEBOOK_FIGURES if set, else
+    figures/ in `workdir` if given (retrieval_heads.ipynb's run), else figures_folder()."""
+    folder = figures_folder() if workdir is None or os.environ.get("NOTEBOOK_FIGURES") else os.path.join(
+        workdir, "figures")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{name}.png")
     fig.savefig(path, bbox_inches="tight", facecolor="white")
@@ -110,6 +112,59 @@ def train_config(smoke: bool = SMOKE):
     return c
 
 
+def needle_config(smoke: bool = SMOKE):
+    """retrieval_heads.ipynb's model: configs/needle.py as it is (the README's run), or a tiny one
+    trained for a few steps in smoke mode."""
+    from configs import needle
+
+    c = needle.get_config()
+    if smoke:
+        c.model.update(dict(d_model=32, num_layers=2, num_heads=2, mlp_dim=64, max_seq_len=256))
+        c.data.needle.max_length = 96
+        c.train.update(dict(steps=10, batch_size=4, seq_len=100, eval_every=10, eval_batches=1, checkpoint_every=10))
+        c.optim.warmup_steps = 2
+    c.data.cache_dir = TOKEN_CACHE
+    return c
+
+
+NEEDLE_MODEL = "configs/needle.py"  # model.from for retrieval_heads.ipynb's model
+# The needle task's fields, recorded for retrieval_heads.ipynb's model besides RUN_FIELDS.
+NEEDLE_FIELDS = ("data.task", "data.needle.min_length", "data.needle.max_length", "data.needle.min_depth",
+                 "data.needle.max_depth", "data.needle.digits", "data.needle.graded")
+
+
+@functools.cache
+def _smoke_needle_workdir() -> str:
+    return tempfile.mkdtemp(prefix="notebook-smoke-needle-")
+
+
+def needle_run_folder(env: Mapping[str, str] = os.environ, smoke: bool = SMOKE) -> str:
+    """retrieval_heads.ipynb's run: NOTEBOOK_NEEDLE_WORKDIR, else runs/needle (what the README's command
+    trains; a temporary folder in smoke mode)."""
+    if env.get("NOTEBOOK_NEEDLE_WORKDIR"):
+        return resolve(env["NOTEBOOK_NEEDLE_WORKDIR"])
+    return _smoke_needle_workdir() if smoke else os.path.join(ROOT, "runs", "needle")
+
+
+def load_needle_model():
+    """(cfg, params, tokenizer, workdir) of retrieval_heads.ipynb's model: the finished run of
+    needle_config() in needle_run_folder(), trained there first if it holds none (a stopped run resumes)."""
+    from transformer.checkpoint import Checkpointer, restore_for_inference
+
+    workdir, config = needle_run_folder(), needle_config()
+    done = os.path.isdir(os.path.join(workdir, "checkpoints")) and (
+        Checkpointer(workdir, read_only=True).latest_step() or 0) >= config.train.steps
+    if done:
+        _check_same_run(config, workdir, "_setup.needle_config()", RUN_FIELDS + NEEDLE_FIELDS)
+    else:
+        _train(config, workdir)
+    cfg, params, tokenizer = restore_for_inference(workdir)
+    ckpt = Checkpointer(workdir, read_only=True)
+    provenance({"model": cfg}, run_fields(ckpt.config(), RUN_FIELDS + NEEDLE_FIELDS), model={
+        "run": _name(workdir), "from": NEEDLE_MODEL, "step": ckpt.latest_step(), "val_loss": _val_loss(workdir)})
+    return cfg, params, tokenizer, workdir
+
+
 def load_model():
     """(cfg, params, tokenizer, workdir): NOTEBOOK_CHECKPOINT's model, else the notebooks' own one,
     trained first if its workdir holds no finished run (a stopped run resumes)."""
@@ -138,9 +193,10 @@ def load_model():
     return cfg, params, tokenizer, workdir
 
 
-def _check_same_run(config, workdir: str) -> None:
-    """Raises if the finished run in `workdir` was trained with another model or run config than
-    `config` (e.g. runs/notebook_model left over from an older train_config())."""
+def _check_same_run(config, workdir: str, builder: str = "_setup.train_config()", fields=None) -> None:
+    """Raises if the finished run in `workdir` was trained with another model or run config (its
+    `fields`, default RUN_FIELDS) than `config`, which `builder` made (e.g. runs/notebook_model left over
+    from an older train_config())."""
     from transformer.checkpoint import Checkpointer, saved_model_config
     from transformer.run_config import choose_execution
 
@@ -148,11 +204,11 @@ def _check_same_run(config, workdir: str) -> None:
     # Both with their 'auto' execution fields chosen for this backend, as load_model's model is.
     now, then = choose_execution(config)[1].cfg, saved_model_config(saved)
     differences = [f"model.{k}: {then.to_dict()[k]!r} -> {now.to_dict()[k]!r}" for k in then.differences(now)]
-    wanted, found = run_fields(config), run_fields(saved)
+    wanted, found = run_fields(config, fields or RUN_FIELDS), run_fields(saved, fields or RUN_FIELDS)
     differences += [f"{k}: {found.get(k)!r} -> {wanted[k]!r}" for k in wanted if found.get(k) != wanted[k]]
     if differences:
         raise ValueError(
-            f"{workdir} holds a model trained with another config than _setup.train_config() builds now "
+            f"{workdir} holds a model trained with another config than {builder} builds now "
             f"({'; '.join(differences)}). Delete that folder (rm -rf {_name(workdir)}) and run the cell again "
             "to train today's model.")
 
@@ -186,10 +242,12 @@ def commit(root: str = ROOT) -> str:
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
-def run_fields(config) -> dict:
-    """RUN_FIELDS of a run config (a ConfigDict or a checkpoint's saved config), as 'section.field':
-    value; a data.path under the repository is written relative to it (train.py saves it absolute)."""
-    fields = {name: config[name.split(".")[0]][name.split(".")[1]] for name in RUN_FIELDS}
+def run_fields(config, names: tuple[str, ...] = RUN_FIELDS) -> dict:
+    """The fields `names` (default RUN_FIELDS) of a run config (a ConfigDict or a checkpoint's saved
+    config), as 'section.field': value; a data.path under the repository is written relative to it
+    (train.py saves it absolute). A field the config lacks (a run saved before it existed) is None."""
+    fields = {name: functools.reduce(lambda c, k: c.get(k) if c is not None else None, name.split("."), config)
+              for name in names}
     path = fields["data.path"]
     if path and os.path.isabs(path) and path.startswith(ROOT + os.sep):
         fields["data.path"] = os.path.relpath(path, ROOT)

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer.batches import IGNORED
 from transformer.loss import cross_entropy
 
 
@@ -16,3 +17,13 @@ def test_cross_entropy_matches_numpy():
     got = cross_entropy(logits, targets)
     assert got.dtype == jnp.float32
     np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_ignored_targets_are_left_out_of_the_mean():
+    logits = jax.random.normal(jax.random.key(1), (2, 4, 5))
+    targets = jnp.array([[0, IGNORED, 4, IGNORED], [IGNORED, 3, IGNORED, IGNORED]])
+    lg = np.asarray(logits)
+    logp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
+    expected = -np.mean([logp[0, 0, 0], logp[0, 2, 4], logp[1, 1, 3]])
+    np.testing.assert_allclose(cross_entropy(logits, targets), expected, rtol=1e-5)
+    assert float(cross_entropy(logits, jnp.full((2, 4), IGNORED))) == 0.0  # nothing graded: no NaN

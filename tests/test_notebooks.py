@@ -27,7 +27,7 @@ import nbformat
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOTEBOOKS = ["attention_basics", "attention_maps", "head_ablation", "kv_cache"]
+NOTEBOOKS = ["attention_basics", "attention_maps", "head_ablation", "kv_cache", "retrieval_heads"]
 KERNEL = "transformer-notebook-test"
 import _setup  # noqa: E402  (the notebooks' shared set-up; notebooks/ is on pytest's pythonpath)
 from scripts import plot_metrics  # noqa: E402
@@ -55,14 +55,20 @@ FIX = ("Re-execute the notebooks with today's code: `make figures` (it trains ru
 
 
 def builds_now(name):
-    """(configs, run fields) that notebook `name`, executed now outside smoke mode, would record."""
+    """(configs, run fields, the trained model's source) that notebook `name`, executed now outside smoke
+    mode, would record."""
     if uses_a_model(name):
         config = _setup.train_config(smoke=False)
         # The loaded model's 'auto' fields are chosen for this backend (checkpoint.saved_model_config).
-        return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, _setup.run_fields(config)
+        return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, _setup.run_fields(config), \
+            _setup.OWN_MODEL
+    if name == "retrieval_heads":
+        config = _setup.needle_config(smoke=False)
+        fields = _setup.run_fields(config, _setup.RUN_FIELDS + _setup.NEEDLE_FIELDS)
+        return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, fields, _setup.NEEDLE_MODEL
     model_free = {"attention_basics": lambda: {"section 4": _setup.lecture_layer_config()},
                   "kv_cache": lambda: _setup.kv_cache_variants(smoke=False)}
-    return model_free[name](), None
+    return model_free[name](), None, None
 
 
 def differences(recorded, now, prefix=""):
@@ -108,15 +114,15 @@ def test_committed_notebook_is_from_todays_code(name):
     assert re.fullmatch(r"[0-9a-f]{7,40}(\+dirty)?", str(record.get("commit"))), (
         f"{path}: the recorded commit {record.get('commit')!r} is not a git commit. {FIX}")
     assert record.get("smoke") is False, f"{path}: executed with NOTEBOOK_SMOKE=1 (the tests' tiny model). {FIX}"
-    configs, run = builds_now(name)
+    configs, run, source = builds_now(name)
     now = {"configs": {k: cfg.to_dict() for k, cfg in configs.items()}, "run": run}
     stale = differences({"configs": record.get("configs"), "run": record.get("run")},
                         json.loads(json.dumps(now)))
     if run is not None:
         model = record.get("model") or {}
-        assert model.get("from") == _setup.OWN_MODEL, (
-            f"{path}: executed on the model {model.get('run')!r} from {model.get('from')!r}, not the notebooks' "
-            f"own model ({_setup.OWN_MODEL}); unset NOTEBOOK_CHECKPOINT. {FIX}")
+        assert model.get("from") == source, (
+            f"{path}: executed on the model {model.get('run')!r} from {model.get('from')!r}, not the notebook's "
+            f"own model ({source}); unset NOTEBOOK_CHECKPOINT. {FIX}")
         if model.get("step") != run["train.steps"]:
             stale.append(f"model step: {model.get('step')!r} -> {run['train.steps']!r}")
     assert not stale, (
@@ -314,18 +320,30 @@ def docs_state():
     return status.stdout, {f: os.stat(f).st_mtime_ns for f in files if os.path.isfile(f)}
 
 
-# Every notebook on the user's run; those that load a model also on the notebooks' own.
+@pytest.fixture(scope="module")
+def needle_model(tmp_path_factory):
+    """The folder of retrieval_heads.ipynb's tiny needle model, trained by the notebook."""
+    return tmp_path_factory.mktemp("needle_model")
+
+
+# Every notebook on the user's run, but retrieval_heads, which needs a model trained on the needle task and
+# trains its own; those that load a model also on the notebooks' own.
 @pytest.mark.slow
-@pytest.mark.parametrize("name,model", [(n, "own_run") for n in NOTEBOOKS]
-                         + [(n, "notebook_model") for n in NOTEBOOKS if uses_a_model(n)])
+@pytest.mark.parametrize("name,model", [(n, "own_run") for n in NOTEBOOKS if n != "retrieval_heads"]
+                         + [(n, "notebook_model") for n in NOTEBOOKS if uses_a_model(n)]
+                         + [("retrieval_heads", "needle_model")])
 def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
     work = tmp_path / "notebooks"
     shutil.copytree(os.path.join(ROOT, "notebooks"), work, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    for var in ("NOTEBOOK_CHECKPOINT", "NOTEBOOK_WORKDIR", "NOTEBOOK_FIGURES", "NOTEBOOK_DATA"):
+    for var in ("NOTEBOOK_CHECKPOINT", "NOTEBOOK_WORKDIR", "NOTEBOOK_FIGURES", "NOTEBOOK_DATA",
+                "NOTEBOOK_NEEDLE_WORKDIR"):
         monkeypatch.delenv(var, raising=False)
     if model == "notebook_model":
         run = str(request.getfixturevalue("notebook_model"))
         monkeypatch.setenv("NOTEBOOK_WORKDIR", run)
+    elif model == "needle_model":
+        run = str(request.getfixturevalue("needle_model"))
+        monkeypatch.setenv("NOTEBOOK_NEEDLE_WORKDIR", run)
     else:
         relative = request.getfixturevalue("own_run")
         assert not (work / relative).exists()  # so it must be found from the repository root
@@ -354,5 +372,9 @@ def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
         assert f"model: {os.path.relpath(run, ROOT) if model == 'own_run' else run}, step" in text
         assert record["model"]["from"] == ("NOTEBOOK_CHECKPOINT" if model == "own_run" else _setup.OWN_MODEL)
         assert record["configs"]["model"]["attention"] == ("mla" if model == "own_run" else "mha")
+    if model == "needle_model":
+        text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
+        assert f"model: {run}, step 10" in text and record["model"]["from"] == _setup.NEEDLE_MODEL
+        assert record["run"]["data.task"] == "needle"
     assert os.path.isfile(os.path.join(run, "figures", f"{name}.png")), "figures go to the run's folder"
     assert docs_state() == before, "running a notebook must not change docs/"

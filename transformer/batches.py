@@ -18,12 +18,15 @@ The path from text to a training batch:
    trains.
 
 Batches are (inputs, targets), both int32 [B, T], with targets[:, t] == inputs[:, t + 1]: the token
-that follows each input position.
+that follows each input position. A target of IGNORED is not graded (the loss leaves it out): the
+needle task (needle.py) grades only the answer of each document and pads rows with it.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+IGNORED = -1  # a target the loss leaves out
 
 
 def _host_rows(batch_size: int, host_index: int, host_count: int) -> slice:

@@ -3,8 +3,10 @@
     loss = loss_fn(params, cfg, inputs [B, T], targets [B, T], dropout_key)   # float32 scalar, nats
     loss = cross_entropy(logits [B, T, V], targets [B, T])
 
-targets[:, t] is the token that follows inputs[:, t]; the loss is the mean over all B x T positions
-of -log softmax(logits)[target], computed in float32 whatever the model's dtype.
+targets[:, t] is the token that follows inputs[:, t]; the loss is the mean over the graded
+positions of -log softmax(logits)[target], computed in float32 whatever the model's dtype. A target
+of `batches.IGNORED` is not graded (the needle task grades only the answer); text windows grade all
+B x T positions.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from transformer.batches import IGNORED
 from transformer.config import ModelConfig
 from transformer.model import Decoder
 
@@ -22,8 +25,11 @@ Array = jax.Array
 
 
 def cross_entropy(logits: Array, targets: Array) -> Array:
-    """Mean next-token cross-entropy in nats, in float32. logits [B, T, V], targets [B, T]."""
-    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets).mean()
+    """Mean next-token cross-entropy in nats over the targets that are not IGNORED, in float32.
+    logits [B, T, V], targets [B, T]. Zero when nothing is graded."""
+    graded = targets != IGNORED
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), jnp.where(graded, targets, 0))
+    return jnp.sum(jnp.where(graded, losses, 0.0)) / jnp.maximum(jnp.sum(graded), 1)
 
 
 def loss_fn(params: Any, cfg: ModelConfig, inputs: Array, targets: Array, dropout_key: Array | None) -> Array:

@@ -53,7 +53,7 @@ from transformer.optim import make_optimizer
 from transformer.prefetch import Prefetcher
 from transformer.run_config import (check_resume, check_tokenizer_left, check_train_config, check_workdir,
                                     choose_execution, resolve)
-from transformer.sharding import batch_sharding, make_mesh
+from transformer.sharding import batch_sharding, make_mesh, make_rules
 from transformer.sinks import share_metrics
 from transformer.token_cache import load_corpus
 from transformer.tokenizer import Tokenizer, load_tokenizer, make_tokenizer, save_tokenizer
@@ -170,8 +170,10 @@ def train(config: ConfigDict, workdir: str, progress: bool = True, hard_exit: bo
     if stop.requested:
         raise Interrupted(stop.signum, f"{signal.Signals(stop.signum).name}: stopped after saving the "
                                        f"checkpoint at step {done}; rerun the same command to resume")
-    if done == t.steps and t.sample_tokens and run.host == 0:
+    if done == t.steps and t.sample_tokens and run.hosts == 1:
         print_sample(run.cfg, state.params, run.tokenizer, t.sample_tokens, t.seed)
+    elif done == t.steps and t.sample_tokens and run.host == 0:  # the params span the hosts' devices
+        print(f"no sample in a multi-host run: python sample.py --workdir {workdir} draws one from the checkpoint")
     return last_eval
 
 
@@ -232,10 +234,11 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, training.TrainSta
         print(f"data: left out {len(skipped)} files under {config.data.path} that are not UTF-8 text, "
               f"e.g. {skipped[0]}")
 
-    mesh = make_mesh(config.mesh.data, config.mesh.fsdp)
+    mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    rules = make_rules(cfg, mesh, config.mesh.rules)  # logical axes -> mesh axes, sizes checked
     tx, schedule = make_optimizer(config.optim, t.steps)
-    state = create_or_restore_state(config, cfg, tx, mesh, ckpt)
-    put = lambda x: jax.make_array_from_process_local_data(batch_sharding(mesh), x)  # noqa: E731
+    state = create_or_restore_state(config, cfg, tx, mesh, rules, ckpt)
+    put = lambda x: jax.make_array_from_process_local_data(batch_sharding(mesh, rules), x)  # noqa: E731
     eval_set = [
         (put(x), put(y))
         for x, y in (with_start_token(b, config.data.get("start_token", -1)) for b in task_eval_batches(
@@ -245,9 +248,10 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, training.TrainSta
     compiling = time.perf_counter()  # compiled here, so the first step's time is training only
     x, y = eval_set[0]
     steps = Steps(
-        train=training.make_train_step(cfg, tx, schedule, mesh, state, t.grad_accum).lower(state, x, y).compile(),
-        eval=training.make_eval_step(cfg, mesh, state).lower(state.params, x, y).compile(),
-        shares=training.make_shares_step(cfg, mesh, state).lower(state.params, x).compile()
+        train=training.make_train_step(cfg, tx, schedule, mesh, state, t.grad_accum, rules)
+        .lower(state, x, y).compile(),
+        eval=training.make_eval_step(cfg, mesh, state, rules).lower(state.params, x, y).compile(),
+        shares=training.make_shares_step(cfg, mesh, state, rules).lower(state.params, x).compile()
         if t.get("eval_attention_shares", False) else None,
         put=put, compile_seconds=time.perf_counter() - compiling,
     )
@@ -291,7 +295,7 @@ def load_or_make_tokenizer(config: ConfigDict, workdir: str) -> Tokenizer:
     return make_tokenizer("bpe", load_texts(config.data.path or None), config.data.vocab_size)
 
 
-def create_or_restore_state(config: ConfigDict, cfg: ModelConfig, tx, mesh, ckpt: Checkpointer | None
+def create_or_restore_state(config: ConfigDict, cfg: ModelConfig, tx, mesh, rules, ckpt: Checkpointer | None
                             ) -> training.TrainState:
     """The latest checkpoint's state if there is one (resume), else a new one at step 0.
 
@@ -303,20 +307,23 @@ def create_or_restore_state(config: ConfigDict, cfg: ModelConfig, tx, mesh, ckpt
 
         hf_cfg, params = from_hf(config.init_from_hf, scan_layers=cfg.scan_layers)
         check_same_architecture(hf_cfg, cfg, seq_len=config.train.seq_len)
-    state = training.create_state(cfg, tx, config.train.seed, mesh, params)
-    if ckpt is not None:  # the fresh state gives the shapes and shardings to restore into
+    state = training.create_state(cfg, tx, config.train.seed, mesh, params, rules)
+    if ckpt is not None:  # the fresh state gives the shapes and shardings to restore into (orbax reads
+        # each device's shard of each array: nothing is gathered on one host)
         state = ckpt.restore_state(state, config.model)
         print(f"resumed from the checkpoint at step {int(state.step)} in {ckpt.directory}")
     return state
 
 
 def write_run_files(run: Run, workdir: str, ckpt: Checkpointer | None) -> Checkpointer:
-    """After a successful set-up: the workdir, its tokenizer and config.json; the checkpointer."""
+    """After a successful set-up: the workdir, its tokenizer and config.json (written by the first
+    host: the hosts share the workdir); the checkpointer (every host: each saves its shards)."""
     os.makedirs(workdir, exist_ok=True)
     tok_dir = os.path.join(workdir, "tokenizer")
-    if not os.path.isdir(tok_dir):
+    if run.host == 0 and not os.path.isdir(tok_dir):
         save_tokenizer(run.tokenizer, tok_dir)
-    save_json(os.path.join(workdir, "config.json"), run.config.to_dict())
+    if run.host == 0:
+        save_json(os.path.join(workdir, "config.json"), run.config.to_dict())
     return ckpt or Checkpointer(workdir, keep=run.config.train.keep_checkpoints)
 
 
@@ -486,14 +493,29 @@ def print_sample(cfg: ModelConfig, params, tokenizer: Tokenizer, num_tokens: int
     print("\n--- sample ---\n" + tokenizer.decode(list(out.tokens[0][: int(out.lengths[0])])))
 
 
+def init_distributed() -> None:
+    """A multi-host run (README, "Several hosts"): with JAX_COORDINATOR_ADDRESS=host:port,
+    JAX_NUM_PROCESSES=N and JAX_PROCESS_ID=i set, join the other processes through JAX's distributed
+    runtime, so the mesh spans every process's devices (on CPUs the collectives run over gloo)."""
+    address = os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if not address:
+        return
+    try:
+        count, index = int(os.environ["JAX_NUM_PROCESSES"]), int(os.environ["JAX_PROCESS_ID"])
+    except (KeyError, ValueError):
+        raise ValueError("JAX_COORDINATOR_ADDRESS is set, so this is a multi-host run: also set "
+                         "JAX_NUM_PROCESSES (the number of processes) and JAX_PROCESS_ID (0 .. N-1)") from None
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices: collectives across processes
+    jax.distributed.initialize(coordinator_address=address, num_processes=count, process_id=index)
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; overrides take the form --config.train.steps=10")
     if not FLAGS["verbosity"].present:  # the libraries' INFO lines (orbax logs ~45 per save)
         logging.set_verbosity(logging.WARNING)
-    if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("JAX_NUM_PROCESSES"):
-        jax.distributed.initialize()  # a multi-host run (see the README)
     try:
+        init_distributed()
         train(FLAGS.config, FLAGS.workdir, hard_exit=True)
     except Interrupted as e:
         print(str(e), file=sys.stderr)

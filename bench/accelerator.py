@@ -38,7 +38,7 @@ from ml_collections import ConfigDict
 from bench import timing
 from bench.decode import PROMPT_LEN, ours_timer
 from bench.memory import memory_sizes, step_memory
-from bench.steps import decode_start, model_config, random_params, train_setup
+from bench.steps import decode_start, random_params, train_setup
 from configs import baby_gpt, gpt2
 
 # Dense bfloat16 peak FLOP/s per device, by the device's `device_kind` (first match wins): the

@@ -39,7 +39,7 @@ def model_config(model: ConfigDict, **overrides) -> ModelConfig:
 
 @dataclasses.dataclass
 class TrainSetup:
-    """One config's train step on one device, built by the library as train.py builds it."""
+    """One config's train step on a mesh (default one device), built by the library as train.py builds it."""
 
     cfg: ModelConfig
     mesh: Mesh
@@ -54,15 +54,17 @@ class TrainSetup:
         return self.step.lower(self.state, self.batch, self.batch)
 
 
-def train_setup(config: ConfigDict, abstract: bool = False, **model_overrides) -> TrainSetup:
+def train_setup(config: ConfigDict, abstract: bool = False, mesh: Mesh | None = None,
+                **model_overrides) -> TrainSetup:
     """The train step of `config` (its model with `model_overrides`), its optimizer and train state.
 
     abstract: the state is shapes only (jax.eval_shape), for lowering and compiling the step without
-    allocating or running anything.
+    allocating or running anything. mesh: where the step runs (default: one device), with the
+    default rules (sharding.make_rules).
     """
     cfg = model_config(config.model, **model_overrides)
     t = config.train
-    mesh = make_mesh(devices=jax.devices()[:1])
+    mesh = make_mesh(devices=jax.devices()[:1]) if mesh is None else mesh
     tx, schedule = make_optimizer(config.optim, t.steps)
     create = lambda: training.create_state(cfg, tx, t.seed, mesh)  # noqa: E731
     state = jax.eval_shape(create) if abstract else create()

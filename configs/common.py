@@ -10,6 +10,7 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from transformer.config import AUTO, ModelConfig
+from transformer.sharding import DEFAULT_RULES
 
 # Execution settings a named config leaves to the backend (transformer/backend.py): float32 and the
 # reference attention on a CPU, bfloat16 with cuDNN attention on a GPU, bfloat16 with XLA's on a TPU.
@@ -84,8 +85,11 @@ def base_config(model: dict) -> ml_collections.ConfigDict:
     c.train.peak_flops = 2e11  # FLOP/s of the hardware, for model FLOP utilisation in the log
 
     c.mesh = ml_collections.ConfigDict()
-    c.mesh.data = -1  # data-parallel axis size; -1 = all devices not used by fsdp
+    c.mesh.data = -1  # data-parallel axis size; -1 = all devices not used by fsdp and tensor
     c.mesh.fsdp = 1  # shard parameters and optimizer state over this many devices
+    c.mesh.tensor = 1  # tensor parallelism: split heads, MLP width and vocabulary over this many devices
+    # Logical axis -> mesh axes ("data,fsdp"; "" = replicated); see transformer/sharding.py and the README.
+    c.mesh.rules = ml_collections.ConfigDict(DEFAULT_RULES)
 
     c.init_from_hf = ""  # a local Hugging Face model directory to start from ("" = random init)
     return c

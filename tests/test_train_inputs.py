@@ -225,12 +225,21 @@ def test_a_damaged_checkpoint_gives_one_clear_error(tmp_path):
         assert out.returncode == 1 and "Event loop" not in out.stderr and "is damaged" in out.stderr
 
 
+def test_a_mesh_that_does_not_divide_the_model_is_one_line_naming_the_field(tmp_path):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=3")
+    out = run(tmp_path / "w", *QUICK, "--config.mesh.tensor=3", env=env)  # vocab 256, 4 heads
+    assert_one_line_error(out, "model.vocab_size", "mesh.rules.vocab", "mesh.tensor")
+    out = run(tmp_path / "w", *QUICK, "--config.mesh.tensor=3", "--config.mesh.rules.vocab=", env=env)
+    assert_one_line_error(out, "model.num_heads", "mesh.rules.heads")
+    assert not (tmp_path / "w").exists()
+
+
 def test_a_checkpoint_saved_on_four_devices_samples_on_one(tmp_path):
     workdir = tmp_path / "w"
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
     out = run(workdir, *QUICK, "--config.mesh.fsdp=2", env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "mesh {'data': 2, 'fsdp': 2}" in out.stdout
+    assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 1}" in out.stdout
     one = sample("--workdir", str(workdir), "--max_new_tokens", "5", "--temperature", "0")
     assert one.returncode == 0, one.stderr[-3000:]
     assert "--- sample 1 of 1 ---" in one.stdout

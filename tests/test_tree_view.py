@@ -49,9 +49,11 @@ def test_optimizer_state_cache_numpy_and_sharded_arrays(params):
 
     mesh = make_mesh(data=1, fsdp=1)
     placed = jax.device_put(params, state_sharding(params, mesh))  # as training places the state
-    assert tree_summary(placed)["embed"]["embedding"].sharding == "P() over mesh (data=1, fsdp=1)"
+    # E [V, D] as the default rules place it (vocab over tensor, embed over fsdp; here both of size 1)
+    embedding = tree_summary(placed)["embed"]["embedding"]
+    assert embedding.sharding == "P('tensor', 'fsdp') over mesh (data=1, fsdp=1, tensor=1)"
     split = jax.device_put(params["embed"]["embedding"], NamedSharding(mesh, P(None, "fsdp")))
-    assert array_leaf(split).sharding == "P(None, 'fsdp') over mesh (data=1, fsdp=1)"
+    assert array_leaf(split).sharding == "P(None, 'fsdp') over mesh (data=1, fsdp=1, tensor=1)"
 
 
 def test_the_view_renders_with_treescope(params):

@@ -86,6 +86,8 @@ class Attention(nn.Module):
         q = dense(cfg.num_heads, "q")(x)  # [B, T, H, K]
         k = dense(cfg.num_kv_heads, "k")(x)  # [B, T, G, K]
         v = dense(cfg.num_kv_heads, "v")(x)  # [B, T, G, K]
+        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))  # logical axes (sharding.py)
+        k, v = (nn.with_logical_constraint(a, ("batch", "length", "kv_heads", "head_dim")) for a in (k, v))
         if cfg.position == "rope":
             q = ops.rope(q, positions, cfg.rope_theta)
             k = ops.rope(k, positions, cfg.rope_theta)
@@ -150,6 +152,7 @@ class LatentAttention(nn.Module):
             q = dense((h, k_nope + k_r), "q_up", bias=False)(norm("q_norm")(dense(cfg.q_latent_dim, "q_down")(x)))
         else:
             q = dense((h, k_nope + k_r), "q")(x)  # [B, T, H, K + Kr]
+        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))  # logical axes (sharding.py)
         q_nope, q_rope = q[..., :k_nope], q[..., k_nope:]
 
         kv = dense(c_kv + k_r, "kv_down")(x)  # [B, T, C + Kr]

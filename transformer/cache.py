@@ -26,6 +26,7 @@ an empty cache (the prefill) computes and writes them once; `registers_written`,
 
 from __future__ import annotations
 
+import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -92,12 +93,18 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: str | Non
     if dtype is None:
         cfg.check_resolved()
     dtype = jnp.dtype(dtype or cfg.dtype)
-    zeros = lambda *shape: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))  # noqa: E731
-    slots, r = cfg.num_registers + max_len, cfg.num_registers
+    # Logical axes (sharding.py): under sharding.axis_rules the buffers are split by batch and
+    # key/value heads; the MLA latent is read by every head, so only by batch.
+    zeros = lambda shape, axes: tuple(  # noqa: E731
+        nn.with_logical_constraint(jnp.zeros(shape, dtype), axes) for _ in range(cfg.num_layers)
+    )
+    slots, r = cfg.num_registers + max_len, cfg.num_registers  # R register slots before the tokens'
     if cfg.attention == "mla":
-        return LatentCache(latent=zeros(batch_size, slots, cfg.kv_latent_dim + (cfg.rope_head_dim or 0)), registers=r)
+        width = cfg.kv_latent_dim + (cfg.rope_head_dim or 0)
+        return LatentCache(latent=zeros((batch_size, slots, width), ("batch", "length", "latent")), registers=r)
     shape = (batch_size, cfg.num_kv_heads, slots, cfg.head_dim)
-    return KVCache(k=zeros(*shape), v=zeros(*shape), registers=r)
+    axes = ("batch", "kv_heads", "length", "head_dim")
+    return KVCache(k=zeros(shape, axes), v=zeros(shape, axes), registers=r)
 
 
 def max_len(cache: Cache) -> int:

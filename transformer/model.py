@@ -71,6 +71,7 @@ class MLP(nn.Module):
             h = act(dense(cfg.mlp_dim, "gate")(x)) * dense(cfg.mlp_dim, "up")(x)
         else:
             h = act(dense(cfg.mlp_dim, "fc_in")(x))
+        h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))  # tensor parallel: split by F
         return dense(cfg.d_model, "fc_out", output=True)(h)
 
 
@@ -105,6 +106,7 @@ class Block(nn.Module):
             x = norm(cfg, "attn_norm")(x + drop(a))
             if cfg.mlp_dim:
                 x = norm(cfg, "mlp_norm")(x + drop(mlp(x)))
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))  # the residual stream: whole D
         return x, (new if cached is not None else None, weights)
 
 
@@ -164,6 +166,7 @@ class Decoder(nn.Module):
         embed = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=nn.initializers.normal(0.02),
                          dtype=cfg.dtype, name="embed")  # E [V, D]
         x = self._embed(embed, tokens, positions, deterministic)  # [B, T, D]: E[tokens] + positions
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))  # logical axes (sharding.py)
         # Registers go through the layers in the cache-free forward and in the call that fills an
         # empty cache; later calls read their keys and values from the cache.
         r = cfg.num_registers if cache is None or not cache.registers_written else 0
@@ -254,7 +257,7 @@ class Decoder(nn.Module):
             logits = jnp.einsum("btd,vd->btv", h, embed.embedding.astype(cfg.dtype))
         else:
             logits = Linear(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, name="head")(h)
-        return logits.astype(jnp.float32)
+        return nn.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))
 
 
 def norm(cfg: ModelConfig, name: str) -> Norm:

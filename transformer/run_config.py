@@ -97,11 +97,11 @@ def check_train_config(config: ConfigDict, cfg: ModelConfig) -> None:
         raise ValueError(f"train.seq_len={t.seq_len} exceeds model.max_seq_len={cfg.max_seq_len}")
     if t.batch_size % t.grad_accum:
         raise ValueError(f"train.batch_size={t.batch_size} is not divisible by train.grad_accum={t.grad_accum}")
-    n = jax.device_count()
-    if (t.batch_size // t.grad_accum) % n:
+    n = jax.device_count() // config.mesh.tensor if jax.device_count() % config.mesh.tensor == 0 else 1
+    if (t.batch_size // t.grad_accum) % n:  # rows split over every device but the tensor axis
         raise ValueError(
-            f"each micro-batch of {t.batch_size // t.grad_accum} rows must split evenly over {n} devices; "
-            "change train.batch_size or train.grad_accum"
+            f"each micro-batch of {t.batch_size // t.grad_accum} rows must split evenly over {n} devices "
+            f"({jax.device_count()} / mesh.tensor={config.mesh.tensor}); change train.batch_size or train.grad_accum"
         )
     decay_steps = config.optim.decay_steps or t.steps
     if decay_steps <= config.optim.warmup_steps:

@@ -1,13 +1,15 @@
 """Training: the train state, its creation on the mesh, and the jitted train and eval steps.
 
-    state = create_state(cfg, tx, seed, mesh)                   # params + AdamW state, sharded
-    step_fn = make_train_step(cfg, tx, schedule, mesh, state)   # jit, donated state
+    state = create_state(cfg, tx, seed, mesh, rules=rules)     # params + AdamW state, sharded
+    step_fn = make_train_step(cfg, tx, schedule, mesh, state, rules=rules)   # jit, donated state
     state, metrics = step_fn(state, inputs [B, T], targets [B, T])
 
 `TrainState` holds step, params, optimizer state and PRNG key; `flops_per_token` counts a training
 step's FLOPs per token (for MFU). The pieces come from their own modules: the loss (`loss.py`), the
-optimizer and its schedule (`optim.py`), the device mesh and shardings (`sharding.py`). Everything
-is `jax.jit` with shardings; XLA inserts the collectives.
+optimizer and its schedule (`optim.py`), the device mesh, logical axis rules and shardings
+(`sharding.py`; rules=None: `make_rules(cfg, mesh)`, the default table). Everything is `jax.jit` with
+shardings, traced inside `axis_rules` so the activations' logical constraints apply; XLA inserts the
+collectives.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from transformer import sinks
 from transformer.config import ModelConfig
 from transformer.loss import loss_fn
 from transformer.model import Decoder
-from transformer.sharding import batch_sharding, state_sharding
+from transformer.sharding import Rules, axis_rules, batch_sharding, make_rules, state_sharding
 
 Array = jax.Array
 
@@ -47,7 +49,8 @@ def init_params(cfg: ModelConfig, key: Array) -> Any:
 
 
 def create_state(
-    cfg: ModelConfig, tx: optax.GradientTransformation, seed: int, mesh: Mesh, params: Any | None = None
+    cfg: ModelConfig, tx: optax.GradientTransformation, seed: int, mesh: Mesh, params: Any | None = None,
+    rules: Rules | None = None,
 ) -> TrainState:
     """A TrainState at step 0, created directly on the mesh with its shardings.
 
@@ -62,12 +65,13 @@ def create_state(
             rng=jax.random.key_data(jax.random.fold_in(key, 1)),
         )
 
-    shardings = state_sharding(jax.eval_shape(build, params), mesh)
+    rules = make_rules(cfg, mesh) if rules is None else rules
+    shardings = state_sharding(jax.eval_shape(build, params), mesh, rules)
     return jax.jit(build, out_shardings=shardings)(params)
 
 
 def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation, schedule: optax.Schedule,
-                    mesh: Mesh, state: TrainState, grad_accum: int = 1):
+                    mesh: Mesh, state: TrainState, grad_accum: int = 1, rules: Rules | None = None):
     """The jitted step: (state, inputs [B, T], targets [B, T]) -> (state, metrics).
 
     With grad_accum = A, the batch is split into A micro-batches whose gradients are averaged
@@ -75,6 +79,9 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation, schedule
     buffers are reused for the new state.
     """
 
+    rules = make_rules(cfg, mesh) if rules is None else rules
+
+    @axis_rules(mesh, rules)  # traced with the activations' logical constraints in effect
     def step(state: TrainState, inputs: Array, targets: Array):
         dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
         grad_fn = jax.value_and_grad(loss_fn)
@@ -103,31 +110,36 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation, schedule
         }
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
-    shardings = state_sharding(state, mesh)
-    data = batch_sharding(mesh)
+    shardings = state_sharding(state, mesh, rules)
+    data = batch_sharding(mesh, rules)
     return jax.jit(step, in_shardings=(shardings, data, data), out_shardings=(shardings, None),
                    donate_argnums=0)
 
 
-def make_eval_step(cfg: ModelConfig, mesh: Mesh, state: TrainState):
+def make_eval_step(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules | None = None):
     """The jitted eval step: (params, inputs, targets) -> mean cross-entropy (no dropout)."""
-    data = batch_sharding(mesh)
-    return jax.jit(
-        lambda params, x, y: loss_fn(params, cfg, x, y, None),
-        in_shardings=(state_sharding(state.params, mesh), data, data),
-    )
+    rules = make_rules(cfg, mesh) if rules is None else rules
+    data = batch_sharding(mesh, rules)
+
+    @axis_rules(mesh, rules)
+    def evaluate(params: Any, inputs: Array, targets: Array) -> Array:
+        return loss_fn(params, cfg, inputs, targets, None)
+
+    return jax.jit(evaluate, in_shardings=(state_sharding(state.params, mesh, rules), data, data))
 
 
-def make_shares_step(cfg: ModelConfig, mesh: Mesh, state: TrainState):
+def make_shares_step(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules | None = None):
     """The jitted attention-share measurement: (params, inputs [B, T]) -> sinks.AttentionShares of
     [L, H] arrays (first token, registers, sink; see sinks.py). One forward pass with the weights."""
-    data = batch_sharding(mesh)
+    rules = make_rules(cfg, mesh) if rules is None else rules
+    data = batch_sharding(mesh, rules)
 
-    def shares(params, x):
+    @axis_rules(mesh, rules)
+    def shares(params: Any, x: Array) -> sinks.AttentionShares:
         _, _, weights = Decoder(sinks.weights_config(cfg)).apply({"params": params}, x, return_attention=True)
         return sinks.shares_from_weights(cfg, weights)
 
-    return jax.jit(shares, in_shardings=(state_sharding(state.params, mesh), data))
+    return jax.jit(shares, in_shardings=(state_sharding(state.params, mesh, rules), data))
 
 
 def flops_per_token(cfg: ModelConfig, num_params: int, seq_len: int) -> float:

@@ -84,6 +84,8 @@ PARAM_AXES = {
     ("kv_down", "kernel"): ("latent", "embed"), ("kv_down", "bias"): ("latent",),  # W_DKV [C + Kr, D]
     ("attn", "k_up"): ("heads", "head_dim", "latent"),  # W_UK [H, K, C]
     ("attn", "v_up"): ("heads", "head_dim", "latent"),  # W_UV [H, Kv, C]
+    ("attn", "sink"): ("heads",),  # the sink logit per head [H] (attention_sink)
+    ("registers",): ("length", "embed"),  # register tokens [R, D] (num_registers)
 }
 NORM_PARAMS = ("scale", "bias")  # of every *_norm module: [D] or [latent width], replicated ("norm")
 
@@ -150,8 +152,8 @@ def make_rules(cfg: ModelConfig, mesh: Mesh, rules: Mapping[str, str] | None = N
 def param_axes(path: tuple[str, ...], ndim: int) -> tuple[str, ...]:
     """The logical axes of the parameter at `path` (its key names, e.g. ('layers', 'attn', 'q',
     'kernel')) with `ndim` dimensions. Raises KeyError for a parameter the table does not know."""
-    if path[-1] == "pos_embed":
-        axes = PARAM_AXES[("pos_embed",)]
+    if path[-1] in ("pos_embed", "registers"):  # top-level arrays, no module of their own
+        axes = PARAM_AXES[(path[-1],)]
     elif len(path) >= 2 and path[-2].endswith("norm") and path[-1] in NORM_PARAMS:
         axes = ("norm",)
     else:

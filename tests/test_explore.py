@@ -204,9 +204,51 @@ def test_the_page_ships_with_the_package_and_its_tools_are_extras():
     assert any(d.startswith("treescope") for d in extras["notebooks"]) and any(d.startswith("treescope") for d in extras["dev"])
 
 
+@pytest.mark.parametrize("attention", ["mha", "mla_q_rope"])
+def test_a_sink_and_registers_are_labelled_columns_and_their_shares_are_sinks(attention):
+    """With attention_sink and 2 registers: the page's columns are [sink, reg 1, reg 2, tokens], the
+    Decoder's weights reordered; the shares are transformer/sinks.py's; masked top-k is the model's."""
+    from transformer.sinks import attention_shares
+
+    cfg = make_cfg(attention, "rope", attention_sink=True, num_registers=2)
+    params = random_params(Decoder(cfg))
+    ex = explore(params, PROMPTS + [[4]], cfg=cfg, top_k=5)  # and a one-token prompt
+    L, H = cfg.num_layers, cfg.num_heads
+    for b, tokens in enumerate(PROMPTS):
+        view, T = ex.prompts[b], len(tokens)
+        assert view.key_labels[:3] == ["sink", "reg 1", "reg 2"] and view.key_positions == [None] * 3 + list(range(T))
+        assert view.first_key == 3 and view.attention.shape == (L, H, T, 3 + T)
+        w = direct(cfg, params, tokens)[0]  # [L, H, T, R + T + 1]: registers, tokens, sink
+        np.testing.assert_allclose(view.attention, np.concatenate([w[..., -1:], w[..., :-1]], -1), atol=1e-5)
+        want = attention_shares(params, cfg, jnp.asarray(tokens)[None])
+        np.testing.assert_allclose(view.first_token_share, want.first_token, atol=1e-6)
+        np.testing.assert_allclose(view.register_share, want.registers, atol=1e-6)
+        np.testing.assert_allclose(view.sink_share, want.sink, atol=1e-6)
+        np.testing.assert_allclose(view.first_token_share, view.attention[:, :, 1:, 3].mean(-1), atol=1e-6)  # column 3
+        assert view.sink_share.min() > 0 and view.register_share.min() > 0  # the columns carry attention
+        assert np.all(view.entropy <= np.log(T + 3) + 1e-5)
+        one_head = np.ones((L, H))
+        one_head[1, 0] = 0
+        for mask in (np.ones((L, H)), one_head):
+            probs = direct(cfg, params, tokens, jnp.asarray(mask))[1]
+            got = ex.top_tokens(b, mask)
+            assert [t for t, _ in got] == np.argsort(-probs)[:5].tolist()
+            np.testing.assert_allclose([p for _, p in got], np.sort(probs)[::-1][:5], rtol=1e-5)
+    one = ex.prompts[2]  # a single query: its own row is the share
+    np.testing.assert_allclose(one.sink_share, one.attention[:, :, 0, 0], atol=1e-6)
+    data = ex.data()
+    prompt = data["prompts"][0]
+    assert [len(r) for r in prompt["attention"][0][0]] == [4 + t for t in range(len(PROMPTS[0]))]  # extras kept
+    assert np.array(prompt["sink_share"]).shape == np.array(prompt["register_share"]).shape == (L, H)
+    assert data["model"]["attention_sink"] is True and data["model"]["num_registers"] == 2
+    plain_cfg, plain_params = model("mha")
+    plain = explore(plain_params, [[1, 2]], cfg=plain_cfg).data()["prompts"][0]
+    assert plain["sink_share"] is None and plain["register_share"] is None
+
+
 def test_the_layout_takes_extra_key_columns_seen_by_every_query():
-    """Keys that are not prompt tokens (sinks, registers: not in the model yet) are extra leading
-    columns with position None; the stored rows keep them for every query."""
+    """Keys that are not prompt tokens (the sink, registers) are extra leading columns with position
+    None; the stored rows keep them for every query."""
     from transformer.explore import PromptView, _stored_rows
 
     T = 3

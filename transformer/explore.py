@@ -19,9 +19,11 @@ The page (transformer/explorer/page.html and explorer.js, package data) embeds t
 and a small script of our own: no network access, no external libraries.
 
 Key columns: keys are listed with their own labels and positions (`key_labels`, `key_positions`),
-apart from the queries, so that keys that are not prompt tokens (attention sinks or registers, a
-future feature) can be added in front as extra columns with position None (seen by every query);
-`first_key` is the column of the first prompt token, whose weight is the first-token share.
+apart from the queries. A model with an attention sink (cfg.attention_sink) or registers
+(cfg.num_registers = R) gets extra columns in front, with position None (seen by every query):
+"sink" (the share of attention that goes to nothing; the Decoder returns it as its last column)
+first, then "reg 1" .. "reg R", then the prompt's tokens. `first_key` is the column of the first
+prompt token. The per-head shares (first real token, registers, sink) are transformer/sinks.py's.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import numpy as np
 
 from transformer.config import ModelConfig
 from transformer.model import Decoder
+from transformer.sinks import shares_from_weights
 
 DIGITS = 4  # decimals of the attention weights and statistics the page shows
 ATTENTION_SCALE = 10**DIGITS  # the page stores a weight a as the integer round(a * ATTENTION_SCALE)
@@ -51,8 +54,8 @@ PROB_DIGITS = 6  # decimals of the next-token probabilities kept in the page
 
 @dataclasses.dataclass
 class PromptView:
-    """One prompt's numbers. T queries (the prompt's tokens), S keys (T now; extra leading key
-    columns such as sinks would make S larger), L layers, H heads, M precomputed head masks."""
+    """One prompt's numbers. T queries (the prompt's tokens), S = (1 sink) + R registers + T keys,
+    L layers, H heads, M precomputed head masks."""
 
     text: str
     tokens: list[int]  # [T]
@@ -64,6 +67,8 @@ class PromptView:
     first_token_share: np.ndarray  # [L, H]: mean weight on column first_key, over queries t >= 1
     entropy: np.ndarray  # [L, H]: mean -sum_s a log a in nats, over queries t >= 1
     next_probs: np.ndarray  # [M, V] float32: next-token distribution after the prompt, per mask
+    register_share: np.ndarray | None = None  # [L, H]: mean weight on all registers, if the model has them
+    sink_share: np.ndarray | None = None  # [L, H]: mean weight on the sink, if the model has one
 
 
 @dataclasses.dataclass(repr=False)
@@ -242,18 +247,28 @@ def _views(cfg: ModelConfig, params: Any, prompts: list, tokenizer: Any, label: 
         batch[b, : len(t)] = t
     attention, next_probs = _forward(cfg, params, jnp.asarray(batch), jnp.asarray(lengths - 1), jnp.asarray(masks))
     attention, next_probs = np.asarray(attention, np.float32), np.asarray(next_probs, np.float32)
+    R, sink, T_max = cfg.num_registers, cfg.attention_sink, batch.shape[1]
+    extra_labels = (["sink"] if sink else []) + [f"reg {i + 1}" for i in range(R)]
     views = []
     for b, (tokens, text) in enumerate(encoded):
         T = len(tokens)
-        a = attention[:, b, :, :T, :T]  # [L, H, T, S]
-        rows = a[:, :, 1:] if T > 1 else a  # queries t >= 1: query 0 can only attend to itself
+        # The Decoder's columns [R registers, T_max tokens, (sink)]: this prompt's, padding dropped.
+        w = attention[:, b : b + 1, :, :T, list(range(R + T)) + ([R + T_max] if sink else [])]  # [L, 1, H, T, R+T(+1)]
+        measured = w if T > 1 else np.repeat(w, 2, axis=3)  # one query: its row stands in for rows t >= 1
+        shares = shares_from_weights(cfg, measured)
+        rows = measured[:, 0, :, 1:]  # [L, H, T - 1, columns]: queries t >= 1
+        a = w[:, 0]  # [L, H, T, R + T (+1)]
+        if sink:  # the page's order: the sink's column first, then the registers, then the tokens
+            a = np.concatenate([a[..., -1:], a[..., :-1]], axis=-1)
         token_labels = [label(int(t)) for t in tokens]
         views.append(PromptView(
-            text=text, tokens=tokens.tolist(), query_labels=token_labels, key_labels=token_labels,
-            key_positions=list(range(T)), first_key=0, attention=a,
-            first_token_share=rows[..., 0].mean(-1),
+            text=text, tokens=tokens.tolist(), query_labels=token_labels, key_labels=extra_labels + token_labels,
+            key_positions=[None] * len(extra_labels) + list(range(T)), first_key=len(extra_labels), attention=a,
+            first_token_share=np.asarray(shares.first_token),
             entropy=-(rows * np.log(np.maximum(rows, 1e-12))).sum(-1).mean(-1),
             next_probs=next_probs[:, b],
+            register_share=np.asarray(shares.registers) if R else None,
+            sink_share=np.asarray(shares.sink) if sink else None,
         ))
     return views
 
@@ -278,7 +293,7 @@ def _encode(cfg: ModelConfig, prompt: str | Sequence[int], tokenizer: Any, max_t
 @functools.partial(jax.jit, static_argnames="cfg")
 def _forward(cfg: ModelConfig, params: Any, tokens: jax.Array, last: jax.Array, masks: jax.Array):
     """tokens [B, T], each row's last position last [B], head masks [M, L, H] -> (attention weights
-    [L, B, H, T, T], next-token probabilities [M, B, V] after each row's last position)."""
+    [L, B, H, T, R + T (+1)] as the Decoder returns them, next-token probabilities [M, B, V] after each row's last position)."""
     model = Decoder(cfg)
     _, _, attention = model.apply({"params": params}, tokens, return_attention=True)
 
@@ -313,7 +328,8 @@ def _describe(cfg: ModelConfig) -> dict:
     else:
         kind = f"GQA ({cfg.num_kv_heads} key/value heads)"
     return {"num_layers": cfg.num_layers, "num_heads": cfg.num_heads, "d_model": cfg.d_model,
-            "attention": kind, "position": cfg.position, "vocab_size": cfg.vocab_size}
+            "attention": kind, "position": cfg.position, "vocab_size": cfg.vocab_size,
+            "attention_sink": cfg.attention_sink, "num_registers": cfg.num_registers}
 
 
 def _prompt_data(ex: Exploration, i: int) -> dict:
@@ -328,6 +344,8 @@ def _prompt_data(ex: Exploration, i: int) -> dict:
         "attention": _stored_rows(p),  # [L][H][T][<= S]
         "first_token_share": np.round(p.first_token_share, DIGITS).tolist(),
         "entropy": np.round(p.entropy, DIGITS).tolist(),
+        "register_share": None if p.register_share is None else np.round(p.register_share, DIGITS).tolist(),
+        "sink_share": None if p.sink_share is None else np.round(p.sink_share, DIGITS).tolist(),
         "top": top,
     }
 

@@ -1,7 +1,8 @@
 // The attention explorer's script: reads the JSON that transformer/explore.py embeds in the page and
 // draws it. No libraries, no network. Data layout (per prompt): attention[l][h][t][s] * attention_scale
 // (an integer) for query t and key column s, each row cut after its last visible key; key_positions[s]
-// (null: a key every query sees); top[maskKey] = [[id, label, p], ...]
+// (null: a key every query sees: the sink's column and the registers', in front of the tokens);
+// register_share and sink_share [l][h] (null when the model has none); top[maskKey] = [[id, label, p], ...]
 // for the precomputed head masks only (maskKey: '1' on / '0' off per head, layer by layer).
 "use strict";
 const data = JSON.parse(document.getElementById("explorer-data").textContent);
@@ -22,6 +23,8 @@ const MASKED = [238, 238, 238];  // a key after the query: not attended to at al
 function prompt() { return data.prompts[state.prompt]; }
 function visible(p, t, s) { const pos = p.key_positions[s]; return pos === null || pos <= t; }
 function weight(p, l, h, t, s) { const row = p.attention[l][h][t]; return s < row.length ? row[s] / p.attention_scale : 0; }
+// A key column as the map and the pointer name it: a token with its position, or a sink or register.
+function keyName(p, s) { const pos = p.key_positions[s]; return pos === null ? p.key_labels[s] : `${p.key_labels[s]} ${pos}`; }
 function maskKey() { return state.on.map((row) => row.map((x) => (x ? "1" : "0")).join("")).join(""); }
 
 function drawThumb(canvas, p, l, h) {
@@ -43,8 +46,9 @@ function drawMap() {
   map.cell = Math.max(4, Math.min(22, Math.floor(520 / Math.max(T, S))));
   const font = Math.min(12, map.cell), every = Math.ceil(9 / map.cell);  // label every n-th token when cells are small
   ctx.font = `${font}px ui-monospace, monospace`;
-  const width = (labels) => Math.max(...labels.map((x, i) => ctx.measureText(`${x} ${i}`).width));
-  map.left = Math.ceil(width(p.query_labels)) + 8; map.top = Math.ceil(width(p.key_labels)) + 8;
+  const width = (names) => Math.max(...names.map((x) => ctx.measureText(x).width));
+  map.left = Math.ceil(width(p.query_labels.map((x, t) => `${x} ${t}`))) + 8;
+  map.top = Math.ceil(width(p.key_labels.map((x, s) => keyName(p, s)))) + 8;
   canvas.width = map.left + S * map.cell + 2; canvas.height = map.top + T * map.cell + 2;
   Object.assign(canvas.dataset, map);  // the cell grid's geometry, for tests and tools
   ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
@@ -57,12 +61,19 @@ function drawMap() {
   ctx.textAlign = "right";
   p.query_labels.forEach((x, t) => { if (t % every === 0) ctx.fillText(`${x} ${t}`, map.left - 4, map.top + (t + 0.5) * map.cell); });
   ctx.save(); ctx.rotate(-Math.PI / 2); ctx.textAlign = "left";
-  p.key_labels.forEach((x, s) => { if (s % every === 0) ctx.fillText(`${x} ${s}`, -map.top + 4, map.left + (s + 0.5) * map.cell); });
+  p.key_labels.forEach((x, s) => {  // the sink and the registers always labelled, tokens every n-th
+    const pos = p.key_positions[s];
+    if (pos === null || pos % every === 0) ctx.fillText(keyName(p, s), -map.top + 4, map.left + (s + 0.5) * map.cell);
+  });
   ctx.restore();
   $("map-title").firstChild.textContent = `layer ${state.layer + 1}, head ${state.head + 1}: ` +
     "rows are queries (attending), columns keys (attended to)";
   $("stat-share").textContent = p.first_token_share[state.layer][state.head].toFixed(4);
   $("stat-entropy").textContent = p.entropy[state.layer][state.head].toFixed(4);
+  for (const [id, shares] of [["register", p.register_share], ["sink", p.sink_share]]) {
+    $(`stat-${id}-part`).style.display = shares ? "" : "none";
+    $(`stat-${id}`).textContent = shares ? shares[state.layer][state.head].toFixed(4) : "";
+  }
 }
 
 function pointAt(event) {
@@ -71,7 +82,10 @@ function pointAt(event) {
   const readout = $("readout");
   if (t < 0 || s < 0 || t >= T || s >= S) { readout.textContent = "point at a cell"; return; }
   const what = visible(p, t, s) ? weight(p, state.layer, state.head, t, s).toFixed(4) : "masked (the key comes after the query)";
-  readout.textContent = `query ${t} "${p.query_labels[t]}" \u2192 key ${s} "${p.key_labels[s]}": ${what}`;
+  const pos = p.key_positions[s];
+  const key = pos === null ? (p.key_labels[s] === "sink" ? "sink (attends to nothing)" : p.key_labels[s])
+                           : `key ${pos} "${p.key_labels[s]}"`;
+  readout.textContent = `query ${t} "${p.query_labels[t]}" \u2192 ${key}: ${what}`;
   readout.dataset.query = t; readout.dataset.key = s;
 }
 
@@ -122,7 +136,8 @@ function buildGrid() {
       caption.appendChild(document.createTextNode(` L${l + 1} H${h + 1}`));
       const stats = thumb.appendChild(document.createElement("div"));
       stats.className = "stats";
-      stats.textContent = `sink ${p.first_token_share[l][h].toFixed(2)} \u00b7 ent ${p.entropy[l][h].toFixed(2)}`;
+      stats.textContent = `1st ${p.first_token_share[l][h].toFixed(2)} \u00b7 ent ${p.entropy[l][h].toFixed(2)}`;
+      if (p.sink_share) stats.textContent += ` \u00b7 sink ${p.sink_share[l][h].toFixed(2)}`;
       thumb.onclick = () => { state.layer = l; state.head = h; update(); };
     }
   }

@@ -20,7 +20,7 @@ peak = argument + output - alias + temp. With remat (ModelConfig.remat) each lay
 input for the backward pass and recomputes the rest, trading compute for activation memory.
 
 On a mesh the step is compiled for 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8,
-set here before JAX loads) and the analysis gives one device's bytes: the state as the default
+set here before JAX loads when run as a script) and the analysis gives one device's bytes: the state as the default
 rules split it (transformer/sharding.py), its share of the activations, and the collectives' buffers.
 """
 
@@ -30,7 +30,9 @@ import argparse
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+if __name__ == "__main__":  # only as a script: an importer (bench/accelerator.py, its test) keeps its
+    # own devices, and the subprocesses it starts later must not inherit 8 simulated ones
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
 import jax  # noqa: E402
 

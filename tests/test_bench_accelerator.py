@@ -1,11 +1,18 @@
 """bench/accelerator.py, the device check: its tiny mode runs everywhere (here on the CPU), its peak
 table names the chips, and its largest-batch search finds the largest batch that fits."""
 
+import os
 import re
 
 import pytest
 
 from bench import accelerator
+
+
+def test_importing_it_leaves_the_device_count_alone():
+    """bench/memory.py asks for 8 simulated devices only as a script: imported here, the processes
+    this test worker starts later (train.py in other tests) must still see the real devices."""
+    assert "device_count=8" not in os.environ.get("XLA_FLAGS", "")
 
 
 def test_tiny_run_prints_one_row_per_model_with_measured_figures(capsys):

@@ -104,6 +104,8 @@ def test_the_page_in_chromium(exploration, tmp_path):
         assert page.text_content("#stat-entropy") == fmt(prompt["entropy"][L - 1][H - 1])
         np.testing.assert_allclose(float(page.text_content("#stat-share")),
                                    ex.prompts[0].first_token_share[L - 1, H - 1], atol=5e-5)
+        for part, shares in [("#stat-sink-part", "sink_share"), ("#stat-register-part", "register_share")]:
+            assert page.is_hidden(part) == (prompt[shares] is None)  # shown only for a model that has them
 
         # The pointer over cell (t, s): its value and its two tokens.
         for t, s in [(T - 1, 0), (T - 1, T - 2), (T // 2, T // 2)]:
@@ -159,6 +161,39 @@ def test_the_page_in_chromium(exploration, tmp_path):
 
         assert errors == []
         assert all(url.startswith("file://") for url in requests), requests  # nothing from a network
+
+
+def test_sink_and_register_columns_render_and_read_under_the_pointer(tmp_path):
+    """A model with an attention sink and 2 registers: columns [sink, reg 1, reg 2, tokens], all
+    three coloured for every query, labelled in the readout, and their shares in the head's statistics."""
+    sync_playwright = browser_or_skip()
+    cfg = make_cfg("gqa", "rope", attention_sink=True, num_registers=2).replace(vocab_size=256, max_seq_len=32)
+    ex = explore(random_params(Decoder(cfg)), ["ROMEO: hi"], cfg=cfg, tokenizer=ByteTokenizer(), top_k=4)
+    prompt = ex.data()["prompts"][0]
+    T, H = len(prompt["tokens"]), cfg.num_heads
+    with chromium(sync_playwright) as browser:
+        page = browser.new_page(viewport={"width": 1500, "height": 760})
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"file://{ex.save(tmp_path / 'explorer.html')}")
+        page.click(f"#head-buttons button[data-head='{H - 1}']")
+        assert page.text_content("#stat-sink") == fmt(prompt["sink_share"][0][H - 1])
+        assert page.text_content("#stat-register") == fmt(prompt["register_share"][0][H - 1])
+        assert page.text_content("#stat-share") == fmt(prompt["first_token_share"][0][H - 1])
+        colours = page.evaluate("""() => {
+            const c = document.getElementById("map"), d = c.dataset, ctx = c.getContext("2d"), out = [];
+            for (let t = 0; t < %d; t++) for (let s = 0; s < 3; s++) {
+              const px = ctx.getImageData(+d.left + (s + 0.5) * +d.cell, +d.top + (t + 0.5) * +d.cell, 1, 1).data;
+              out.push([px[0], px[1], px[2]]); }
+            return out; }""" % T)
+        assert all(c not in ([238, 238, 238], [255, 255, 255]) for c in colours)  # seen by every query, query 0 too
+        for s, name in [(0, "sink (attends to nothing)"), (2, "reg 2"), (3, 'key 0 "R"')]:
+            for t in (0, T - 1):
+                point_at(page, t, s)
+                a = prompt["attention"][0][H - 1][t][s] / prompt["attention_scale"]
+                assert page.text_content("#readout") == f'query {t} "{prompt["query_labels"][t]}" \u2192 {name}: {fmt(a)}'
+                assert abs(a - ex.prompts[0].attention[0, H - 1, t, s]) <= 5e-5
+        assert errors == []
 
 
 def check_map_cells(page, T):

@@ -293,7 +293,8 @@ def _encode(cfg: ModelConfig, prompt: str | Sequence[int], tokenizer: Any, max_t
 @functools.partial(jax.jit, static_argnames="cfg")
 def _forward(cfg: ModelConfig, params: Any, tokens: jax.Array, last: jax.Array, masks: jax.Array):
     """tokens [B, T], each row's last position last [B], head masks [M, L, H] -> (attention weights
-    [L, B, H, T, R + T (+1)] as the Decoder returns them, next-token probabilities [M, B, V] after each row's last position)."""
+    [L, B, H, T, R + T (+1)] as the Decoder returns them, next-token probabilities [M, B, V] after
+    each row's last position)."""
     model = Decoder(cfg)
     _, _, attention = model.apply({"params": params}, tokens, return_attention=True)
 

@@ -137,7 +137,10 @@ function buildGrid() {
       const stats = thumb.appendChild(document.createElement("div"));
       stats.className = "stats";
       stats.textContent = `1st ${p.first_token_share[l][h].toFixed(2)} \u00b7 ent ${p.entropy[l][h].toFixed(2)}`;
-      if (p.sink_share) stats.textContent += ` \u00b7 sink ${p.sink_share[l][h].toFixed(2)}`;
+      if (p.sink_share) {  // a line of its own: the thumbnail is narrow
+        const sink = thumb.appendChild(document.createElement("div"));
+        sink.className = "stats"; sink.textContent = `sink ${p.sink_share[l][h].toFixed(2)}`;
+      }
       thumb.onclick = () => { state.layer = l; state.head = h; update(); };
     }
   }
@@ -167,7 +170,8 @@ function update() {
 
 const m = data.model;
 $("model").textContent = `${m.num_layers} layers x ${m.num_heads} heads, d_model ${m.d_model}, ${m.attention}, ` +
-  `${m.position} positions, vocabulary ${m.vocab_size}`;
+  `${m.position} positions, vocabulary ${m.vocab_size}` + (m.attention_sink ? ", attention sink" : "") +
+  (m.num_registers ? `, ${m.num_registers} register${m.num_registers > 1 ? "s" : ""}` : "");
 $("covered").textContent = `Switching heads off shows the model's real next-token distribution with those heads ` +
   `masked, for the combinations computed in advance: ${data.coverage}.`;
 $("map").addEventListener("mousemove", pointAt);

@@ -57,6 +57,15 @@ def test_corrupted_checkpoint_names_the_folder_to_delete(tmp_path):
     assert str(tmp_path / "checkpoints" / "3") in str(err.value)
 
 
+def test_an_unreadable_checkpoint_is_reported_on_one_line(tmp_path):
+    """TensorStore can put a whole traceback inside its message; the error keeps its first line."""
+    ckpt = Checkpointer(str(tmp_path))
+    inner = ValueError('OUT_OF_RANGE: Error reading "x/.zarray"\nTraceback (most recent call last):\n  File "a.py"')
+    err = ckpt._unreadable(2, inner)
+    assert "\n" not in str(err) and "is damaged" in str(err) and 'Error reading "x/.zarray"' in str(err)
+    assert "\n" not in str(ckpt._unreadable(2, ValueError("\n\nshape mismatch\nmore")))
+
+
 def test_other_model_is_refused_with_the_differing_fields():
     with pytest.raises(CheckpointError, match="d_model: checkpoint 32, config 64"):
         check_same_model(MODEL, dict(MODEL, d_model=64), "runs/x")

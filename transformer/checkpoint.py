@@ -117,7 +117,9 @@ class Checkpointer:
     def _unreadable(self, step: int, e: Exception) -> CheckpointError:
         """The error for a checkpoint that failed to read; it advises deleting the checkpoint only
         when its files are damaged (orbax reports a data-loss, decoding or missing-file error)."""
-        reason = f"{type(e).__name__}: {str(e)[:300]}"
+        # The first line only: TensorStore's messages can carry a whole traceback after it.
+        first_line = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+        reason = f"{type(e).__name__}: {first_line[:300]}"
         if not _is_damage(e):
             return CheckpointError(
                 f"checkpoint step {step} in {self.directory} could not be restored ({reason}). Its files "

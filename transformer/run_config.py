@@ -160,13 +160,20 @@ def check_resume(config: ConfigDict, ckpt: Checkpointer, workdir: str) -> dict:
     if changed:
         print(f"resuming with other execution settings: {', '.join(changed)}")
     if "optim" in saved:
-        if optimizer_name(saved["optim"]) != config.optim.name:
-            raise CheckpointError(
-                f"the checkpoints in {workdir} were trained with optim.name={optimizer_name(saved['optim'])!r}, "
-                f"whose optimizer state {config.optim.name!r} cannot continue; resume with "
-                f"--config.optim.name={optimizer_name(saved['optim'])}, or start a new --workdir")
+        check_optimizer_kept(saved, config, workdir)
         check_schedule_kept(saved, config, step)
     return {**saved, "step": step}
+
+
+def check_optimizer_kept(saved: dict, config: ConfigDict, workdir: str) -> None:
+    """Raises if the config names another optimizer than the checkpoint's: its state (AdamW's
+    moments, or Muon's momentum and AdamW's) cannot continue another's."""
+    before, now = optimizer_name(saved["optim"]), optimizer_name(config.optim)
+    if before != now:
+        raise CheckpointError(
+            f"the checkpoints in {workdir} were trained with optim.name={before!r}, whose optimizer state "
+            f"optim.name={now!r} cannot continue; resume with --config.optim.name={before}, or start a new --workdir"
+        )
 
 
 def check_schedule_kept(saved: dict, config: ConfigDict, step: int) -> None:

@@ -9,8 +9,8 @@ optim.name = 'adamw': AdamW on every parameter. Weight decay applies to the proj
 (`decay_mask`: a pytree of bools shaped like the params), not to norm gains, biases or (unless asked)
 embeddings.
 
-optim.name = 'muon': Muon (optax.contrib's pieces: Nesterov momentum, its orthogonalisation by
-Newton-Schulz iterations, its shape scale) on every projection matrix inside the layers, and the same
+optim.name = 'muon': Muon (optax.contrib's scale_by_muon: Nesterov momentum orthogonalised by
+Newton-Schulz iterations; then `scale_by_width`) on every projection matrix inside the layers, and the same
 AdamW as above on the rest (embeddings, positions, an untied head, norms, biases, registers, sinks);
 `muon_dimension_numbers` routes each parameter by its path. Each matrix is orthogonalised as the one
 linear map it is: a per-head kernel W_q [H, K, D] as the [H*K, D] matrix, W_o [D, H, K] as [D, H*K]
@@ -80,7 +80,8 @@ def muon_labels(params: Any) -> Any:
 def scale_by_width() -> optax.GradientTransformation:
     """Muon's shape scale (optax.contrib.muon's default, from Keller Jordan's Muon): each matrix's
     orthogonalised update x sqrt(max(1, out / in)), its output and input sizes as
-    `muon_dimension_numbers` reads them (W_fc_in [F, D]: x sqrt(F / D); W_q, W_o, W_fc_out: x 1)."""
+    `muon_dimension_numbers` reads them (W_fc_in [F, D]: x sqrt(F / D); W_fc_out [D, F]: x 1).
+    optax.contrib.muon applies the same factor but does not export its transformation."""
 
     def scale(path, u):
         numbers = _dimension_numbers(path, u)
@@ -96,13 +97,15 @@ def scale_by_width() -> optax.GradientTransformation:
 
 
 def _dimension_numbers(path, x) -> MuonDimensionNumbers | None:
+    """`muon_dimension_numbers` of one parameter, from its path and number of axes."""
     names = [str(getattr(k, "key", k)) for k in path]
     in_layers = any(n == "layers" or re.fullmatch(r"layers_\d+", n) for n in names)
     if not (in_layers and names[-1] in MATRICES):
         return None
     n_in = IN_AXES.get(names[-2], 1) if names[-1] == "kernel" else 1
     n_out = x.ndim - n_in - (1 if "layers" in names else 0)  # the rest: a scanned stack's L is a batch axis
-    return MuonDimensionNumbers(reduction_axis=tuple(range(-n_in, 0)), output_axis=tuple(range(-n_in - n_out, -n_in)))
+    return MuonDimensionNumbers(reduction_axis=tuple(range(-n_in, 0)),
+                                output_axis=tuple(range(-n_in - n_out, -n_in)))
 
 
 def make_schedule(optim: Mapping[str, Any], steps: int, peak: float | None = None) -> optax.Schedule:

@@ -49,7 +49,7 @@ from transformer.corpus import load_texts, skipped_files
 from transformer.files import save_json
 from transformer.metrics import MetricWriter
 from transformer.model import count_params
-from transformer.optim import make_optimizer
+from transformer.optim import learning_rates, make_optimizer
 from transformer.prefetch import Prefetcher
 from transformer.run_config import (check_resume, check_tokenizer_left, check_train_config, check_workdir,
                                     choose_execution, resolve)
@@ -236,7 +236,7 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, training.TrainSta
 
     mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
     rules = make_rules(cfg, mesh, config.mesh.rules)  # logical axes -> mesh axes, sizes checked
-    tx, schedule = make_optimizer(config.optim, t.steps)
+    tx, _ = make_optimizer(config.optim, t.steps)
     state = create_or_restore_state(config, cfg, tx, mesh, rules, ckpt)
     put = lambda x: jax.make_array_from_process_local_data(batch_sharding(mesh, rules), x)  # noqa: E731
     eval_set = [
@@ -248,7 +248,9 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, training.TrainSta
     compiling = time.perf_counter()  # compiled here, so the first step's time is training only
     x, y = eval_set[0]
     steps = Steps(
-        train=training.make_train_step(cfg, tx, schedule, mesh, state, t.grad_accum, rules)
+        # logged: learning_rate (AdamW's), with Muon also muon_learning_rate
+        train=training.make_train_step(cfg, tx, learning_rates(config.optim, t.steps), mesh, state, t.grad_accum,
+                                       rules)
         .lower(state, x, y).compile(),
         eval=training.make_eval_step(cfg, mesh, state, rules).lower(state.params, x, y).compile(),
         shares=training.make_shares_step(cfg, mesh, state, rules).lower(state.params, x).compile()
@@ -419,7 +421,8 @@ def log_train_metrics(run: Run, report: Report, step: int, metrics: dict) -> Non
     row = {"step": step, **{k: float(v) for k, v in metrics.items()},
            "tokens_per_sec": tps, "mfu": tps * run.flops_per_token / run.config.train.peak_flops}
     report.writer.write(row)
-    report.bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['learning_rate']:.2e}",
+    muon_lr = {"muon_lr": f"{row['muon_learning_rate']:.2e}"} if "muon_learning_rate" in row else {}
+    report.bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['learning_rate']:.2e}", **muon_lr,
                            tok_s=f"{tps:,.0f}", mfu=f"{row['mfu']:.2f}")
     report.throughput.restart(step)  # after writing, so the next window times training only
 

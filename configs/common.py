@@ -57,10 +57,16 @@ def base_config(model: dict) -> ml_collections.ConfigDict:
     c.data.needle.graded = "answer"  # which targets the loss grades: 'answer' (the value's digits) or 'all'
 
     c.optim = ml_collections.ConfigDict()
-    c.optim.learning_rate = 1e-3  # peak learning rate after warm-up
+    c.optim.name = "adamw"  # 'adamw', or 'muon': Muon on the layers' matrices, AdamW on the rest (optim.py)
+    c.optim.learning_rate = 1e-3  # peak learning rate after warm-up (AdamW's; with Muon, of the non-matrices)
+    c.optim.schedule = "cosine"  # 'cosine' decay, or 'wsd': warm-up, stable at the peak, linear decay at the end
     c.optim.warmup_steps = 100  # linear warm-up from 0
-    c.optim.decay_steps = 0  # cosine decay over this many steps, then constant; 0 = train.steps
-    c.optim.min_lr_ratio = 0.1  # cosine decay ends at this fraction of the peak
+    c.optim.decay_steps = 0  # the schedule ends (decayed) after this many steps, then constant; 0 = train.steps
+    c.optim.decay_fraction = 0.3  # 'wsd': the linear decay takes this last fraction of decay_steps
+    c.optim.min_lr_ratio = 0.1  # the decay ends at this fraction of the peak
+    c.optim.muon_learning_rate = 0.02  # Muon's peak rate (same schedule shape), for updates scaled sqrt(max(1, out/in))
+    c.optim.muon_momentum = 0.95  # Muon's Nesterov momentum
+    c.optim.muon_weight_decay = 0.0  # decoupled weight decay on Muon's matrices (x the Muon rate, like AdamW's)
     c.optim.b1 = 0.9  # AdamW first-moment decay
     c.optim.b2 = 0.99  # AdamW second-moment decay
     c.optim.eps = 1e-8  # AdamW epsilon

@@ -137,3 +137,30 @@ def test_resume_converts_the_layer_stack_of_params_and_adam_moments(tmp_path, sa
     jax.tree.map(np.testing.assert_array_equal, restored.opt_state[1][0].mu, convert(mu, 3))
     assert jax.tree.structure(restored) == jax.tree.structure(fresh)
     assert all(a.sharding == b.sharding for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(fresh)))
+
+
+@pytest.mark.parametrize("saved_scan", [True, False])
+def test_resume_converts_the_layer_stack_of_muon_and_adamw_state(tmp_path, saved_scan):
+    """optim.name='muon': Muon's momentum and AdamW's moments (each over its own parameters) move
+    to the other layout of the layer stack, each array equal to its saved counterpart."""
+    from transformer.param_tree import stack_layers, unstack_layers
+
+    model = dict(MODEL, num_layers=3, scan_layers=saved_scan)
+    mesh = make_mesh(devices=jax.devices()[:1])
+    tx, _ = make_optimizer(dict(OPTIM, name="muon", muon_learning_rate=0.02, muon_momentum=0.95,
+                                muon_weight_decay=0.0), 10)
+    saved = training.create_state(ModelConfig(**model), tx, 0, mesh)
+    distinct = lambda x: np.arange(x.size, dtype=x.dtype).reshape(x.shape) if x.dtype == np.float32 else x  # noqa: E731
+    saved = saved.replace(opt_state=jax.tree.map(distinct, saved.opt_state))  # each layer's slice its own values
+    ckpt = Checkpointer(str(tmp_path))
+    ckpt.save(3, saved, {"model": model}, ByteTokenizer(), val_loss=1.0)
+    ckpt.wait()
+
+    other = dict(model, scan_layers=not saved_scan)
+    fresh = training.create_state(ModelConfig(**other), tx, 1, mesh)
+    restored = Checkpointer(str(tmp_path)).restore_state(fresh, other)
+    convert = unstack_layers if saved_scan else stack_layers
+    for part in ("muon", "adamw"):
+        moments = lambda state: state.opt_state[1].inner_states[part].inner_state[0]  # noqa: E731
+        jax.tree.map(np.testing.assert_array_equal, moments(restored).mu, convert(moments(saved).mu, 3))
+    assert jax.tree.structure(restored) == jax.tree.structure(fresh)

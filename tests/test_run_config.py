@@ -11,7 +11,9 @@ import pytest
 from configs import tiny
 from transformer import run_config
 from transformer.config import ModelConfig
-from transformer.run_config import check_schedule_kept, check_train_config, check_workdir, resolve
+from transformer.checkpoint import CheckpointError
+from transformer.run_config import (check_optimizer_kept, check_schedule_kept, check_train_config, check_workdir,
+                                   resolve)
 
 
 def config_and_model(**overrides):
@@ -76,6 +78,11 @@ def test_the_tiny_config_passes(capsys):
     ({"data.tokenizer": "bytepair"}, r"data.tokenizer='bytepair' is not known; use 'bytes' or 'bpe'"),
     ({"train.seq_len": 65}, r"train.seq_len=65 exceeds model.max_seq_len=64"),
     ({"train.grad_accum": 3}, r"train.batch_size=8 is not divisible by train.grad_accum=3"),
+    ({"optim.name": "adam"}, r"optim.name='adam' is not known; use one of \['adamw', 'muon'\]"),
+    ({"optim.schedule": "linear"}, r"optim.schedule='linear' is not known; use one of \['cosine', 'wsd'\]"),
+    ({"optim.decay_fraction": 1.5}, r"optim.decay_fraction=1.5 must be in \[0.0, 1.0\]"),
+    ({"optim.muon_momentum": 1.0}, r"optim.muon_momentum=1.0 must be in \[0.0, 1.0\)"),
+    ({"optim.muon_learning_rate": -0.02}, r"optim.muon_learning_rate=-0.02 must be a number >= 0"),
 ])
 def test_a_bad_field_raises_naming_it(override, message):
     with pytest.raises(ValueError, match=message):
@@ -161,3 +168,18 @@ def test_a_change_after_the_resumed_step_is_silent_and_one_before_warns(capsys):
     assert capsys.readouterr().err == ""
     check_schedule_kept(saved, warmup_longer, step=20)
     assert "warning: this resume changes the learning rate schedule" in capsys.readouterr().err
+
+
+def test_resuming_with_another_optimizer_is_refused_naming_the_field():
+    saved = saved_run(config_and_model()[0])
+    del saved["optim"]["name"]  # a checkpoint from before the field: AdamW
+    check_optimizer_kept(saved, config_and_model(**{"optim.name": "adamw"})[0], "runs/x")
+    with pytest.raises(CheckpointError, match=r"trained with optim.name='adamw', whose optimizer state "
+                       r"optim.name='muon' cannot continue; resume with --config.optim.name=adamw"):
+        check_optimizer_kept(saved, config_and_model(**{"optim.name": "muon"})[0], "runs/x")
+
+
+def test_a_changed_muon_rate_warns_naming_it(capsys):
+    saved = saved_run(config_and_model(**{"optim.name": "muon"})[0])
+    check_schedule_kept(saved, config_and_model(**{"optim.name": "muon", "optim.muon_learning_rate": 0.01})[0], step=20)
+    assert "warning: this resume changes the Muon learning rate schedule" in capsys.readouterr().err

@@ -166,6 +166,17 @@ def test_sharded_training_equals_one_device():
 
 
 @pytest.mark.slow
+def test_sharded_muon_training_equals_one_device():
+    """optim.name='muon' (GQA) on meshes 8x1x1, 1x8x1, 2x2x2: the losses of 3 steps equal one device's,
+    and W_q's Muon momentum is laid out as W_q (split over fsdp and tensor, whole per device: none)."""
+    result = sharded_runs("muon")
+    for mesh in ("8x1x1", "1x8x1", "2x2x2"):
+        np.testing.assert_allclose(result[mesh]["losses"], result["1"]["losses"], rtol=RTOL, err_msg=mesh)
+        assert result[mesh]["q_momentum_spec"] == result[mesh]["q_spec"], mesh
+    assert result["2x2x2"]["q_spec"] == [None, "tensor", None, "fsdp"]  # [L, H, K, D]
+
+
+@pytest.mark.slow
 def test_tensor_parallel_forward_all_reduces_twice_per_layer():
     """Megatron-style on 1x1x8: the compiled forward (eval step) all-reduces the residual stream
     [B, T, D] = [16, 16, 64] once after attention and once after the MLP of each layer, once after

@@ -30,10 +30,11 @@ def test_loss_goes_down_and_run_leaves_checkpoints_and_sample(tmp_path):
     assert "--- sample ---" in out.stdout
 
 
-def test_resume_is_exact(tmp_path):
-    """20 steps straight == 10 steps, stop, resume, 10 more (bitwise on CPU)."""
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_is_exact(tmp_path, optimizer):
+    """20 steps straight == 10 steps, stop, resume, 10 more (bitwise on CPU), with either optimizer."""
     common = ["--config.train.log_every=1", "--config.train.steps=20", "--config.train.checkpoint_every=10",
-              "--config.train.sample_tokens=0"]
+              "--config.train.sample_tokens=0", f"--config.optim.name={optimizer}"]
     straight = run(tmp_path / "a", *common)
     assert straight.returncode == 0, straight.stderr[-3000:]
     first = run(tmp_path / "b", *common, "--config.train.run_steps=10")

@@ -18,7 +18,7 @@ from ml_collections import ConfigDict
 from transformer.backend import Resolved, resolve_auto
 from transformer.checkpoint import CheckpointError, Checkpointer, check_same_model
 from transformer.config import ModelConfig
-from transformer.optim import make_schedule
+from transformer.optim import learning_rates, optimizer_name, schedule_name
 
 
 def resolve(config: ConfigDict, default_cache_dir: str) -> ConfigDict:
@@ -61,10 +61,11 @@ POSITIVE = {
 # Fields that must be numbers in a range: (low, high, high included).
 IN_RANGE = {
     "optim.min_lr_ratio": (0.0, 1.0, True), "optim.b1": (0.0, 1.0, False), "optim.b2": (0.0, 1.0, False),
+    "optim.decay_fraction": (0.0, 1.0, True), "optim.muon_momentum": (0.0, 1.0, False),
     "data.val_fraction": (0.0, 1.0, False),
 }
 NOT_NEGATIVE = ("train.run_steps", "train.sample_tokens", "optim.warmup_steps", "optim.decay_steps",
-                "optim.weight_decay", "optim.grad_clip")
+                "optim.weight_decay", "optim.grad_clip", "optim.muon_learning_rate", "optim.muon_weight_decay")
 
 
 def check_train_config(config: ConfigDict, cfg: ModelConfig) -> None:
@@ -80,6 +81,7 @@ def check_train_config(config: ConfigDict, cfg: ModelConfig) -> None:
     for name, (low, high, closed) in IN_RANGE.items():
         if not (low <= field(name) <= high if closed else low <= field(name) < high):
             raise ValueError(f"{name}={field(name)!r} must be in [{low}, {high}{']' if closed else ')'}")
+    optimizer_name(config.optim), schedule_name(config.optim)  # clear errors for unknown names
     lr, eps = config.optim.learning_rate, config.optim.eps
     if not (math.isfinite(lr) and lr >= 0):
         raise ValueError(f"optim.learning_rate={lr!r} must be a number >= 0 (the peak rate, e.g. 1e-3)")
@@ -161,23 +163,41 @@ def check_resume(config: ConfigDict, ckpt: Checkpointer, workdir: str) -> dict:
     if changed:
         print(f"resuming with other execution settings: {', '.join(changed)}")
     if "optim" in saved:
+        check_optimizer_kept(saved, config, workdir)
         check_schedule_kept(saved, config, step)
     return {**saved, "step": step}
 
 
+def check_optimizer_kept(saved: dict, config: ConfigDict, workdir: str) -> None:
+    """Raises if the config names another optimizer than the checkpoint's: its state (AdamW's
+    moments, or Muon's momentum and AdamW's) cannot continue another's."""
+    before, now = optimizer_name(saved["optim"]), optimizer_name(config.optim)
+    if before != now:
+        raise CheckpointError(
+            f"the checkpoints in {workdir} were trained with optim.name={before!r}, whose optimizer state "
+            f"optim.name={now!r} cannot continue; resume with --config.optim.name={before}, or start a new --workdir"
+        )
+
+
 def check_schedule_kept(saved: dict, config: ConfigDict, step: int) -> None:
-    """Warns if the learning rate of steps already taken differs under the new config: the run
-    then continues on another schedule than the one it followed (e.g. a cosine re-spanned)."""
-    before = make_schedule(saved["optim"], saved["train"]["steps"])
-    now = make_schedule(config.optim, config.train.steps)
+    """Warns if the learning rate of steps already taken differs under the new config (either rate,
+    with Muon): the run then continues on another schedule than the one it followed (e.g. a cosine
+    re-spanned)."""
+    before = learning_rates(saved["optim"], saved["train"]["steps"])
+    now = learning_rates(config.optim, config.train.steps)
     steps = np.arange(step)
-    moved = np.flatnonzero(~np.isclose(np.asarray(before(steps)), np.asarray(now(steps)), rtol=1e-5, atol=0))
-    if moved.size:
-        s = int(moved[-1])
-        old_decay = saved["optim"].get("decay_steps", 0) or saved["train"]["steps"]
-        warn(f"this resume changes the learning rate schedule of the steps already taken (step {s}: "
-             f"{float(before(s)):.2e} then, {float(now(s)):.2e} now), so training continues on another curve. "
-             f"To extend the finished schedule at its final rate, add --config.optim.decay_steps={old_decay}")
+    for name in before.keys() & now.keys():
+        moved = np.flatnonzero(~np.isclose(np.asarray(before[name](steps)), np.asarray(now[name](steps)),
+                                           rtol=1e-5, atol=0))
+        if moved.size:
+            s = int(moved[-1])
+            old_decay = saved["optim"].get("decay_steps", 0) or saved["train"]["steps"]
+            rate = name.replace("muon_", "Muon ").replace("_", " ")  # learning rate, Muon learning rate
+            warn(f"this resume changes the {rate} schedule of the steps already taken (step {s}: "
+                 f"{float(before[name](s)):.2e} then, {float(now[name](s)):.2e} now), so training continues on "
+                 f"another curve. To extend the finished schedule at its final rate, add "
+                 f"--config.optim.decay_steps={old_decay}")
+            return
 
 
 def check_tokenizer_left(config: ConfigDict, workdir: str) -> None:

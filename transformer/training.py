@@ -15,6 +15,7 @@ collectives.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import flax.struct
@@ -70,9 +71,13 @@ def create_state(
     return jax.jit(build, out_shardings=shardings)(params)
 
 
-def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation, schedule: optax.Schedule,
-                    mesh: Mesh, state: TrainState, grad_accum: int = 1, rules: Rules | None = None):
+def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule | Mapping[str, optax.Schedule], mesh: Mesh, state: TrainState,
+                    grad_accum: int = 1, rules: Rules | None = None):
     """The jitted step: (state, inputs [B, T], targets [B, T]) -> (state, metrics).
+
+    schedule: the learning rate, logged as the metric 'learning_rate', or {metric name: schedule}
+    (optim.learning_rates: with Muon also 'muon_learning_rate').
 
     With grad_accum = A, the batch is split into A micro-batches whose gradients are averaged
     (a lax.scan, so memory holds one micro-batch's activations). The state is donated: its
@@ -80,6 +85,7 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation, schedule
     """
 
     rules = make_rules(cfg, mesh) if rules is None else rules
+    rates = schedule if isinstance(schedule, Mapping) else {"learning_rate": schedule}
 
     @axis_rules(mesh, rules)  # traced with the activations' logical constraints in effect
     def step(state: TrainState, inputs: Array, targets: Array):
@@ -106,7 +112,7 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation, schedule
             "loss": loss,
             "grad_norm": optax.tree.norm(grads),
             "param_norm": optax.tree.norm(params),  # a NaN here is caught before any save
-            "learning_rate": schedule(state.step),
+            **{name: rate(state.step) for name, rate in rates.items()},
         }
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 

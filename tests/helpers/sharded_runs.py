@@ -4,6 +4,7 @@ training, checkpointing and decoding of tiny models on several meshes, for tests
     python tests/helpers/sharded_runs.py losses       # each variant on each mesh: losses, shardings
     python tests/helpers/sharded_runs.py checkpoint   # save on one mesh, resume on another
     python tests/helpers/sharded_runs.py decode       # greedy tokens on 1 device and on 2x2x2
+    python tests/helpers/sharded_runs.py muon         # optim.name='muon': losses and Muon's momentum layout
 
 Prints one JSON line; the test asserts on it.
 """
@@ -76,8 +77,8 @@ def run_steps(cfg, mesh, state, tx, schedule, start: int, steps: int):
     return state, losses
 
 
-def fresh(cfg, mesh, steps: int):
-    tx, schedule = make_optimizer(OPTIM, steps)
+def fresh(cfg, mesh, steps: int, optim: dict = OPTIM):
+    tx, schedule = make_optimizer(optim, steps)
     return training.create_state(cfg, tx, 0, mesh), tx, schedule
 
 
@@ -158,6 +159,21 @@ def checkpoint(steps: int = 2) -> dict:
     return result
 
 
+def muon(steps: int = 3) -> dict:
+    """GQA with optim.name='muon' on one device and on meshes with data, fsdp and tensor axes: the
+    losses, and the specs of W_q and of its Muon momentum."""
+    optim = dict(OPTIM, name="muon", muon_learning_rate=0.02, muon_momentum=0.95, muon_weight_decay=0.0)
+    cfg = ModelConfig(**BASE, **VARIANTS["gqa"])
+    result = {}
+    for name in ("1", "8x1x1", "1x8x1", "2x2x2"):
+        state, tx, schedule = fresh(cfg, mesh_of(name), steps, optim)
+        state, out = run_steps(cfg, mesh_of(name), state, tx, schedule, 0, steps)
+        momentum = state.opt_state[1].inner_states["muon"].inner_state[0].mu
+        result[name] = {"losses": out, "q_spec": _spec(state.params["layers"]["attn"]["q"]["kernel"]),
+                        "q_momentum_spec": _spec(momentum["layers"]["attn"]["q"]["kernel"])}
+    return result
+
+
 def decode() -> dict:
     """Greedy tokens from random parameters on 1 device, and with the parameters and cache on 2x2x2."""
     result = {}
@@ -192,4 +208,4 @@ def decode() -> dict:
 
 if __name__ == "__main__":
     assert jax.device_count() == 8, jax.devices()
-    print(json.dumps({"losses": losses, "checkpoint": checkpoint, "decode": decode}[sys.argv[1]]()))
+    print(json.dumps({"losses": losses, "checkpoint": checkpoint, "decode": decode, "muon": muon}[sys.argv[1]]()))

@@ -122,6 +122,13 @@ def test_resuming_on_other_data_is_refused_naming_the_field(tmp_path):
     assert run(workdir, f"--config.data.path={small}", *bpe, *QUICK).returncode == 0
     out = run(workdir, f"--config.data.path={other}", *bpe, *QUICK[1:], "--config.train.steps=4")
     assert_one_line_error(out, "other data", "data.path", str(small), str(other))
+    # Needle documents from the same corpus are other data too (they take bytes and a longer window).
+    bytes_workdir = tmp_path / "bytes"
+    assert run(bytes_workdir, f"--config.data.path={small}", *QUICK).returncode == 0
+    out = run(bytes_workdir, f"--config.data.path={small}", *QUICK[1:], "--config.train.steps=4",
+              "--config.train.seq_len=64", "--config.data.task=needle", "--config.data.needle.min_length=57",
+              "--config.data.needle.max_length=58")
+    assert_one_line_error(out, "other data", "data.task: checkpoint 'text', config 'needle'")
 
 
 def test_steps_below_the_checkpoint_is_refused_and_equal_does_nothing(tmp_path):

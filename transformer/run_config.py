@@ -147,8 +147,11 @@ def check_resume(config: ConfigDict, ckpt: Checkpointer, workdir: str) -> dict:
                               "the run afresh, or choose another --workdir")
     saved = ckpt.config(step)
     changed = check_same_model(saved["model"], config.model, ckpt.directory)
+    # data.task too: text windows and needle documents are different data on the same corpus
+    # (a checkpoint from before the field existed was trained on text).
+    saved_data = {**saved_data_fields(saved), "task": saved.get("data", {}).get("task", "text")}
     differ = [f"data.{k}: checkpoint {v!r}, config {config.data[k]!r}"
-              for k, v in saved_data_fields(saved).items() if v != config.data[k]]
+              for k, v in saved_data.items() if v != config.data[k]]
     if differ:
         raise CheckpointError(f"the checkpoints in {workdir} were trained on other data ({'; '.join(differ)}); "
                               "resume with the same data fields, or start a new --workdir")

@@ -35,7 +35,7 @@ RUN_STAMP := .venv/.installed-run$(if $(filter-out cpu,$(JAX)),-$(JAX))
 setup: $(RUN_STAMP)
 
 train: $(RUN_STAMP)
-	$(PY) train.py --config configs/shakespeare.py --workdir runs/shakespeare
+	$(PY) train.py --config configs/modern.py --workdir runs/shakespeare
 
 sample: $(RUN_STAMP)
 	$(PY) sample.py --workdir $(RUN) --prompt "ROMEO:" --num_samples 2 --max_new_tokens 120

@@ -1,6 +1,6 @@
 """Train a decoder from a config file.
 
-    python train.py --config configs/shakespeare.py --workdir runs/shakespeare
+    python train.py --config configs/modern.py --workdir runs/shakespeare
     python train.py --config configs/llama.py --workdir runs/llama --config.train.steps=2000
 
 Any config field can be overridden from the command line (--config.section.field=value). Starting
@@ -66,7 +66,7 @@ from transformer.tokenizer import Tokenizer, load_tokenizer, make_tokenizer, sav
 
 ROOT = os.path.dirname(os.path.abspath(__file__))  # the repository
 DEFAULT_CACHE_DIR = os.path.join(ROOT, ".cache", "tokens")  # data.cache_dir = ""
-DEFAULT_CONFIG = os.path.join(ROOT, "configs", "shakespeare.py")
+DEFAULT_CONFIG = os.path.join(ROOT, "configs", "modern.py")
 
 FLAGS = flags.FLAGS
 

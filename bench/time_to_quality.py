@@ -7,7 +7,7 @@ PyTorch GPT of the lecture's shape take to reach the validation loss (c) reaches
 
 Every side is a process of its own, started as `make train` starts train.py:
 
-- (a) `python train.py --config DEFAULT --workdir ...` (--default, configs/shakespeare.py unless given);
+- (a) `python train.py --config DEFAULT --workdir ...` (--default, configs/modern.py unless given);
 - (b) `python train.py --config LECTURE --workdir ...` (--lecture, configs/shakespeare.py);
 - (c) `python bench/torch_gpt.py --config LECTURE --workdir ...`: Hugging Face's GPT2LMHeadModel of
   the lecture's shape in PyTorch with the same recipe (AdamW, decay groups, clipping, warm-up +
@@ -225,7 +225,7 @@ def plot(runs: list[Run], path: str) -> None:
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      epilog="Any --config.section.field=value is passed to every side.")
-    parser.add_argument("--default", default="configs/shakespeare.py", help="(a)'s config: our default recipe")
+    parser.add_argument("--default", default="configs/modern.py", help="(a)'s config: our default recipe")
     parser.add_argument("--lecture", default="configs/shakespeare.py", help="(b)'s and (c)'s config")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of (c), (a), (b)")
     parser.add_argument("--eval_every", type=int, default=50,

@@ -21,7 +21,7 @@ def test_train_and_sample_install_the_package_alone():
         commands = dry_run(target)
         assert "pip install -q -e .\n" in commands
         assert "[dev]" not in commands and "torch" not in commands
-    assert "train.py --config configs/shakespeare.py" in dry_run("train")
+    assert "train.py --config configs/modern.py" in dry_run("train")
 
 
 @pytest.mark.parametrize("target, extra, command", [

@@ -51,7 +51,7 @@ def test_config_file_errors_and_the_default_from_any_folder(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=str(tmp_path), timeout=120)
     assert_one_line_error(out, "did you mean config.train.steps?", code=2)
     # The default config named by its absolute path: parsed once, not "defined twice".
-    default = os.path.join(ROOT, "configs", "shakespeare.py")
+    default = os.path.join(ROOT, "configs", "modern.py")
     out = subprocess.run([*cmd, "--config", default], capture_output=True, text=True, cwd=str(tmp_path), timeout=120)
     assert_one_line_error(out, "did you mean config.train.steps?", code=2)
 

@@ -13,11 +13,18 @@ stops at the next step, saves a checkpoint and exits, so `train.py ... && sample
 go on with a partial model. A kill -9 loses at most the steps since the last checkpoint.
 
 Output: the model line, a progress bar, the evaluation lines and a summary. Metrics also go to
-workdir/metrics.jsonl and TensorBoard files in workdir/tb. `--verbosity=0` shows the libraries'
-INFO logs (absl, orbax), which are hidden by default.
+workdir/metrics.jsonl and TensorBoard files in workdir/tb. Its evaluation rows (and its first row,
+written when the set-up ends) carry elapsed_seconds, the wall time since the process started, so the
+time taken to reach a loss, start-up, compiling, evaluations and checkpoints included, reads off the
+log (a resumed run counts from its own start). `--verbosity=0` shows the libraries' INFO logs
+(absl, orbax), which are hidden by default.
 """
 
 from __future__ import annotations
+
+import time
+
+STARTED = time.perf_counter()  # the process's start, taken before the heavy imports: elapsed_seconds counts from it
 
 import os
 import signal
@@ -29,7 +36,6 @@ if __name__ == "__main__":  # Ctrl-C while the libraries load: end at once (noth
 import functools
 import math
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -128,14 +134,17 @@ class StopOnSignal:
             signal.signal(sig, handler)
 
 
-def train(config: ConfigDict, workdir: str, progress: bool = True, hard_exit: bool = False) -> dict:
+def train(config: ConfigDict, workdir: str, progress: bool = True, hard_exit: bool = False,
+          started: float | None = None) -> dict:
     """Runs (or resumes) training; returns the last evaluation's metrics.
 
     progress=False hides the progress bar (e.g. in a notebook); metrics still go to the workdir.
     Raises Interrupted after saving if SIGINT or SIGTERM stopped the run early (during set-up:
     without saving; with hard_exit, as the command line does, the process ends there).
+    started: the time.perf_counter() that the metrics' elapsed_seconds count from (the command line:
+    the process's start); None: this call's start.
     """
-    started = time.perf_counter()
+    started = time.perf_counter() if started is None else started
     config = resolve(config, DEFAULT_CACHE_DIR)
     t = config.train
     with StopOnSignal(hard_exit) as stop:
@@ -148,11 +157,12 @@ def train(config: ConfigDict, workdir: str, progress: bool = True, hard_exit: bo
             return {}
         ckpt = write_run_files(run, workdir, ckpt)
         writer = MetricWriter(workdir, enabled=run.host == 0)
-        writer.write({"step": start, "compile_seconds": run.steps.compile_seconds})
+        writer.write({"step": start, "compile_seconds": run.steps.compile_seconds,
+                      "elapsed_seconds": time.perf_counter() - started})  # the set-up's end
         batches = training_batches(run, start)
         bar = tqdm(total=t.steps, initial=start, disable=run.host != 0 or not progress, dynamic_ncols=True,
                    file=sys.stdout)
-        report = Report(writer, Throughput(start, tokens_per_step=t.batch_size * t.seq_len), bar)
+        report = Report(writer, Throughput(start, tokens_per_step=t.batch_size * t.seq_len), bar, started)
         end = t.steps if t.run_steps <= 0 else min(t.steps, start + t.run_steps)  # run_steps: a part, then resume
         looping = time.perf_counter()
         try:
@@ -370,6 +380,7 @@ class Report:
     writer: MetricWriter
     throughput: Throughput
     bar: tqdm
+    started: float  # time.perf_counter() at the run's start: the zero of the evaluations' elapsed_seconds
 
 
 def train_steps(run: Run, state: training.TrainState, ckpt: Checkpointer, batches: Prefetcher, report: Report,
@@ -396,7 +407,7 @@ def train_steps(run: Run, state: training.TrainState, ckpt: Checkpointer, batche
         if log_due:
             log_train_metrics(run, report, done, metrics)
         if eval_due:
-            last_eval = evaluate(run, state.params, done)
+            last_eval = timed(report, evaluate(run, state.params, done))
             log_evaluation(report, last_eval)
         if save_due:
             last_eval = save_checkpoint(run, state, ckpt, report, last_eval)
@@ -439,6 +450,13 @@ def evaluate(run: Run, params, step: int) -> dict:
     return row
 
 
+def timed(report: Report, evaluation: dict) -> dict:
+    """The evaluation row with elapsed_seconds: the wall time from the run's start to the end of this
+    evaluation (set-up, compiling, earlier evaluations and checkpoints included), so the time taken
+    to reach a validation loss reads off metrics.jsonl."""
+    return {**evaluation, "elapsed_seconds": time.perf_counter() - report.started}
+
+
 def log_evaluation(report: Report, evaluation: dict) -> None:
     """Writes an evaluation row and prints it above the progress bar."""
     report.writer.write(evaluation)
@@ -456,7 +474,7 @@ def save_checkpoint(run: Run, state: training.TrainState, ckpt: Checkpointer, re
     """
     step = int(state.step)
     if last_eval.get("step") != step:
-        last_eval = evaluate(run, state.params, step)
+        last_eval = timed(report, evaluate(run, state.params, step))
         report.writer.write(last_eval)
     ckpt.save(step, state, run.config.to_dict(), run.tokenizer, last_eval["val_loss"])
     return last_eval
@@ -519,7 +537,7 @@ def main(argv: list[str]) -> None:
         logging.set_verbosity(logging.WARNING)
     try:
         init_distributed()
-        train(FLAGS.config, FLAGS.workdir, hard_exit=True)
+        train(FLAGS.config, FLAGS.workdir, hard_exit=True, started=STARTED)
     except Interrupted as e:
         print(str(e), file=sys.stderr)
         sys.exit(e.exit_code)

@@ -1,13 +1,13 @@
 """Runs every benchmark and writes their tables to one Markdown file.
 
-    python bench/run_all.py --out bench/results.md            # ~15-20 minutes on 2 cores
+    python bench/run_all.py --out bench/results.md            # ~1 hour on 2 cores (time to quality: ~45 min)
     python bench/run_all.py --out bench/results.md --quick    # short runs of each
 
-Each benchmark (train.py, compile.py, memory.py, decode.py, and op_profile.py for a train and a
-decode step) runs as its own process, one after the other, so none shares the CPU or JAX's caches
-with another. Their Markdown output is collected under a header stating the date, the machine (CPU
-model, core count) and the library versions. A benchmark that fails leaves its error in the file
-and the others still run.
+Each benchmark (train.py, compile.py, memory.py, decode.py, op_profile.py for a train and a decode
+step, and time_to_quality.py, which also draws docs/figures/time_to_quality.png) runs as its own
+process, one after the other, so none shares the CPU or JAX's caches with another. Their Markdown
+output is collected under a header stating the date, the machine (CPU model, core count) and the
+library versions. A benchmark that fails leaves its error in the file and the others still run.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ BENCHMARKS = (  # (title, script, its arguments; --quick is added in quick mode 
     ("Decoding", "decode.py", ()),
     ("Profile: the baby-GPT train step", "op_profile.py", ()),
     ("Profile: a GPT-2-small decode step", "op_profile.py", ("--decode", "--config", "gpt2")),
+    ("Time to quality", "time_to_quality.py", ()),
 )
-HAS_QUICK = ("train.py", "compile.py", "memory.py", "decode.py")
+HAS_QUICK = ("train.py", "compile.py", "memory.py", "decode.py", "time_to_quality.py")
 
 
 def cpu_model() -> str:

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench import timing
-from bench.steps import model_config, torch_gpt2, train_setup
+from bench.steps import model_config, torch_adamw, torch_gpt2, torch_train_step, train_setup
 from configs import baby_gpt, shakespeare
 from transformer.config import ModelConfig
 from transformer.loss import loss_fn
@@ -138,14 +138,7 @@ class Theirs:
         t, o = config.train, config.optim
         self.model = torch_gpt2(cfg).train()
         self.attn_implementation = self.model.config._attn_implementation
-        # Decay what optim.decay_mask decays: the projection matrices, not embeddings, norms, biases.
-        named = dict(self.model.named_parameters())
-        decay = [p for n, p in named.items() if p.dim() >= 2 and "wte" not in n and "wpe" not in n]
-        rest = [p for n, p in named.items() if not (p.dim() >= 2 and "wte" not in n and "wpe" not in n)]
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": o.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-            lr=o.learning_rate, betas=(o.b1, o.b2), eps=o.eps,
-        )
+        self.optimizer = torch_adamw(self.model, o)  # optim.decay_mask's weight-decay groups
         self.grad_clip = o.grad_clip
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.batches = [
@@ -155,19 +148,11 @@ class Theirs:
         self.i = 0
 
     def run(self, steps: int) -> None:
-        import torch
-        import torch.nn.functional as F
-
         for _ in range(steps):
             inputs, targets = self.batches[self.i % len(self.batches)]
             self.i += 1
-            logits = self.model(inputs).logits
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            float(loss.detach())  # the loss reaches the host every step, as in a training loop
+            loss = torch_train_step(self.model, self.optimizer, inputs, targets, self.grad_clip)
+            float(loss)  # the loss reaches the host every step, as in a training loop
 
 
 def alternate(runners: dict[str, Callable[[int], None]], steps: int, rounds: int,

@@ -102,6 +102,15 @@ def test_execution_changes_are_returned_not_refused():
     assert changes == ["dtype: 'float32' -> 'bfloat16'", "remat: False -> True"]
 
 
+def test_init_changes_are_returned_not_refused_and_recipe_options_are_refused():
+    """zero_init_out says how a random init starts: a checkpoint resumes with either value. qk_norm
+    and a logit soft-cap change what the parameters compute."""
+    assert check_same_model(MODEL, dict(MODEL, zero_init_out=True), "runs/x") == ["zero_init_out: False -> True"]
+    with pytest.raises(CheckpointError, match="qk_norm: checkpoint False, config True; logit_softcap: checkpoint "
+                                              "0.0, config 30.0"):
+        check_same_model(MODEL, dict(MODEL, qk_norm=True, logit_softcap=30.0), "runs/x")
+
+
 @pytest.mark.parametrize("saved_scan", [True, False])
 def test_resume_converts_the_layer_stack_of_params_and_adam_moments(tmp_path, saved_scan):
     """A checkpoint saved with scan_layers=saved_scan restores into the other layout, the AdamW

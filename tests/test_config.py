@@ -56,6 +56,15 @@ INVALID = [
     (dict(BASE, norm_eps=0.0), "norm_eps"),
     (dict(BASE, rope_theta=-1.0), "rope_theta"),
     (dict(BASE, d_model=15, num_heads=3, position="sinusoidal"), "d_model"),
+    (dict(BASE, qk_norm=1), "qk_norm"),
+    (dict(MLA, qk_norm=True), "qk_norm"),
+    (dict(BASE, logit_softcap=-1.0), "logit_softcap"),
+    (dict(BASE, logit_softcap=float("inf")), "logit_softcap"),
+    (dict(BASE, logit_softcap=float("nan")), "logit_softcap"),
+    (dict(BASE, logit_softcap=True), "logit_softcap"),
+    (dict(BASE, logit_softcap="30"), "logit_softcap"),
+    (dict(BASE, zero_init_out="yes"), "zero_init_out"),
+    (dict(BASE, zero_init_head=True), "zero_init_head"),  # the head is tied: the embedding matrix
 ]
 
 
@@ -148,9 +157,19 @@ def test_replace_derives_unset_fields_again_and_keeps_set_ones():
     assert mla.v_head_dim == 12
 
 
-def test_architecture_leaves_out_the_execution_fields():
-    from transformer.config import EXECUTION_FIELDS
+def test_architecture_leaves_out_the_init_and_execution_fields():
+    from transformer.config import EXECUTION_FIELDS, INIT_FIELDS
 
-    cfg = ModelConfig(**BASE)
-    assert set(cfg.architecture()) == set(cfg.to_dict()) - set(EXECUTION_FIELDS)
+    cfg = ModelConfig(**dict(BASE, tie_embeddings=False))
+    assert set(cfg.architecture()) == set(cfg.to_dict()) - set(EXECUTION_FIELDS) - set(INIT_FIELDS)
     assert cfg.replace(dtype="bfloat16", remat=True, scan_layers=False).architecture() == cfg.architecture()
+    started = cfg.replace(zero_init_out=True, zero_init_head=True)  # another init, the same parameters' meaning
+    assert started.architecture_differences(cfg) == [] and started.differences(cfg) == list(INIT_FIELDS)
+    recipe = cfg.replace(qk_norm=True, logit_softcap=30.0, activation="relu2")
+    assert recipe.architecture_differences(cfg) == ["activation", "qk_norm", "logit_softcap"]
+
+
+def test_recipe_options_are_off_by_default():
+    cfg = ModelConfig(**BASE)
+    assert (cfg.qk_norm, cfg.logit_softcap, cfg.zero_init_out, cfg.zero_init_head) == (False, 0.0, False, False)
+    assert ModelConfig(**dict(BASE, logit_softcap=30)).logit_softcap == 30  # an int cap is a number too

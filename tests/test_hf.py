@@ -201,6 +201,8 @@ EXPORTS = {
                              norm_bias=False, use_bias=False, tie_embeddings=False, num_kv_heads=2, head_dim=8),
     "llama_tied_biases": dict(position="rope", activation="swiglu", norm="rmsnorm", norm_bias=False,
                               use_bias=True, tie_embeddings=True),
+    "gpt2_relu2": dict(position="learned", activation="relu2", norm="layernorm", use_bias=True,
+                       tie_embeddings=True),  # transformers' ACT2FN['relu2'], squared ReLU
 }
 
 
@@ -259,6 +261,9 @@ def test_export_of_imported_gpt2_is_the_same_checkpoint(tmp_path):
     (dict(attention_sink=True), "attention_sink=True, num_registers=0: neither GPT-2 nor Llama"),
     (dict(num_registers=2), "attention_sink=False, num_registers=2: neither GPT-2 nor Llama"),
     (dict(position="rope", norm="rmsnorm", activation="swiglu", num_registers=1), "num_registers=1"),
+    (dict(qk_norm=True), "qk_norm=True: neither GPT-2 nor Llama"),
+    (dict(position="rope", norm="rmsnorm", activation="swiglu", logit_softcap=30.0), "logit_softcap=30.0"),
+    (dict(position="rope", norm="rmsnorm", activation="relu2"), "activation='relu2'"),  # Llama's MLP is gated
 ])
 def test_export_refuses_what_no_supported_architecture_represents(change, message, tmp_path):
     cfg = ModelConfig(vocab_size=V, max_seq_len=T, d_model=64, num_layers=2, num_heads=4, **change)
@@ -525,3 +530,13 @@ def test_an_import_cannot_start_a_run_with_a_sink_or_registers():
                                          r"num_registers: imported 0, config 4.*--config.model.attention_sink=False "
                                          r"--config.model.num_registers=0"):
         check_same_architecture(cfg, cfg.replace(attention_sink=True, num_registers=4))
+
+
+def test_an_import_starts_a_run_whatever_its_init_fields_but_not_with_recipe_options():
+    """zero_init_out / zero_init_head say how a random init starts: imported weights skip it. qk_norm
+    and a logit soft-cap change the function: the run is told to match the import."""
+    cfg = ModelConfig(vocab_size=V, max_seq_len=T, d_model=64, num_layers=2, num_heads=4, tie_embeddings=False)
+    check_same_architecture(cfg, cfg.replace(zero_init_out=True, zero_init_head=True))
+    with pytest.raises(ValueError, match=r"qk_norm: imported False, config True.*logit_softcap: imported 0.0, "
+                                         r"config 30.0.*--config.model.qk_norm=False --config.model.logit_softcap=0.0"):
+        check_same_architecture(cfg, cfg.replace(qk_norm=True, logit_softcap=30.0))

@@ -145,6 +145,9 @@ VARIANTS = {  # between them: every attention, position, norm and MLP kind, tied
     ),
     # a sink logit per head and registers: the prefill writes the registers' cache slots, decoding reads them
     "sinks": ModelConfig(**TINY, num_kv_heads=2, position="rope", attention_sink=True, num_registers=2),
+    # the training-recipe options: qk-normed keys in the cache, squared ReLU, soft-capped logits
+    "recipe": ModelConfig(**TINY, num_kv_heads=2, position="rope", norm="rmsnorm", use_bias=False,
+                          tie_embeddings=False, qk_norm=True, activation="relu2", logit_softcap=15.0),
 }
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]  # a ragged batch
 NEW = 10  # new tokens: the tests share it, so they share compiled functions too

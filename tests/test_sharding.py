@@ -57,7 +57,10 @@ VARIANTS = [(a, p) for a in sorted(ATTENTION) for p in sorted(POSITION) if a != 
 @pytest.mark.parametrize("scan_layers", [True, False])
 def test_every_parameter_of_every_variant_has_logical_axes(attention, position, scan_layers):
     cfg = make_cfg(attention, position, scan_layers=scan_layers)
-    for variant in (cfg, cfg.replace(prenorm=False), cfg.replace(mlp_dim=0)):  # pre-, post-norm, attention-only
+    variants = [cfg, cfg.replace(prenorm=False), cfg.replace(mlp_dim=0)]  # pre-, post-norm, attention-only
+    if cfg.attention == "mha":  # the qk-norm gains q_norm, k_norm [K] (MLA refuses qk_norm)
+        variants.append(cfg.replace(qk_norm=True))
+    for variant in variants:
         shapes = jax.eval_shape(init_params, variant, jax.random.key(0))
         for path, x in jax.tree_util.tree_leaves_with_path(shapes):
             names = tuple(k.key for k in path)

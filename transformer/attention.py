@@ -26,9 +26,20 @@ Array = jax.Array
 
 
 def dense_init(cfg: ModelConfig, output: bool = False) -> nn.initializers.Initializer:
-    """Normal(0.02) as GPT-2; projections into the residual stream are scaled by 1/sqrt(2L)."""
+    """Normal(0.02) as GPT-2; projections into the residual stream (`output`: W_o, the MLP's fc_out)
+    are scaled by 1/sqrt(2L), or start at zero with cfg.zero_init_out (modded-nanogpt): then every
+    block starts as the identity and the residual stream as the embedding; a block's inner weights
+    get gradient once its W_o and fc_out have moved off zero."""
+    if output and cfg.zero_init_out:
+        return nn.initializers.zeros
     std = 0.02 / math.sqrt(2 * cfg.num_layers) if output else 0.02
     return nn.initializers.normal(std)
+
+
+def rms_norm(cfg: ModelConfig, name: str) -> Norm:
+    """An RMSNorm over the last axis (no bias; a learned gain when cfg.norm_scale) as module `name`:
+    MLA's latent norms and qk_norm's per-head norms of q and k, whatever cfg.norm is."""
+    return Norm("rmsnorm", cfg.norm_scale, False, cfg.norm_eps, name=name)
 
 
 def segment_masks(positions: Array, cache_len: int | None, registers: int = 0) -> list[Array]:
@@ -68,6 +79,9 @@ def sink_logit(module: nn.Module, cfg: ModelConfig) -> Array | None:
 class Attention(nn.Module):
     """Multi-head attention with learned W_q, W_k, W_v, W_o; G < H key/value heads = grouped-query.
 
+    cfg.qk_norm: q [B, T, H, K] and k [B, T, G, K] go through an RMSNorm over K (`q_norm`, `k_norm`,
+    each a gain [K] shared by the heads) before RoPE, so the cache holds normalised, rotated keys.
+
     x [B, T, D] -> out [B, T, D]; new cache entries KVCache(k, v) with arrays [B, T, G, K];
     attention weights [B, H, T, S_total] when asked for ([B, H, T, S_total + 1] with a sink, its
     column last; return_weights='logits': the pre-softmax logits instead).
@@ -88,6 +102,8 @@ class Attention(nn.Module):
         v = dense(cfg.num_kv_heads, "v")(x)  # [B, T, G, K]
         q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))  # logical axes (sharding.py)
         k, v = (nn.with_logical_constraint(a, ("batch", "length", "kv_heads", "head_dim")) for a in (k, v))
+        if cfg.qk_norm:  # each head's q and k to RMS 1 over K (gains [K] shared by the heads), then rotated
+            q, k = rms_norm(cfg, "q_norm")(q), rms_norm(cfg, "k_norm")(k)
         if cfg.position == "rope":
             q = ops.rope(q, positions, cfg.rope_theta)
             k = ops.rope(k, positions, cfg.rope_theta)
@@ -143,20 +159,20 @@ class LatentAttention(nn.Module):
         cfg = self.cfg
         h, k_nope, k_v, c_kv = cfg.num_heads, cfg.head_dim, cfg.v_head_dim, cfg.kv_latent_dim
         k_r = cfg.rope_head_dim or 0  # Kr, the rotary width (0 without RoPE)
-        norm = lambda name: Norm("rmsnorm", cfg.norm_scale, False, cfg.norm_eps, name=name)  # noqa: E731
         dense = lambda features, name, bias=cfg.use_bias: Linear(  # noqa: E731
             features, use_bias=bias, dtype=cfg.dtype, kernel_init=dense_init(cfg), name=name
         )
 
         if cfg.q_latent_dim:
-            q = dense((h, k_nope + k_r), "q_up", bias=False)(norm("q_norm")(dense(cfg.q_latent_dim, "q_down")(x)))
+            q_latent = rms_norm(cfg, "q_norm")(dense(cfg.q_latent_dim, "q_down")(x))  # [B, T, Cq]
+            q = dense((h, k_nope + k_r), "q_up", bias=False)(q_latent)
         else:
             q = dense((h, k_nope + k_r), "q")(x)  # [B, T, H, K + Kr]
         q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))  # logical axes (sharding.py)
         q_nope, q_rope = q[..., :k_nope], q[..., k_nope:]
 
         kv = dense(c_kv + k_r, "kv_down")(x)  # [B, T, C + Kr]
-        latent = norm("kv_norm")(kv[..., :c_kv])
+        latent = rms_norm(cfg, "kv_norm")(kv[..., :c_kv])
         if k_r:
             q_rope = ops.rope(q_rope, positions, cfg.rope_theta)
             k_rope = ops.rope(kv[:, :, None, c_kv:], positions, cfg.rope_theta)[:, :, 0]

@@ -10,8 +10,9 @@ Kept: the most recent `keep` checkpoints plus the one with the best validation l
 
 A checkpoint restores onto whatever devices are at hand, whatever mesh saved it: resuming places
 the state as the new run's mesh says, inference reads it onto one device. Resuming accepts a model
-config that differs in execution fields only (`config.EXECUTION_FIELDS`: dtype, remat, ...); a
-change of `scan_layers` converts the saved layer stack.
+config that differs in initialisation and execution fields only (`config.INIT_FIELDS`:
+zero_init_out, ...; `config.EXECUTION_FIELDS`: dtype, remat, ...); a change of `scan_layers` converts
+the saved layer stack.
 """
 
 from __future__ import annotations
@@ -182,8 +183,9 @@ class Checkpointer:
 
 
 def check_same_model(saved: Mapping[str, Any], current: Mapping[str, Any], where: str) -> list[str]:
-    """Raises CheckpointError naming every architecture field that differs; returns the execution
-    fields that differ (EXECUTION_FIELDS: how the parameters are computed) as 'name: saved -> now'."""
+    """Raises CheckpointError naming every architecture field that differs; returns the other fields
+    that differ (INIT_FIELDS, EXECUTION_FIELDS: how the parameters start and are computed) as
+    'name: saved -> now'."""
     saved, current = ModelConfig.from_dict(saved), ModelConfig.from_dict(current)
     diffs = [f"{k}: checkpoint {getattr(saved, k)!r}, config {getattr(current, k)!r}"
              for k in saved.architecture_differences(current)]

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 CHOICES = {
-    "activation": ("gelu", "gelu_tanh", "relu", "swiglu"),
+    "activation": ("gelu", "gelu_tanh", "relu", "relu2", "swiglu"),
     "position": ("learned", "sinusoidal", "rope", "none"),
     "norm": ("layernorm", "rmsnorm"),
     "attention": ("mha", "mla"),
@@ -23,10 +23,14 @@ CHOICES = {
 AUTO = "auto"
 
 
+# How the parameters start, not what they mean: only a random init reads them, so a checkpoint or an
+# imported model resumes, samples and fine-tunes with any value.
+INIT_FIELDS = ("zero_init_out", "zero_init_head")
 # How the parameters are computed with, not what they mean: a checkpoint trained with one setting
 # resumes, samples and fine-tunes with another (scan_layers changes the parameters' layout, which
 # resuming converts).
 EXECUTION_FIELDS = ("dropout", "dtype", "attention_impl", "scan_layers", "remat")
+_NOT_ARCHITECTURE = INIT_FIELDS + EXECUTION_FIELDS
 # Fields whose None means "derived from other fields"; `replace` derives them again.
 DERIVED_FIELDS = ("num_kv_heads", "head_dim", "mlp_dim", "v_head_dim")
 
@@ -51,8 +55,18 @@ class ModelConfig:
     before the window) and give no logits; real tokens keep positions 0..T-1. See docs/design.md
     ("Attention sinks and registers").
 
-    The fields fall in two groups: the architecture (every field above `dropout`: what the
-    parameters mean) and the execution (EXECUTION_FIELDS: how they are computed). Fields left None
+    Training-recipe options of recent GPT speed-runs (all off by default; docs/design.md, "Recipe
+    options"): qk_norm=True applies RMSNorm over K to each head's q and k after their projections and
+    before RoPE (OLMo-2, Gemma 3), with a learned gain [K] each for q and k (shared by the heads) when
+    norm_scale; MHA / GQA / MQA only. activation='relu2' is relu(x)^2 (Primer). logit_softcap=c > 0
+    caps the logits at c * tanh(logits / c), in float32 (Gemma 2); 0 is off. zero_init_out=True
+    starts the projections into the residual stream (W_o, the MLP's fc_out) at zero, and
+    zero_init_head=True the untied head (modded-nanogpt), so that every block starts as the identity
+    and the first logits are uniform.
+
+    The fields fall in three groups: the architecture (every field above `zero_init_out`: what the
+    parameters mean), the initialisation (INIT_FIELDS: how they start) and the execution
+    (EXECUTION_FIELDS: how they are computed). Fields left None
     are derived (DERIVED_FIELDS); `replace` derives them again from the new values unless they were
     set explicitly, so cfg.replace(d_model=128) also doubles head_dim and mlp_dim.
     """
@@ -82,6 +96,11 @@ class ModelConfig:
     v_head_dim: int | None = None  # MLA: value head width (None: head_dim)
     attention_sink: bool = False  # a learned logit per head that joins every softmax row, with no value
     num_registers: int = 0  # learned register tokens placed before every sequence (no logits, no loss)
+    qk_norm: bool = False  # RMSNorm over K of each head's q and k, before RoPE (MHA / GQA / MQA)
+    logit_softcap: float = 0.0  # > 0: logits = c * tanh(logits / c) in float32; 0: off
+    # --- initialisation (INIT_FIELDS): how a random init starts the parameters ---
+    zero_init_out: bool = False  # W_o and the MLP's fc_out start at zero (each block starts as the identity)
+    zero_init_head: bool = False  # the untied head starts at zero (uniform first logits); needs tie_embeddings=False
     # --- execution (EXECUTION_FIELDS): changing these keeps the parameters' meaning ---
     dropout: float = 0.0
     dtype: str = "float32"  # compute dtype; parameters stay float32; 'auto': per backend
@@ -139,6 +158,7 @@ class ModelConfig:
                 f"float16, not {self.dtype}; set dtype='bfloat16', or attention_impl='xla' for {self.dtype}"
             )
         self._validate_sinks()
+        self._validate_recipe()
         if self.attention == "mla":
             self._validate_mla()
         else:
@@ -165,6 +185,29 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig: attention_sink=True needs attention_impl='reference' (or 'auto', which "
                 f"chooses it; got {self.attention_impl!r}): jax.nn.dot_product_attention has no sink logit"
+            )
+
+    def _validate_recipe(self) -> None:
+        for name in ("qk_norm", "zero_init_out", "zero_init_head"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"ModelConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        c = self.logit_softcap
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 <= c < float("inf"):
+            raise ValueError(
+                f"ModelConfig.logit_softcap must be a finite number >= 0 (the cap c of c * tanh(logits / c); "
+                f"0: no cap), got {c!r}"
+            )
+        if self.qk_norm and self.attention == "mla":
+            raise ValueError(
+                "ModelConfig: qk_norm=True is implemented for attention='mha' only: MLA decodes by scoring "
+                "queries against the cached latent through W_UK (absorbed), which a norm of the "
+                "up-projected keys would break; MLA already normalises its latents (kv_norm, q_norm). "
+                "Set qk_norm=False or attention='mha'"
+            )
+        if self.zero_init_head and self.tie_embeddings:
+            raise ValueError(
+                "ModelConfig: zero_init_head=True needs an untied head (tie_embeddings=False): tied logits "
+                "use the token embedding matrix, which must not start at zero"
             )
 
     def _validate_mla(self) -> None:
@@ -243,8 +286,8 @@ class ModelConfig:
         return {f.name: getattr(self, f.name) for f in self.fields()}
 
     def architecture(self) -> dict[str, Any]:
-        """The fields that say what the parameters mean (all but EXECUTION_FIELDS)."""
-        return {k: v for k, v in self.to_dict().items() if k not in EXECUTION_FIELDS}
+        """The fields that say what the parameters mean (all but INIT_FIELDS and EXECUTION_FIELDS)."""
+        return {k: v for k, v in self.to_dict().items() if k not in _NOT_ARCHITECTURE}
 
     def differences(self, other: "ModelConfig") -> list[str]:
         """The names of the fields whose values differ between `self` and `other`, in field order."""
@@ -252,9 +295,10 @@ class ModelConfig:
         return [k for k in mine if mine[k] != theirs[k]]
 
     def architecture_differences(self, other: "ModelConfig") -> list[str]:
-        """The architecture fields (all but EXECUTION_FIELDS) that differ, in field order: empty when
-        `other` gives the same parameters the same meaning (it may still compute them otherwise)."""
-        return [k for k in self.differences(other) if k not in EXECUTION_FIELDS]
+        """The architecture fields (all but INIT_FIELDS and EXECUTION_FIELDS) that differ, in field
+        order: empty when `other` gives the same parameters the same meaning (it may still start or
+        compute them otherwise)."""
+        return [k for k in self.differences(other) if k not in _NOT_ARCHITECTURE]
 
     def replace(self, **changes: Any) -> "ModelConfig":
         """A copy with some fields changed; derived fields that were never set are derived again."""

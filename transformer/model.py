@@ -5,6 +5,7 @@
         x = x + attention(norm(x))    or        x = norm(x + attention(x))
         x = x + mlp(norm(x))                    x = norm(x + mlp(x))
     logits = head(norm(x))                      (the final norm only with pre-norm)
+    [logits = c tanh(logits / c)]               (logit_softcap = c > 0)
 
 mlp_dim=0 leaves out each block's MLP line (and its norm): attention-only blocks.
 num_registers=R > 0 puts R learned register rows before the tokens' x (at positions -R..-1) and
@@ -41,10 +42,16 @@ def gelu_exact(x: Array) -> Array:
     return 0.5 * x * (1.0 + jax.lax.erf(x * 0.7071067811865476))
 
 
+def relu_squared(x: Array) -> Array:
+    """relu(x)^2 (Primer, So et al. 2021; modded-nanogpt's MLP)."""
+    return jnp.square(nn.relu(x))
+
+
 ACTIVATIONS = {
     "gelu": gelu_exact,
     "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
     "relu": nn.relu,
+    "relu2": relu_squared,
     "swiglu": nn.silu,  # applied to the gate of a gated MLP
 }
 
@@ -249,15 +256,20 @@ class Decoder(nn.Module):
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
     def _logits(self, embed: nn.Embed, h: Array) -> Array:
-        """h [B, T, D] -> logits [B, T, V] float32: h E^T with tied embeddings, else a head W [V, D]."""
+        """h [B, T, D] -> logits [B, T, V] float32: h E^T with tied embeddings, else a head W [V, D];
+        then soft-capped at cfg.logit_softcap when it is > 0."""
         cfg = self.cfg
         if cfg.tie_embeddings:
             # h E^T, contracting E's rows in place: Flax's embed.attend transposes E first, and
             # XLA:CPU then fuses the final norm into a slow loop over E (docs/performance.md).
             logits = jnp.einsum("btd,vd->btv", h, embed.embedding.astype(cfg.dtype))
         else:
-            logits = Linear(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, name="head")(h)
-        return nn.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+            init = nn.initializers.zeros if cfg.zero_init_head else nn.initializers.normal(0.02)
+            logits = Linear(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, kernel_init=init, name="head")(h)
+        logits = logits.astype(jnp.float32)
+        if cfg.logit_softcap:
+            logits = ops.softcap(logits, cfg.logit_softcap)  # c tanh(logits / c): |logits| <= c
+        return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
 
 
 def norm(cfg: ModelConfig, name: str) -> Norm:

@@ -1,4 +1,4 @@
-"""Pure functions of the transformer: masks, attention, norms and positions.
+"""Pure functions of the transformer: masks, attention, norms and positions, logit soft-capping.
 
 Nothing here holds parameters or state: every function takes arrays and returns arrays, so each
 can be called, tested and plotted on its own (the notebooks do). The Flax modules in
@@ -380,3 +380,20 @@ def rope(x: Array, positions: Array, theta: float = 10000.0) -> Array:
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return rotated.astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------- logits
+
+
+def softcap(logits: Array, cap: float) -> Array:
+    """cap * tanh(logits / cap) in float32: close to the identity for |logits| << cap, bounded by cap
+    (Gemma 2's logit soft-capping). Keeps a large logit from growing without bound, smoothly.
+
+    Args:
+      logits: [...], any float dtype. cap: c > 0.
+    Returns:
+      [...] float32, every |value| <= cap (tanh rounds to 1 in float32 far out).
+    """
+    if not cap > 0:
+        raise ValueError(f"softcap needs a cap > 0, got {cap!r}")
+    return cap * jnp.tanh(logits.astype(jnp.float32) / cap)

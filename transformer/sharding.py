@@ -62,7 +62,7 @@ SIZE_FIELD = {
     "vocab": "model.vocab_size", "heads": "model.num_heads", "kv_heads": "model.num_kv_heads",
     "mlp": "model.mlp_dim", "embed": "model.d_model", "length": "model.max_seq_len",
     "head_dim": "model.head_dim (or v_head_dim, rope_head_dim)", "latent": "model.kv_latent_dim (or q_latent_dim)",
-    "norm": "model.d_model (or a latent width)", "layers": "model.num_layers",
+    "norm": "model.d_model (or a latent width, or head_dim with qk_norm)", "layers": "model.num_layers",
 }
 Rules = tuple[tuple[str, Any], ...]  # flax's form: ((logical name, mesh axes or None), ...)
 
@@ -87,7 +87,9 @@ PARAM_AXES = {
     ("attn", "sink"): ("heads",),  # the sink logit per head [H] (attention_sink)
     ("registers",): ("length", "embed"),  # register tokens [R, D] (num_registers)
 }
-NORM_PARAMS = ("scale", "bias")  # of every *_norm module: [D] or [latent width], replicated ("norm")
+# Of every *_norm module (attn_norm, mlp_norm, final_norm; MLA's kv_norm, q_norm; qk_norm's q_norm,
+# k_norm): [D], [latent width] or [K], replicated ("norm").
+NORM_PARAMS = ("scale", "bias")
 
 
 def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices: list | None = None) -> Mesh:

@@ -50,9 +50,12 @@ def make_cfg(attention="gqa", position="rope", prenorm=True, **extra) -> ModelCo
     return ModelConfig(**{**BASE, **ATTENTION[attention], **POSITION[position], "prenorm": prenorm, **extra})
 
 
-def random_params(model: Decoder, seed: int = 0, std: float = 0.25):
-    """Params of `model`'s structure, drawn N(0, std) (norm gains 1 + N(0, std)), float32."""
-    shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
+def random_params(model: Decoder, seed: int = 0, std: float = 0.25, inputs: tuple | None = None):
+    """Params of `model`'s structure, drawn N(0, std) (norm gains 1 + N(0, std)), float32.
+
+    inputs: what `model.init` takes besides the key, for a module other than a Decoder."""
+    inputs = (jnp.zeros((1, 4), jnp.int32),) if inputs is None else inputs
+    shapes = jax.eval_shape(model.init, jax.random.key(0), *inputs)["params"]
     rng = np.random.default_rng(seed)
 
     def draw(path, s):

@@ -92,11 +92,13 @@ def to_hf(
     """Writes config.json and model.safetensors that `transformers` loads as the same model.
 
     GPT-2-shaped configs (learned positions, pre-norm layer norm, multi-head attention, a
-    gelu_tanh / gelu / relu MLP) become GPT2LMHeadModel; Llama-shaped configs (RoPE, pre-norm
+    gelu_tanh / gelu / relu / relu2 MLP) become GPT2LMHeadModel; Llama-shaped configs (RoPE, pre-norm
     RMSNorm, SwiGLU, optional grouped-query attention) become LlamaForCausalLM. A missing norm gain
     or bias (norm_scale / norm_bias / use_bias False) is written as ones / zeros, so importing the
     export gives an equivalent model whose config has them. Anything else (post-norm, sinusoidal or
-    no positions, MLA, mlp_dim=0, a sink logit, registers, ...) raises a ValueError saying why, before anything is written.
+    no positions, MLA, mlp_dim=0, a sink logit, registers, qk_norm, a logit soft-cap, ...) raises a
+    ValueError saying why, before anything is written. The initialisation fields (zero_init_out,
+    zero_init_head) say nothing about the parameters: they are not exported.
 
     With `tokenizer` (the one the model was trained with) the folder also holds:
       tokenizer.json         a Hugging Face tokenizer: a BPE's own; for the byte tokenizer, a
@@ -119,6 +121,13 @@ def to_hf(
             f"cannot export attention_sink={cfg.attention_sink}, num_registers={cfg.num_registers}: neither "
             "GPT-2 nor Llama has a sink logit or register tokens, so no supported Hugging Face architecture "
             "can hold this model; train it with attention_sink=False and num_registers=0 to export"
+        )
+    recipe = [f"{k}={getattr(cfg, k)!r}" for k in ("qk_norm", "logit_softcap") if getattr(cfg, k)]
+    if recipe:
+        raise ValueError(
+            f"cannot export {', '.join(recipe)}: neither GPT-2 nor Llama normalises queries and keys or "
+            "soft-caps its logits, so no supported Hugging Face architecture can hold this model; train it "
+            "with qk_norm=False and logit_softcap=0 to export"
         )
     if cfg.mlp_dim == 0:
         raise ValueError(
@@ -149,8 +158,9 @@ def check_same_architecture(imported: ModelConfig, run: ModelConfig, *, seq_len:
 
     Names every architectural field where `run` differs from `imported` and, when the run's
     train.seq_len (`seq_len`) is longer than the imported context, that too: the message ends with
-    all the --config overrides that make the run fit, in one go. The execution fields
-    (config.EXECUTION_FIELDS: how the parameters are computed) are not compared.
+    all the --config overrides that make the run fit, in one go. The initialisation and execution
+    fields (config.INIT_FIELDS, EXECUTION_FIELDS: how the parameters start and are computed) are not
+    compared.
     Used by `train.py --config.init_from_hf=DIR`.
     """
     a, b = imported.architecture(), run.architecture()

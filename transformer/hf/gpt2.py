@@ -1,8 +1,8 @@
 """GPT2LMHeadModel <-> ModelConfig and params.
 
 Learned positions, pre-norm layer norm with gain and bias, biases everywhere, MLP activation
-gelu_new -> 'gelu_tanh' (or 'gelu' / 'relu'), tied head. Conv1D weights are [in, out] (ours
-[out, in]: transposed); the fused c_attn splits into q, k, v.
+gelu_new -> 'gelu_tanh' (or 'gelu' / 'relu' / 'relu2', transformers' squared ReLU), tied head.
+Conv1D weights are [in, out] (ours [out, in]: transposed); the fused c_attn splits into q, k, v.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ DEFAULTS = dict(
     activation_function="gelu_new", layer_norm_epsilon=1e-5, tie_word_embeddings=True,
     scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False, add_cross_attention=False,
 )
-ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",
+               "relu2": "relu2"}
 
 
 def import_config(hf: dict) -> tuple[ModelConfig, Converter]:
@@ -84,7 +85,7 @@ def import_config(hf: dict) -> tuple[ModelConfig, Converter]:
 
 
 def export(cfg: ModelConfig, top: dict, layers: list[dict]) -> tuple[dict, dict]:
-    acts = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+    acts = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "relu2": "relu2"}
     check_export(cfg, "GPT2LMHeadModel (learned positions)", {
         "attention": ("mha",), "norm": ("layernorm",), "prenorm": (True,), "activation": tuple(acts),
         "num_kv_heads": (cfg.num_heads,), "head_dim": (cfg.d_model // cfg.num_heads,),

@@ -16,10 +16,11 @@ OPTIM = dict(learning_rate=1e-3, warmup_steps=10, min_lr_ratio=0.1, b1=0.9, b2=0
              weight_decay=0.1, decay_embeddings=False, grad_clip=1.0)
 MUON = dict(OPTIM, name="muon", muon_learning_rate=0.02, muon_momentum=0.95, muon_weight_decay=0.0)
 CFG = ModelConfig(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)
-# Every attention and MLP variant, with an untied head, a sink and registers (parameters AdamW keeps).
+# Every attention and MLP variant, with an untied head, a sink, registers and QK-norm gains (AdamW keeps them).
 VARIANTS = {
     "mha": dict(attention_sink=True, num_registers=2),
-    "gqa": dict(num_kv_heads=2, position="rope", norm="rmsnorm", activation="swiglu", tie_embeddings=False),
+    "gqa": dict(num_kv_heads=2, position="rope", norm="rmsnorm", activation="swiglu", tie_embeddings=False,
+                qk_norm=True),
     "mla": dict(attention="mla", kv_latent_dim=16, q_latent_dim=24, position="rope", rope_head_dim=4,
                 tie_embeddings=False),
 }
@@ -104,7 +105,8 @@ def test_muon_takes_every_matrix_inside_the_layers_and_adamw_the_rest(variant, s
     adamw = set(numbers) - muon
     assert "['embed']['embedding']" in adamw and f"{layer}['attn_norm']['scale']" in adamw
     assert {"mha": {"['pos_embed']", "['registers']", f"{layer}['attn']['sink']", f"{layer}['attn']['q']['bias']"},
-            "gqa": {"['head']['kernel']"}, "mla": {"['head']['kernel']"}}[variant] <= adamw
+            "gqa": {"['head']['kernel']", f"{layer}['attn']['q_norm']['scale']"},
+            "mla": {"['head']['kernel']"}}[variant] <= adamw
 
     # how each matrix is read: input axes last, a scanned L axis left as a batch axis
     def at(path): return numbers[layer + path]

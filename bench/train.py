@@ -3,7 +3,7 @@
     python bench/train.py            # ~4-5 minutes on 2 idle cores
     python bench/train.py --quick    # fewer rounds, ~2-3 minutes
 
-For the default model (configs/shakespeare.py) and nanoGPT's baby GPT (configs/baby_gpt.py), float32
+For the lecture GPT (configs/shakespeare.py) and nanoGPT's baby GPT (configs/baby_gpt.py), float32
 on the CPU, random tokens at each config's batch size and sequence length:
 
 - tokens/s of our jitted train step (transformer.training.make_train_step: forward, cross-entropy,
@@ -17,10 +17,12 @@ on the CPU, random tokens at each config's batch size and sequence length:
 
 Ours and theirs run in alternating rounds (ours, theirs, ours, ...) so the noise of this shared
 machine hits both alike; each side's fastest round is reported. A second table compares our own
-variants (attention implementation, nn.scan over layers) on the baby GPT the same way. A third
+variants (attention implementation, nn.scan over layers) on the baby GPT the same way, and a third
+the step time of each piece of the default recipe (configs/modern.py, which PyTorch's GPT-2 cannot
+express) added alone to the lecture GPT, then of the whole recipe. A fourth
 splits our step into forward, backward and optimizer, and times a program doing only the step's
 matrix multiplies (same shapes): the MFU this machine allows at these shapes if all else were free,
-and how they compare with PyTorch's whole step. A fourth times one 2048 x 2048 matmul per library in
+and how they compare with PyTorch's whole step. A fifth times one 2048 x 2048 matmul per library in
 float32 and bfloat16 (what each library's kernels make of this CPU). Compare ratios from one run.
 """
 
@@ -37,7 +39,7 @@ import numpy as np
 
 from bench import timing
 from bench.steps import model_config, torch_adamw, torch_gpt2, torch_train_step, train_setup
-from configs import baby_gpt, shakespeare
+from configs import baby_gpt, modern, shakespeare
 from transformer.config import ModelConfig
 from transformer.loss import loss_fn
 
@@ -174,6 +176,33 @@ def alternate(runners: dict[str, Callable[[int], None]], steps: int, rounds: int
     return timing.alternate(timers, rounds, after_round=sample_peak), peaks
 
 
+# --- the default recipe's pieces ------------------------------------------------------------
+
+# Each piece of the modern recipe (configs/modern.py) added alone to the lecture GPT
+# (configs/shakespeare.py): (model fields, optim fields). The same shape, batch and data.
+RECIPE_PIECES = {
+    "lecture GPT (configs/shakespeare.py)": ({}, {}),
+    "+ Muon on the matrices": ({}, {"name": "muon"}),
+    "+ RoPE": ({"position": "rope"}, {}),
+    "+ RMSNorm, no biases": ({"norm": "rmsnorm", "norm_bias": False, "use_bias": False}, {}),
+    "+ QK-norm": ({"qk_norm": True}, {}),
+    "+ squared ReLU": ({"activation": "relu2"}, {}),
+    "+ untied head, logit softcap": ({"tie_embeddings": False, "logit_softcap": 30.0}, {}),
+}
+
+
+def recipe_pieces(steps: int, rounds: int, peak: MatmulPeak) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds per step of the lecture GPT with each piece of the default recipe added alone, and of
+    the whole recipe (configs/modern.py), in alternating rounds; and the peak in those rounds."""
+    runners = {}
+    for name, (model, optim) in RECIPE_PIECES.items():
+        config = shakespeare.get_config()
+        config.optim.update(optim)
+        runners[name] = Ours(config, **model).run
+    runners["default recipe (configs/modern.py)"] = Ours(modern.get_config()).run
+    return alternate(runners, steps, rounds, peak)
+
+
 # --- where the time goes ---------------------------------------------------------------------
 
 
@@ -296,6 +325,9 @@ def main() -> None:
                             f"{tps * v.flops_per_token / max(variant_peaks.values()):.2f} |")
     del variants
 
+    print("recipe pieces:", file=sys.stderr)
+    pieces, piece_peaks = recipe_pieces(steps["shakespeare"], aux_rounds, peak)
+
     print("baby_gpt breakdown:", file=sys.stderr)
     parts, part_peaks, matmul_flops = breakdown(config, steps["baby_gpt"], aux_rounds, peak)
     by_dtype = matmul_by_dtype(rounds=aux_rounds)
@@ -314,6 +346,16 @@ def main() -> None:
     print("| variant | tok/s | speed / fastest | MFU |")
     print("|---|---|---|---|")
     print("\n".join(variant_rows))
+    print(f"\n### The default recipe's pieces, one at a time (alternating rounds; peak {gflops(piece_peaks)} "
+          "GFLOP/s)\n")
+    print("Each row adds one piece of configs/modern.py to the lecture GPT (configs/shakespeare.py): same "
+          "shape, batch 32 x 128, float32. Time per step only; what each piece does to the loss is "
+          "configs/sweeps/recipe.py's question.\n")
+    print("| model | ms/step | x lecture GPT |")
+    print("|---|---|---|")
+    lecture = pieces["lecture GPT (configs/shakespeare.py)"]
+    for name, seconds in pieces.items():
+        print(f"| {name} | {seconds * 1e3:.0f} | {seconds / lecture:.2f} |")
     print(f"\n### Where our baby-GPT step spends its time (alternating rounds; peak {gflops(part_peaks)} "
           "GFLOP/s)\n")
     print("| part | ms/step | share of the step |")

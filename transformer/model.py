@@ -71,9 +71,10 @@ class MLP(nn.Module):
             features, use_bias=cfg.use_bias, dtype=cfg.dtype,
             kernel_init=dense_init(cfg, output), name=name,
         )
-        # jax.checkpoint: the backward pass recomputes the activation from its input instead of
-        # keeping its intermediates (GELU-tanh keeps five [B, T, F] arrays); same values, less memory.
-        act = jax.checkpoint(ACTIVATIONS[cfg.activation])
+        # Plain autodiff, no jax.checkpoint around the activation: recomputing it in the backward
+        # pass kept less memory but, without biases, made XLA:CPU compute its gradient in a strided
+        # layout (docs/performance.md, "The MLP's activation"); cfg.remat is the memory knob.
+        act = ACTIVATIONS[cfg.activation]
         if cfg.activation == "swiglu":
             h = act(dense(cfg.mlp_dim, "gate")(x)) * dense(cfg.mlp_dim, "up")(x)
         else:

@@ -48,6 +48,12 @@ def test_the_lecture_sweep_is_one_command_that_rewrites_its_committed_results():
     assert "configs/sweeps/lecture_seed1.py" in commands and "docs/sweeps/lecture_seed1.md" in commands
 
 
+def test_the_recipe_sweep_is_one_command_that_rewrites_its_committed_results():
+    commands = dry_run("recipe-sweep")
+    assert "sweep.py --sweep configs/sweeps/recipe.py --workdir runs/sweeps/recipe" in commands
+    assert "docs/sweeps/recipe.md" in commands and "docs/figures/recipe_sweep.png" in commands
+
+
 @pytest.mark.parametrize("target", ["train", "sample", "accelerator"])
 def test_jax_cuda_and_tpu_install_the_accelerator_extra_instead_of_the_cpu_build(target):
     for build in ("cuda", "tpu"):

@@ -23,6 +23,7 @@ from transformer.run_config import resolve
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "sweeps", "tiny.py")
 LECTURE = os.path.join(ROOT, "configs", "sweeps", "lecture.py")
+RECIPE = os.path.join(ROOT, "configs", "sweeps", "recipe.py")
 
 
 def run_sweep(workdir, extra) -> tuple[int, str]:
@@ -138,3 +139,27 @@ def test_the_second_seed_repeats_the_close_calls_with_seed_1():
     assert second["overrides"] == {**first["overrides"], "train.seed": 1}
     assert list(second["variants"]) == list(lecture_seed1.CLOSE)
     assert all(second["variants"][name] == first["variants"][name] for name in lecture_seed1.CLOSE)
+
+
+def test_the_recipe_sweep_takes_out_one_piece_of_the_default_recipe_per_variant(tmp_path):
+    """configs/sweeps/recipe.py: `recipe` is configs/modern.py itself (at 200 steps); every other
+    variant's model differs from it in the fields it names and nothing else, and a variant that puts
+    back a lecture-GPT choice puts back configs/shakespeare.py's value."""
+    from configs import modern, shakespeare
+
+    jobs = sweep.plan(sweep.load_sweep(RECIPE), RECIPE, str(tmp_path))
+    model = lambda config: resolve_auto(ModelConfig.from_dict(config.model)).cfg  # noqa: E731
+    configs = {job.name: resolve(job.config, "") for job in jobs}
+    models = {name: model(config) for name, config in configs.items()}
+    assert jobs[0].name == "recipe" and not jobs[0].changes and len(jobs) == 13
+    assert models["recipe"] == model(modern.get_config())
+    lecture = shakespeare.get_config()
+    for job in jobs:
+        assert configs[job.name].train.steps == (400 if job.name == "batch_16" else 200)
+        fields = {k.split(".")[1] for k in job.changes if k.startswith("model.")}
+        assert set(models[job.name].differences(models["recipe"])) - models[job.name].derived == fields, job.name
+    for name, field in (("learned_positions", "position"), ("layernorm", "norm"), ("biases", "use_bias"),
+                        ("gelu", "activation"), ("no_qk_norm", "qk_norm"), ("tied_head", "tie_embeddings")):
+        assert getattr(models[name], field) == lecture.model[field], name
+    assert configs["adamw"].optim.name == lecture.optim.name == "adamw"
+    assert configs["cosine"].optim.schedule == lecture.optim.schedule

@@ -81,22 +81,25 @@ SWEEP ?= configs/sweeps/lecture.py
 sweep: $(RUN_STAMP)
 	$(PY) sweep.py --sweep $(SWEEP) --workdir runs/sweeps/$(basename $(notdir $(SWEEP)))
 
+# $(call publish_sweep,NAME): trains configs/sweeps/NAME.py into runs/sweeps/NAME (resuming), then
+# copies its table into docs/sweeps/NAME.md.
+define publish_sweep
+	$(PY) sweep.py --sweep configs/sweeps/$(1).py --workdir runs/sweeps/$(1)
+	mkdir -p docs/sweeps
+	cp runs/sweeps/$(1)/results.md docs/sweeps/$(1).md
+endef
+
 # The lecture sweep, and its committed table and figure redrawn from the runs (README: "The lecture's
 # design choices, measured").
 .PHONY: lecture-sweep
 lecture-sweep: $(RUN_STAMP)
-	$(PY) sweep.py --sweep configs/sweeps/lecture.py --workdir runs/sweeps/lecture
-	mkdir -p docs/sweeps
-	cp runs/sweeps/lecture/results.md docs/sweeps/lecture.md
+	$(call publish_sweep,lecture)
 	cp runs/sweeps/lecture/val_loss.png docs/figures/lecture_sweep.png
-	$(PY) sweep.py --sweep configs/sweeps/lecture_seed1.py --workdir runs/sweeps/lecture_seed1
-	cp runs/sweeps/lecture_seed1/results.md docs/sweeps/lecture_seed1.md
+	$(call publish_sweep,lecture_seed1)
 
 # The recipe sweep (configs/modern.py with one piece taken out at a time), and its committed table and
 # figure redrawn from the runs (README: "Time to quality").
 .PHONY: recipe-sweep
 recipe-sweep: $(RUN_STAMP)
-	$(PY) sweep.py --sweep configs/sweeps/recipe.py --workdir runs/sweeps/recipe
-	mkdir -p docs/sweeps
-	cp runs/sweeps/recipe/results.md docs/sweeps/recipe.md
+	$(call publish_sweep,recipe)
 	cp runs/sweeps/recipe/val_loss.png docs/figures/recipe_sweep.png

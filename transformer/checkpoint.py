@@ -18,6 +18,7 @@ the saved layer stack.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -113,6 +114,7 @@ class Checkpointer:
         try:
             return self.manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # orbax raises many types for unreadable files
+            _ignore_unretrieved_reads()
             raise self._unreadable(step, e) from e
 
     def _unreadable(self, step: int, e: Exception) -> CheckpointError:
@@ -165,6 +167,7 @@ class Checkpointer:
         try:
             metadata = self.manager.item_metadata(step)["state"]
         except Exception as e:  # orbax raises many types for unreadable files
+            _ignore_unretrieved_reads()
             raise self._unreadable(step, e) from e
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata.tree)
@@ -175,6 +178,7 @@ class Checkpointer:
         try:
             return self.manager.item_metadata(step)["state"]["params"]
         except Exception as e:  # orbax raises many types for unreadable files
+            _ignore_unretrieved_reads()
             raise self._unreadable(step, e) from e
 
     def restore_params(self, step: int | None = None) -> Any:
@@ -281,4 +285,15 @@ def _ignore_closed_loop_callbacks() -> None:
 
     hook.ignores_closed_loop = True
     sys.unraisablehook = hook
+
+
+def _ignore_unretrieved_reads() -> None:
+    """After a failed restore, orbax's other reads of the same damaged files fail too, and asyncio
+    logs each as 'Task exception was never retrieved' with a traceback when the process ends; the
+    error raised for the restore already says what is wrong. Drop exactly those log records."""
+    logger = logging.getLogger("asyncio")
+    if not any(getattr(f, "ignores_unretrieved", False) for f in logger.filters):
+        never_retrieved = lambda record: not record.getMessage().startswith("Task exception was never retrieved")  # noqa: E731
+        never_retrieved.ignores_unretrieved = True
+        logger.addFilter(never_retrieved)
 

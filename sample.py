@@ -21,11 +21,12 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
-from transformer.cache import kv_cache_bytes_per_token
-from transformer.checkpoint import CheckpointError, load_model
-from transformer.config import ModelConfig
-from transformer.model import count_params
-from transformer.sampling import SamplingOptions, encode_prompt, generate_stream, row_keys
+from transformer.model.kv_cache import kv_cache_bytes_per_token
+from transformer.load import load_model
+from transformer.training.checkpoint import CheckpointError
+from transformer.model.config import ModelConfig
+from transformer.model.decoder import count_params
+from transformer.sampling.sampler import SamplingOptions, encode_prompt, generate_stream, row_keys
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A training run's folder (holding checkpoints/).")

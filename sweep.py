@@ -49,15 +49,15 @@ from absl import logging
 from ml_collections import ConfigDict
 
 import train
-from transformer.backend import resolve_auto
-from transformer.cache import kv_cache_bytes_per_token
-from transformer.checkpoint import CHECKPOINT_DIR, CheckpointError
+from transformer.model.execution import resolve_auto
+from transformer.model.kv_cache import kv_cache_bytes_per_token
+from transformer.training.checkpoint import CHECKPOINT_DIR, CheckpointError
 from transformer.cli import closest_field, leaf_fields
-from transformer.config import ModelConfig
-from transformer.files import write_atomically
-from transformer.metrics import read_metrics
-from transformer.model import Decoder, count_params
-from transformer.run_config import check_train_config, choose_execution, resolve
+from transformer.model.config import ModelConfig
+from transformer.data.atomic_files import write_atomically
+from transformer.training.metrics import read_metrics
+from transformer.model.decoder import Decoder, count_params
+from transformer.training.run_config import check_train_config, choose_execution, resolve
 
 CONFIGS = os.path.join(train.ROOT, "configs")
 SWEEP_KEYS = ("base", "overrides", "variants", "seeds")

@@ -45,24 +45,26 @@ from absl import app, flags, logging
 from ml_collections import ConfigDict, config_flags
 from tqdm import tqdm
 
-from transformer import needle, training
-from transformer.batches import batch_at, eval_batches, with_start_token
-from transformer.cache import kv_cache_bytes_per_token
-from transformer.checkpoint import CheckpointError, Checkpointer
+from transformer import training
+from transformer.data import needle
+from transformer.data.batches import batch_at, eval_batches, with_start_token
+from transformer.model.kv_cache import kv_cache_bytes_per_token
+from transformer.training.checkpoint import CheckpointError, Checkpointer
 from transformer.cli import config_flags_parser
-from transformer.config import ModelConfig
-from transformer.corpus import load_texts, skipped_files
-from transformer.files import save_json
-from transformer.metrics import MetricWriter
-from transformer.model import count_params
-from transformer.optim import learning_rates, make_optimizer
-from transformer.prefetch import Prefetcher
-from transformer.run_config import (check_resume, check_tokenizer_left, check_train_config, check_workdir,
+from transformer.model.config import ModelConfig
+from transformer.data.corpus import load_texts, skipped_files
+from transformer.data.atomic_files import save_json
+from transformer.training.metrics import MetricWriter
+from transformer.model.decoder import count_params
+from transformer.training.optimizer import learning_rates, make_optimizer
+from transformer.data.prefetch import Prefetcher
+from transformer.training.run_config import (check_resume, check_tokenizer_left, check_train_config, check_workdir,
                                     choose_execution, resolve)
-from transformer.sharding import batch_sharding, make_mesh, make_rules
-from transformer.sinks import share_metrics
-from transformer.token_cache import load_corpus
-from transformer.tokenizer import Tokenizer, load_tokenizer, make_tokenizer, save_tokenizer
+from transformer.training.sharding import batch_sharding, make_mesh, make_rules
+from transformer.analysis import sinks
+from transformer.analysis.sinks import share_metrics
+from transformer.data.token_stream import load_corpus
+from transformer.data.tokenizer import Tokenizer, load_tokenizer, make_tokenizer, save_tokenizer
 
 ROOT = os.path.dirname(os.path.abspath(__file__))  # the repository
 DEFAULT_CACHE_DIR = os.path.join(ROOT, ".cache", "tokens")  # data.cache_dir = ""
@@ -263,7 +265,7 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, training.TrainSta
                                        rules)
         .lower(state, x, y).compile(),
         eval=training.make_eval_step(cfg, mesh, state, rules).lower(state.params, x, y).compile(),
-        shares=training.make_shares_step(cfg, mesh, state, rules).lower(state.params, x).compile()
+        shares=sinks.make_shares_step(cfg, mesh, state, rules).lower(state.params, x).compile()
         if t.get("eval_attention_shares", False) else None,
         put=put, compile_seconds=time.perf_counter() - compiling,
     )
@@ -506,7 +508,7 @@ def print_summary(run: Run, step: int, steps: int, last_eval: dict, ckpt: Checkp
 
 def print_sample(cfg: ModelConfig, params, tokenizer: Tokenizer, num_tokens: int, seed: int) -> None:
     """A short sample from the trained model, to see what it learned."""
-    from transformer.sampling import generate
+    from transformer.sampling.sampler import generate
 
     prompt = tokenizer.encode("\n")
     n = min(num_tokens, cfg.max_seq_len - len(prompt))

@@ -6,7 +6,7 @@
 
 For the baby GPT (configs/baby_gpt.py) and GPT-2 small (configs/gpt2.py), with random weights, in
 bfloat16 (parameters float32) and the attention path `auto` picks for the backend
-(transformer/backend.py), on one device:
+(transformer/model/execution.py), on one device:
 
 - compile: seconds to trace, lower and compile the train step (forward, backward, AdamW);
 - training tokens/s, and MFU: those tokens' model FLOPs (6N + 12 L T d per token, as train.py

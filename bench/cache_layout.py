@@ -1,4 +1,4 @@
-"""Which KV-cache layout and update scheme decodes fastest? (the choice behind transformer/cache.py)
+"""Which KV-cache layout and update scheme decodes fastest? (the choice behind transformer/model/kv_cache.py)
 
 Times one decode step of L layers of attention (GPT-2 small's shapes: 12 layers, 12 heads of 64)
 over a cache of S slots, inside a jitted `lax.scan` over decode steps whose carry holds the cache,
@@ -12,7 +12,7 @@ as the sampler runs it. Five variants:
   read-then-write [L,B,G,S,K]  the same, heads first
   read-then-write L x [B,G,S,K]  one buffer per layer, layers unrolled, each reading its buffer as it
                                lies (`ops.dot_product_attention` heads_first), then one write per
-                               buffer after the layers: what transformer/cache.py does, run with
+                               buffer after the layers: what transformer/model/kv_cache.py does, run with
                                cache.py's own init_cache and write
 
 The four stacked variants are alternatives the library no longer has (it keeps the per-layer
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from bench import timing
 from bench.steps import model_config
 from configs import gpt2
-from transformer import cache, ops
+from transformer.model import kv_cache as cache, ops
 
 CFG = model_config(gpt2.get_config().model)  # GPT-2 small: the per-layer cache is init_cache(CFG, ...)
 L, H, K = CFG.num_layers, CFG.num_heads, CFG.head_dim

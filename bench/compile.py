@@ -5,7 +5,7 @@
 
 The model has baby GPT's width (configs/baby_gpt.py: d 384, 6 heads, context 256, batch 16 x 256);
 only the number of layers changes. For each depth and layer loop, the full train step
-(transformer.training.make_train_step: forward, backward, AdamW) is traced and lowered to StableHLO
+(transformer.training.steps.make_train_step: forward, backward, AdamW) is traced and lowered to StableHLO
 ("trace"), then compiled by XLA ("compile"), from abstract inputs: no parameters are allocated and
 no step runs; a 1-layer compile first absorbs one-time start-up costs. With nn.scan the compiled
 program holds one layer whatever the depth, so its compile time should stay flat (the target: 24

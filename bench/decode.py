@@ -36,9 +36,9 @@ from bench import timing
 from bench.steps import GREEDY, decode_start, model_config, random_params, torch_gpt2
 from configs import gpt2, shakespeare
 from transformer import sampling
-from transformer.config import ModelConfig
-from transformer.model import Decoder, count_params
-from transformer.param_tree import unrolled
+from transformer.model.config import ModelConfig
+from transformer.model.decoder import Decoder, count_params
+from transformer.model.param_tree import unrolled
 
 PROMPT_LEN = 16
 LATENCY_POSITIONS = (16, 128, 240)

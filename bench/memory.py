@@ -6,7 +6,7 @@ and per device on meshes of 8 (simulated) devices for GPT-2 small and a ~1B Llam
     python bench/memory.py --meshes   # the per-device table only
 
 GPT-2 small (configs/gpt2.py: 124M parameters, batch 8 x 1024, float32). The train step
-(transformer.training.make_train_step: forward, backward, AdamW, the state donated) is compiled
+(transformer.training.steps.make_train_step: forward, backward, AdamW, the state donated) is compiled
 from abstract inputs (jax.eval_shape / ShapeDtypeStruct), so nothing of 124M parameters is
 allocated and no step runs. `compiled.memory_analysis()` gives the sizes XLA assigned:
 
@@ -21,7 +21,7 @@ input for the backward pass and recomputes the rest, trading compute for activat
 
 On a mesh the step is compiled for 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8,
 set here before JAX loads when run as a script) and the analysis gives one device's bytes: the state as the default
-rules split it (transformer/sharding.py), its share of the activations, and the collectives' buffers.
+rules split it (transformer/training/sharding.py), its share of the activations, and the collectives' buffers.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import jax  # noqa: E402
 from bench import timing  # noqa: E402
 from bench.steps import train_setup  # noqa: E402
 from configs import gpt2  # noqa: E402
-from transformer.sharding import make_mesh  # noqa: E402
+from transformer.training.sharding import make_mesh  # noqa: E402
 
 GiB = 2**30
 
@@ -115,7 +115,7 @@ def mesh_table() -> None:
     print("| model | mesh | state | x 1 device | temp | x 1 device | peak | x 1 device |")
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
-    print("\nWhat does not fall to 1/8, and why (the rules of transformer/sharding.py): the state is split over "
+    print("\nWhat does not fall to 1/8, and why (the rules of transformer/training/sharding.py): the state is split over "
           "fsdp x tensor and replicated over data, so a mesh with a data axis of 2 holds 1/4 of it per device. "
           "The activations are split over the batch by data x fsdp and, inside attention and the MLP, over "
           "heads and hidden width by tensor; the residual stream [B, T, D] (norms, residual adds, the "

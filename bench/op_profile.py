@@ -35,8 +35,8 @@ from bench.steps import GREEDY, decode_start, model_config, random_params
 from bench.train import Ours
 from configs import baby_gpt, gpt2, shakespeare
 from transformer import sampling
-from transformer.config import ModelConfig
-from transformer.param_tree import unrolled
+from transformer.model.config import ModelConfig
+from transformer.model.param_tree import unrolled
 
 CONFIGS = {"baby_gpt": baby_gpt, "shakespeare": shakespeare, "gpt2": gpt2}
 # `%name = f32[4096,1536]{1,0} fusion(...), ..., metadata={op_name="jit(step)/.../dot_general" ...}`

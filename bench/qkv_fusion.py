@@ -4,7 +4,7 @@
 
 At the lecture GPT's shapes (configs/shakespeare.py: batch 32 x 128, d 128, 4 heads of 32), the
 jitted gradient of x -> (q, k, v) -> a scalar that uses all three, with W_q, W_k, W_v [H, K, D] as
-the model stores them (transformer/attention.py): three einsums, or the kernels concatenated into one
+the model stores them (transformer/model/attention.py): three einsums, or the kernels concatenated into one
 [3H, K, D] einsum whose output is split (what a fused W_qkv would compute). Alternating rounds, each
 side's fastest; prints a Markdown table. Compare ratios within one run.
 """

@@ -9,7 +9,7 @@ on one device, with random weights and no corpus; and the same architecture in P
     optimizer = torch_adamw(model, config.optim)        # AdamW with optim.py's decay groups
     loss = torch_train_step(model, optimizer, inputs, targets, grad_clip=1.0)  # one step, as ours
 
-Random weights come from transformer.training.init_params (key 0), as a new run's do.
+Random weights come from transformer.training.steps.init_params (key 0), as a new run's do.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
 from transformer import sampling, training
-from transformer.backend import resolve_auto
-from transformer.batches import IGNORED
-from transformer.config import ModelConfig
-from transformer.model import count_params
-from transformer.optim import make_optimizer
-from transformer.sharding import batch_sharding, make_mesh
+from transformer.model.execution import resolve_auto
+from transformer.data.batches import IGNORED
+from transformer.model.config import ModelConfig
+from transformer.model.decoder import count_params
+from transformer.training.optimizer import make_optimizer
+from transformer.training.sharding import batch_sharding, make_mesh
 
 GREEDY = sampling.SamplingOptions(temperature=0.0)
 
@@ -128,7 +128,7 @@ def torch_gpt2(cfg: ModelConfig):
 
 def torch_adamw(model, optim: Mapping[str, Any]):
     """torch.optim.AdamW over `model`'s parameters with optim's learning_rate, betas, eps and weight
-    decay, which (as transformer.optim.decay_mask) falls on the projection matrices, on the embedding
+    decay, which (as transformer.training.optimizer.decay_mask) falls on the projection matrices, on the embedding
     tables only with optim.decay_embeddings, never on norm gains or biases."""
     import torch
 
@@ -146,7 +146,7 @@ def torch_adamw(model, optim: Mapping[str, Any]):
 
 def torch_loss(model, inputs, targets):
     """Mean cross-entropy of `model` on int64 tensors inputs, targets [B, T] (IGNORED targets left out,
-    as transformer.loss does): a scalar tensor."""
+    as transformer.training.loss does): a scalar tensor."""
     import torch.nn.functional as F
 
     logits = model(inputs).logits  # [B, T, V]

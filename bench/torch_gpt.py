@@ -35,12 +35,12 @@ from absl import app, flags, logging
 from ml_collections import ConfigDict, config_flags
 
 from bench.steps import model_config, torch_adamw, torch_gpt2, torch_loss, torch_train_step
-from transformer.batches import batch_at, eval_batches, with_start_token
+from transformer.data.batches import batch_at, eval_batches, with_start_token
 from transformer.cli import config_flags_parser
-from transformer.optim import make_schedule
-from transformer.run_config import resolve
-from transformer.token_cache import load_corpus
-from transformer.tokenizer import make_tokenizer
+from transformer.training.optimizer import make_schedule
+from transformer.training.run_config import resolve
+from transformer.data.token_stream import load_corpus
+from transformer.data.tokenizer import make_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 DEFAULT_CACHE_DIR = os.path.join(ROOT, ".cache", "tokens")  # train.py's: the same token cache

@@ -6,13 +6,13 @@
 For the lecture GPT (configs/shakespeare.py) and nanoGPT's baby GPT (configs/baby_gpt.py), float32
 on the CPU, random tokens at each config's batch size and sequence length:
 
-- tokens/s of our jitted train step (transformer.training.make_train_step: forward, cross-entropy,
+- tokens/s of our jitted train step (transformer.training.steps.make_train_step: forward, cross-entropy,
   backward, global-norm clipping, masked AdamW; the state donated), driven as train.py drives it;
 - the same architecture as a Hugging Face `GPT2LMHeadModel` (PyTorch eager, float32, its default
   attention, exact GELU, dropout 0, tied embeddings), same batch, `torch.optim.AdamW` with the same
   weight-decay groups and gradient clipping, one thread per core;
 - model FLOP utilisation: tokens/s x FLOPs per token / peak, with FLOPs per token = 6N + 12 L T d
-  (transformer.training.flops_per_token; N without the position table) and the peak the best float32
+  (transformer.training.steps.flops_per_token; N without the position table) and the peak the best float32
   2048 x 2048 matmul of JAX and PyTorch, sampled between the rounds of the same comparison.
 
 Ours and theirs run in alternating rounds (ours, theirs, ours, ...) so the noise of this shared
@@ -40,8 +40,8 @@ import numpy as np
 from bench import timing
 from bench.steps import model_config, torch_adamw, torch_gpt2, torch_train_step, train_setup
 from configs import baby_gpt, modern, shakespeare
-from transformer.config import ModelConfig
-from transformer.loss import loss_fn
+from transformer.model.config import ModelConfig
+from transformer.training.loss import loss_fn
 
 CONFIGS = {"shakespeare": shakespeare, "baby_gpt": baby_gpt}
 
@@ -210,7 +210,7 @@ def step_matmuls(cfg: ModelConfig, batch: int, seq_len: int) -> tuple[Callable[[
     """(run, FLOPs): a jitted program doing exactly the matrix multiplies of one train step of a
     GPT-style model (multi-head attention, plain MLP, tied head) and nothing else, and their FLOPs.
 
-    With weights W [out, in] as the model stores them (transformer/linear.py): forward Y = X W^T;
+    With weights W [out, in] as the model stores them (transformer/model/linear.py): forward Y = X W^T;
     backward dX = dY W and dW = dY^T X; attention Q K^T and P V forward, and
     dO V^T, P^T dO, dS K, dS^T Q backward, each head a [T, K] x [K, T] or [T, T] x [T, K] product.
     The operands differ per layer so that XLA cannot merge identical products. The time this takes

@@ -6,7 +6,7 @@ GPT-2 small's 12 layers of matrix-vector products (W_qkv [768, 2304], W_o [768, 
 W_in [768, 3072], W_out [3072, 768]; 340 MB of float32, far more than the CPU caches), run as one
 jitted chain at batch 1 and 8, with the weights stored as Flax keeps them, [in, out] (x @ W), or
 transposed, [out, in] (x @ W^T, PyTorch's layout), and the time to read the same bytes with numpy
-(the floor). The model stores [out, in] (transformer/linear.py); this measures what that choice gains.
+(the floor). The model stores [out, in] (transformer/model/linear.py); this measures what that choice gains.
 Prints a Markdown table; compare ratios within one run.
 """
 

@@ -24,7 +24,7 @@ def get_config():
             # drops the norm and projection biases, we keep them to match GPT-2 / GPT2LMHeadModel
             dropout=0.0,  # nanoGPT uses 0.2 for this model; 0 keeps the benchmark deterministic
             dtype="auto",  # compute dtype (the default, stated): float32 on a CPU, where bfloat16
-            # gains nothing on XLA:CPU; bfloat16 on a GPU or TPU (transformer/backend.py)
+            # gains nothing on XLA:CPU; bfloat16 on a GPU or TPU (transformer/model/execution.py)
             scan_layers=False,  # default True; on XLA:CPU an unrolled loop over 6 layers trains
             # faster than nn.scan and still compiles quickly (docs/performance.md, "Scanned layers"):
             # the scan writes each layer's saved activations into stacked [L, ...] buffers and reads

@@ -9,10 +9,10 @@ import dataclasses
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from transformer.config import AUTO, ModelConfig
-from transformer.sharding import DEFAULT_RULES
+from transformer.model.config import AUTO, ModelConfig
+from transformer.training.sharding import DEFAULT_RULES
 
-# Execution settings a named config leaves to the backend (transformer/backend.py): float32 and the
+# Execution settings a named config leaves to the backend (transformer/model/execution.py): float32 and the
 # reference attention on a CPU, bfloat16 with cuDNN attention on a GPU, bfloat16 with XLA's on a TPU.
 BACKEND_CHOSEN = {"dtype": AUTO, "attention_impl": AUTO}
 
@@ -25,7 +25,7 @@ def model_config(fields: dict) -> ml_collections.ConfigDict:
     """
     unknown = set(fields) - {f.name for f in ModelConfig.fields()}
     if unknown:
-        raise ValueError(f"unknown model field(s) {sorted(unknown)}; see transformer/config.py")
+        raise ValueError(f"unknown model field(s) {sorted(unknown)}; see transformer/model/config.py")
     model = ml_collections.ConfigDict()
     for f in ModelConfig.fields():
         value = fields.get(f.name, BACKEND_CHOSEN.get(f.name, f.default))
@@ -94,7 +94,7 @@ def base_config(model: dict) -> ml_collections.ConfigDict:
     c.mesh.data = -1  # data-parallel axis size; -1 = all devices not used by fsdp and tensor
     c.mesh.fsdp = 1  # shard parameters and optimizer state over this many devices
     c.mesh.tensor = 1  # tensor parallelism: split heads, MLP width and vocabulary over this many devices
-    # Logical axis -> mesh axes ("data,fsdp"; "" = replicated); see transformer/sharding.py and the README.
+    # Logical axis -> mesh axes ("data,fsdp"; "" = replicated); see transformer/training/sharding.py and the README.
     c.mesh.rules = ml_collections.ConfigDict(DEFAULT_RULES)
 
     c.init_from_hf = ""  # a local Hugging Face model directory to start from ("" = random init)

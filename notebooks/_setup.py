@@ -149,7 +149,7 @@ def needle_run_folder(env: Mapping[str, str] = os.environ, smoke: bool = SMOKE) 
 def load_needle_model():
     """(cfg, params, tokenizer, workdir) of retrieval_heads.ipynb's model: the finished run of
     needle_config() in needle_run_folder(), trained there first if it holds none (a stopped run resumes)."""
-    from transformer.checkpoint import Checkpointer, restore_for_inference
+    from transformer.training.checkpoint import Checkpointer, restore_for_inference
 
     workdir, config = needle_run_folder(), needle_config()
     done = os.path.isdir(os.path.join(workdir, "checkpoints")) and (
@@ -168,7 +168,7 @@ def load_needle_model():
 def load_model():
     """(cfg, params, tokenizer, workdir): NOTEBOOK_CHECKPOINT's model, else the notebooks' own one,
     trained first if its workdir holds no finished run (a stopped run resumes)."""
-    from transformer.checkpoint import Checkpointer, restore_for_inference
+    from transformer.training.checkpoint import Checkpointer, restore_for_inference
 
     workdir = run_folder()
     if os.environ.get("NOTEBOOK_CHECKPOINT"):
@@ -197,8 +197,8 @@ def _check_same_run(config, workdir: str, builder: str = "_setup.train_config()"
     """Raises if the finished run in `workdir` was trained with another model or run config (its
     `fields`, default RUN_FIELDS) than `config`, which `builder` made (e.g. runs/notebook_model left over
     from an older train_config())."""
-    from transformer.checkpoint import Checkpointer, saved_model_config
-    from transformer.run_config import choose_execution
+    from transformer.training.checkpoint import Checkpointer, saved_model_config
+    from transformer.training.run_config import choose_execution
 
     saved = Checkpointer(workdir, read_only=True).config()
     # Both with their 'auto' execution fields chosen for this backend, as load_model's model is.
@@ -289,7 +289,7 @@ def _name(workdir: str) -> str:
 
 def _val_loss(workdir: str) -> float | None:
     """The run's last validation loss in metrics.jsonl (None if it has none)."""
-    from transformer.metrics import read_metrics
+    from transformer.training.metrics import read_metrics
 
     metrics = os.path.join(workdir, "metrics.jsonl")
     losses = [r["val_loss"] for r in read_metrics(metrics) if "val_loss" in r] if os.path.exists(metrics) else []
@@ -320,8 +320,8 @@ def data_path(workdir: str) -> str | None:
     """The text the run in `workdir` was trained on: NOTEBOOK_DATA if set, else the run's data.path
     (a relative one from the repository root); None for the bundled plays. Raises FileNotFoundError
     naming the path and the fix if no text is there."""
-    from transformer.checkpoint import Checkpointer
-    from transformer.corpus import corpus_files
+    from transformer.training.checkpoint import Checkpointer
+    from transformer.data.corpus import corpus_files
 
     if os.environ.get("NOTEBOOK_DATA"):
         given, path = f"NOTEBOOK_DATA={os.environ['NOTEBOOK_DATA']!r}", resolve(os.environ["NOTEBOOK_DATA"])
@@ -343,8 +343,8 @@ def data_path(workdir: str) -> str | None:
 def validation_tokens(workdir: str, tokenizer):
     """The validation split of the corpus the run in `workdir` was trained on (1-D token array),
     from the run's token cache if its data.cache_dir is still there, else from .cache/tokens."""
-    from transformer.checkpoint import Checkpointer
-    from transformer.token_cache import load_corpus
+    from transformer.training.checkpoint import Checkpointer
+    from transformer.data.token_stream import load_corpus
 
     saved = Checkpointer(workdir, read_only=True).config()["data"]
     cache = os.path.join(ROOT, os.path.expanduser(saved["cache_dir"]))
@@ -358,7 +358,7 @@ def validation_tokens(workdir: str, tokenizer):
 def lecture_layer_config():
     """attention_basics.ipynb's one attention layer: the lecture's d = 6, H = 2 heads of width 3,
     n = 5 tokens, no biases."""
-    from transformer.config import ModelConfig
+    from transformer.model.config import ModelConfig
 
     return ModelConfig(vocab_size=8, max_seq_len=5, d_model=6, num_layers=1, num_heads=2, use_bias=False)
 
@@ -367,8 +367,8 @@ def kv_cache_variants(smoke: bool = SMOKE) -> dict:
     """kv_cache.ipynb's models, name -> ModelConfig: configs/llama.py with H, H/4 and 1 key/value
     heads (MHA, GQA, MQA) and configs/mla.py (MLA); in smoke mode 2 layers of width 64."""
     from configs import llama, mla
-    from transformer.backend import resolve_auto
-    from transformer.config import ModelConfig
+    from transformer.model.execution import resolve_auto
+    from transformer.model.config import ModelConfig
 
     gqa_fields = llama.get_config().model.to_dict()
     mla_fields = mla.get_config().model.to_dict()
@@ -418,8 +418,8 @@ def sinks_runs(smoke: bool = SMOKE) -> tuple[list, str]:
 
 def sinks_configs(smoke: bool = SMOKE) -> tuple[dict, dict]:
     """({run name: ModelConfig}, the runs' RUN_FIELDS) of attention_sinks.ipynb's runs."""
-    from transformer.backend import resolve_auto
-    from transformer.config import ModelConfig
+    from transformer.model.execution import resolve_auto
+    from transformer.model.config import ModelConfig
 
     jobs, _ = sinks_runs(smoke)
     # The configs' 'auto' dtype, chosen for this backend (float32 on a CPU).

@@ -1,4 +1,4 @@
-"""Tests of transformer/attention.py: segment_masks, Attention (MHA / GQA / MQA), LatentAttention
+"""Tests of transformer/model/attention.py: segment_masks, Attention (MHA / GQA / MQA), LatentAttention
 (MLA, naive and absorbed) and output_projection (W_o and the head mask).
 
 The module-level tests call the layers directly; the others go through a tiny Decoder
@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from tests.helpers.decoder import BASE, PREFILL, TOL, T, build, jit, make_cfg, max_diff, random_params
-from transformer import ModelConfig, init_cache, ops
-from transformer.attention import Attention, LatentAttention, segment_masks
-from transformer.cache import KVCache, LatentCache
-from transformer.model import Decoder
+from transformer import ModelConfig, init_cache
+from transformer.model import ops
+from transformer.model.attention import Attention, LatentAttention, segment_masks
+from transformer.model.kv_cache import KVCache, LatentCache
+from transformer.model.decoder import Decoder
 
 
 # ----------------------------------------------------------------------------- segment_masks

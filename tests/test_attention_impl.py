@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from transformer import ModelConfig, init_cache
-from transformer.model import Decoder
-from transformer.loss import loss_fn
+from transformer.model.decoder import Decoder
+from transformer.training.loss import loss_fn
 
 BASE = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)
 ATTENTION = {

@@ -17,9 +17,9 @@ import pytest
 
 from tests.helpers.cli import losses, run
 from transformer import ModelConfig, count_params, init_cache
-from transformer.checkpoint import restore_for_inference
+from transformer.training.checkpoint import restore_for_inference
 from transformer.hf import from_hf, to_hf
-from transformer.model import Decoder
+from transformer.model.decoder import Decoder
 
 BASE = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)
 LAYOUTS = [(prenorm, scan) for prenorm in (True, False) for scan in (True, False)]

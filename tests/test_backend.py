@@ -1,4 +1,4 @@
-"""'auto' execution settings (transformer/backend.py): dtype and attention_impl chosen per backend.
+"""'auto' execution settings (transformer/model/execution.py): dtype and attention_impl chosen per backend.
 
 The GPU and TPU choices are tested by naming the backend (no accelerator is needed); the CPU's by
 training through train.py, whose model line, config.json and resumes carry them.
@@ -17,12 +17,12 @@ import pytest
 from configs import tiny
 from tests.helpers.cli import losses, run
 from tests.test_config import CONFIG_FILES
-from transformer.backend import resolve_auto
-from transformer.cache import kv_cache_bytes_per_token
-from transformer.checkpoint import restore_for_inference, saved_model_config
-from transformer.config import ModelConfig
-from transformer.model import Decoder
-from transformer.run_config import choose_execution
+from transformer.model.execution import resolve_auto
+from transformer.model.kv_cache import kv_cache_bytes_per_token
+from transformer.training.checkpoint import restore_for_inference, saved_model_config
+from transformer.model.config import ModelConfig
+from transformer.model.decoder import Decoder
+from transformer.training.run_config import choose_execution
 
 AUTO = dict(dtype="auto", attention_impl="auto")
 SMALL = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=1, num_heads=4)  # head_dim 8

@@ -1,9 +1,9 @@
-"""Tests for transformer/batches.py: training batches by (seed, step), host rows, validation batches."""
+"""Tests for transformer/data/batches.py: training batches by (seed, step), host rows, validation batches."""
 
 import numpy as np
 import pytest
 
-from transformer.batches import batch_at, eval_batches
+from transformer.data.batches import batch_at, eval_batches
 
 
 TOKENS = np.arange(1000, dtype=np.uint16)  # token i at position i: windows show their start

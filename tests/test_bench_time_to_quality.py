@@ -11,9 +11,9 @@ import pytest
 
 from bench import time_to_quality, torch_gpt
 from bench.steps import model_config, torch_gpt2
-from transformer.batches import batch_at
-from transformer.metrics import read_metrics
-from transformer.optim import make_schedule
+from transformer.data.batches import batch_at
+from transformer.training.metrics import read_metrics
+from transformer.training.optimizer import make_schedule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "tiny.py")

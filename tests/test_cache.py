@@ -1,4 +1,4 @@
-"""Tests of transformer/cache.py: shapes, bytes per token, errors, pytree behaviour, writes."""
+"""Tests of transformer/model/kv_cache.py: shapes, bytes per token, errors, pytree behaviour, writes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from configs import gpt2
 from transformer import KVCache, LatentCache, ModelConfig, init_cache, kv_cache_bytes_per_token
-from transformer import cache as kv_cache
-from transformer.backend import resolve_auto
+from transformer.model import kv_cache
+from transformer.model.execution import resolve_auto
 
 BASE = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)  # K = 8
 CFGS = {

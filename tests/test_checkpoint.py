@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from transformer import training
-from transformer.checkpoint import CheckpointError, Checkpointer, check_same_model, restore_for_inference
-from transformer.config import ModelConfig
-from transformer.optim import make_optimizer
-from transformer.sharding import make_mesh
-from transformer.tokenizer import ByteTokenizer
+from transformer.training.checkpoint import CheckpointError, Checkpointer, check_same_model, restore_for_inference
+from transformer.model.config import ModelConfig
+from transformer.training.optimizer import make_optimizer
+from transformer.training.sharding import make_mesh
+from transformer.data.tokenizer import ByteTokenizer
 
 MODEL = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=1, num_heads=2)
 OPTIM = dict(learning_rate=1e-3, warmup_steps=1, min_lr_ratio=0.1, b1=0.9, b2=0.99, eps=1e-8,
@@ -73,7 +73,7 @@ def test_other_model_is_refused_with_the_differing_fields():
 
 
 def test_checkpoint_in_the_old_weight_layout_is_refused_with_the_reason(tmp_path):
-    """A checkpoint whose kernels are stored [in, out] (before transformer/linear.py) is refused
+    """A checkpoint whose kernels are stored [in, out] (before transformer/model/linear.py) is refused
     with what differs and what to do, at inference and at resume, and is left as it was."""
     state = save_one(tmp_path / "new")
     old = jax.tree_util.tree_map_with_path(  # [L, F, D] -> [L, D, F]
@@ -115,7 +115,7 @@ def test_init_changes_are_returned_not_refused_and_recipe_options_are_refused():
 def test_resume_converts_the_layer_stack_of_params_and_adam_moments(tmp_path, saved_scan):
     """A checkpoint saved with scan_layers=saved_scan restores into the other layout, the AdamW
     moments included, each array equal to its saved counterpart."""
-    from transformer.param_tree import stack_layers, unstack_layers
+    from transformer.model.param_tree import stack_layers, unstack_layers
 
     model = dict(MODEL, num_layers=3, scan_layers=saved_scan)
     cfg = ModelConfig(**model)
@@ -143,7 +143,7 @@ def test_resume_converts_the_layer_stack_of_params_and_adam_moments(tmp_path, sa
 def test_resume_converts_the_layer_stack_of_muon_and_adamw_state(tmp_path, saved_scan):
     """optim.name='muon': Muon's momentum and AdamW's moments (each over its own parameters) move
     to the other layout of the layer stack, each array equal to its saved counterpart."""
-    from transformer.param_tree import stack_layers, unstack_layers
+    from transformer.model.param_tree import stack_layers, unstack_layers
 
     model = dict(MODEL, num_layers=3, scan_layers=saved_scan)
     mesh = make_mesh(devices=jax.devices()[:1])

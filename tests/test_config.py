@@ -1,4 +1,4 @@
-"""Tests of transformer/config.py: validation messages name the field, derived defaults, config files."""
+"""Tests of transformer/model/config.py: validation messages name the field, derived defaults, config files."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from transformer.config import ModelConfig
+from transformer.model.config import ModelConfig
 
 BASE = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)
 MLA = dict(BASE, attention="mla", kv_latent_dim=16)
@@ -158,7 +158,7 @@ def test_replace_derives_unset_fields_again_and_keeps_set_ones():
 
 
 def test_architecture_leaves_out_the_init_and_execution_fields():
-    from transformer.config import EXECUTION_FIELDS, INIT_FIELDS
+    from transformer.model.config import EXECUTION_FIELDS, INIT_FIELDS
 
     cfg = ModelConfig(**dict(BASE, tie_embeddings=False))
     assert set(cfg.architecture()) == set(cfg.to_dict()) - set(EXECUTION_FIELDS) - set(INIT_FIELDS)

@@ -1,8 +1,8 @@
-"""Tests for transformer/corpus.py: the bundled plays, Markdown to play text, which files a corpus reads."""
+"""Tests for transformer/data/corpus.py: the bundled plays, Markdown to play text, which files a corpus reads."""
 
 import pytest
 
-from transformer.corpus import corpus_files, load_texts, markdown_to_play, shakespeare_plays, skipped_files
+from transformer.data.corpus import corpus_files, load_texts, markdown_to_play, shakespeare_plays, skipped_files
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The attention explorer's numbers (transformer/explore.py): what the page shows is what the model
+"""The attention explorer's numbers (transformer/analysis/explore.py): what the page shows is what the model
 computes. The page itself is driven in a browser by tests/test_explore_browser.py.
 
 Tiny random models (tests/helpers/decoder.py draws weights at std 0.25, so attention is far from
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from tests.helpers.decoder import jit, make_cfg, random_params
-from transformer.explore import explore, head_masks, mask_key, token_label
-from transformer.model import Decoder
-from transformer.tokenizer import ByteTokenizer
+from transformer.analysis.explore import explore, head_masks, mask_key, token_label
+from transformer.model.decoder import Decoder
+from transformer.data.tokenizer import ByteTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = [[5, 9, 1, 33, 7, 2, 61], [12, 3, 40]]  # different lengths: the shorter is padded in the batch
@@ -207,8 +207,8 @@ def test_the_page_ships_with_the_package_and_its_tools_are_extras():
 @pytest.mark.parametrize("attention", ["mha", "mla_q_rope"])
 def test_a_sink_and_registers_are_labelled_columns_and_their_shares_are_sinks(attention):
     """With attention_sink and 2 registers: the page's columns are [sink, reg 1, reg 2, tokens], the
-    Decoder's weights reordered; the shares are transformer/sinks.py's; masked top-k is the model's."""
-    from transformer.sinks import attention_shares
+    Decoder's weights reordered; the shares are transformer/analysis/sinks.py's; masked top-k is the model's."""
+    from transformer.analysis.sinks import attention_shares
 
     cfg = make_cfg(attention, "rope", attention_sink=True, num_registers=2)
     params = random_params(Decoder(cfg))
@@ -249,7 +249,7 @@ def test_a_sink_and_registers_are_labelled_columns_and_their_shares_are_sinks(at
 def test_the_layout_takes_extra_key_columns_seen_by_every_query():
     """Keys that are not prompt tokens (the sink, registers) are extra leading columns with position
     None; the stored rows keep them for every query."""
-    from transformer.explore import PromptView, _stored_rows
+    from transformer.analysis.explore import PromptView, _stored_rows
 
     T = 3
     a = np.zeros((1, 1, T, T + 1), np.float32)

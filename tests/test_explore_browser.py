@@ -3,7 +3,7 @@
 
 A page saved from a tiny random model is opened from its file; the test checks that the map is drawn
 (every visible cell coloured, every future cell grey), then clicks a layer, a head, a thumbnail and
-head toggles and reads the numbers the page shows back against those transformer/explore.py computed.
+head toggles and reads the numbers the page shows back against those transformer/analysis/explore.py computed.
 
 Without chromium (`apt-get install chromium`) or playwright (the `dev` extra) the test is skipped,
 except in CI (CI=true), where .ci/run installs chromium and a skip would hide a broken page.
@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 from tests.helpers.decoder import make_cfg, random_params
-from transformer.explore import explore
-from transformer.model import Decoder
-from transformer.tokenizer import ByteTokenizer
+from transformer.analysis.explore import explore
+from transformer.model.decoder import Decoder
+from transformer.data.tokenizer import ByteTokenizer
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -1,10 +1,10 @@
-"""Tests for transformer/files.py: atomic writes leave a complete file or the old one, never a temporary."""
+"""Tests for transformer/data/atomic_files.py: atomic writes leave a complete file or the old one, never a temporary."""
 
 import json
 
 import pytest
 
-from transformer.files import atomic_path, save_json, write_atomically
+from transformer.data.atomic_files import atomic_path, save_json, write_atomically
 
 
 def test_write_atomically_replaces_the_file_and_leaves_no_temporary(tmp_path):

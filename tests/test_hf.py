@@ -32,13 +32,13 @@ from transformers import (
     OPTForCausalLM,
 )
 
-from transformer.config import ModelConfig
+from transformer.model.config import ModelConfig
 from transformer.hf import check_same_architecture, from_hf, to_hf
-from transformer.model import Decoder
-from transformer.param_tree import unstack_layers
-from transformer.sampling import generate
-from transformer.tokenizer import ByteTokenizer, load_tokenizer, make_tokenizer
-from transformer.training import init_params
+from transformer.model.decoder import Decoder
+from transformer.model.param_tree import unstack_layers
+from transformer.sampling.sampler import generate
+from transformer.data.tokenizer import ByteTokenizer, load_tokenizer, make_tokenizer
+from transformer.training.steps import init_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V, T = 128, 64  # vocabulary, context
@@ -498,8 +498,8 @@ def test_check_same_architecture_lists_every_override_seq_len_included():
 def test_train_starts_from_the_imported_weights_and_tokenizer(tmp_path):
     """The README's recipe: --config.init_from_hf=DIR takes DIR's weights and its tokenizer.json.
     configs/tiny.py is GPT-2-shaped; with learning rate 0 the saved params are the imported ones."""
-    from transformer.checkpoint import Checkpointer
-    from transformer.tokenizer import BPETokenizer, load_tokenizer
+    from transformer.training.checkpoint import Checkpointer
+    from transformer.data.tokenizer import BPETokenizer, load_tokenizer
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, n_inner=128, vocab_size=256,

@@ -1,10 +1,10 @@
-"""transformer/linear.py: y = W x + b with W stored [out, in]."""
+"""transformer/model/linear.py: y = W x + b with W stored [out, in]."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.linear import Linear
+from transformer.model.linear import Linear
 
 
 def test_linear_is_w_x_plus_b_with_w_stored_out_by_in():

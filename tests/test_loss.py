@@ -1,11 +1,11 @@
-"""Tests for transformer/loss.py: the cross-entropy objective."""
+"""Tests for transformer/training/loss.py: the cross-entropy objective."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.batches import IGNORED
-from transformer.loss import cross_entropy
+from transformer.data.batches import IGNORED
+from transformer.training.loss import cross_entropy
 
 
 def test_cross_entropy_matches_numpy():

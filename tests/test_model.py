@@ -1,4 +1,4 @@
-"""Tests of the decoder (transformer/model.py) on tiny configs, and its parameter counts.
+"""Tests of the decoder (transformer/model/decoder.py) on tiny configs, and its parameter counts.
 
 Every attention variant (MHA, GQA, MQA, MLA with a query latent and RoPE, MLA without RoPE) runs
 with every position scheme it allows, each variant at least once post-norm, through four
@@ -23,9 +23,9 @@ import pytest
 from configs import gpt2
 from tests.helpers.decoder import BASE, POSITION, PREFILL, TOL, T, build, jit, make_cfg, max_diff, random_params
 from transformer import ModelConfig, count_params, init_cache
-from transformer.backend import resolve_auto
-from transformer.model import Decoder, check_positions
-from transformer.param_tree import unstack_layers
+from transformer.model.execution import resolve_auto
+from transformer.model.decoder import Decoder, check_positions
+from transformer.model.param_tree import unstack_layers
 
 POSTNORM = {"mha": "learned", "gqa": "rope", "mqa": "none", "mla": "sinusoidal"}
 VARIANTS = (

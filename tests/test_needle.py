@@ -1,4 +1,4 @@
-"""Tests for transformer/needle.py (the documents and their batches), transformer/retrieval.py
+"""Tests for transformer/data/needle.py (the documents and their batches), transformer/analysis/retrieval.py
 (accuracy grid, retrieval score, ablation) and configs/needle.py through train.py."""
 
 import json
@@ -11,11 +11,12 @@ import pytest
 
 from tests.helpers.cli import run
 from tests.helpers.decoder import random_params
-from transformer import needle, retrieval
-from transformer.batches import IGNORED
-from transformer.config import ModelConfig
-from transformer.model import Decoder
-from transformer.sampling import generate
+from transformer.analysis import retrieval
+from transformer.data import needle
+from transformer.data.batches import IGNORED
+from transformer.model.config import ModelConfig
+from transformer.model.decoder import Decoder
+from transformer.sampling.sampler import generate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILLER = np.frombuffer(b"the quick brown fox jumps over the lazy dog; " * 200, np.uint8).astype(np.int32)

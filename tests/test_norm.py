@@ -1,4 +1,4 @@
-"""Tests of transformer/norm.py: the Norm module (layer norm or RMSNorm, with or without gain and
+"""Tests of transformer/model/norm.py: the Norm module (layer norm or RMSNorm, with or without gain and
 bias) against ops.layer_norm / ops.rms_norm, which tests/test_ops.py checks against NumPy."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import ops
-from transformer.norm import Norm
+from transformer.model import ops
+from transformer.model.norm import Norm
 
 D = 16
 TOL = dict(rtol=1e-6, atol=1e-6)

@@ -32,8 +32,8 @@ NOTEBOOKS = ["attention_basics", "attention_maps", "attention_sinks", "head_abla
 KERNEL = "transformer-notebook-test"
 import _setup  # noqa: E402  (the notebooks' shared set-up; notebooks/ is on pytest's pythonpath)
 from scripts import plot_metrics  # noqa: E402
-from transformer.backend import resolve_auto  # noqa: E402
-from transformer.config import ModelConfig  # noqa: E402
+from transformer.model.execution import resolve_auto  # noqa: E402
+from transformer.model.config import ModelConfig  # noqa: E402
 
 
 def uses_a_model(name):
@@ -150,7 +150,7 @@ def test_commit_is_marked_dirty_by_uncommitted_code_only(tmp_path):
 
     for folder in ("transformer", "notebooks", "docs"):
         (tmp_path / folder).mkdir()
-    for file in ("transformer/model.py", "notebooks/_setup.py", "notebooks/a.ipynb", "docs/notes.md"):
+    for file in ("transformer/model/decoder.py", "notebooks/_setup.py", "notebooks/a.ipynb", "docs/notes.md"):
         (tmp_path / file).write_text("x\n")
     git("init", "-q")
     git("add", ".")
@@ -161,7 +161,7 @@ def test_commit_is_marked_dirty_by_uncommitted_code_only(tmp_path):
     (tmp_path / "docs" / "notes.md").write_text("y\n")
     (tmp_path / "transformer" / "new.py").write_text("untracked\n")
     assert _setup.commit(str(tmp_path)) == head
-    for file in ("transformer/model.py", "notebooks/_setup.py"):
+    for file in ("transformer/model/decoder.py", "notebooks/_setup.py"):
         (tmp_path / file).write_text("changed\n")
         assert _setup.commit(str(tmp_path)) == head + "+dirty"
         git("checkout", "-q", "--", file)
@@ -241,7 +241,7 @@ def set_saved_data_path(workdir, path):
         config["data"]["path"] = path
         with open(file, "w") as f:
             json.dump(config, f)
-    from transformer.checkpoint import Checkpointer
+    from transformer.training.checkpoint import Checkpointer
 
     assert Checkpointer(workdir, read_only=True).config()["data"]["path"] == path
 

@@ -1,4 +1,4 @@
-"""Tests of transformer/ops.py: masks, attention, norms and positions against numpy references."""
+"""Tests of transformer/model/ops.py: masks, attention, norms and positions against numpy references."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer import ops
+from transformer.model import ops
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 

@@ -1,4 +1,4 @@
-"""Tests for transformer/optim.py: the weight-decay mask, the learning-rate schedules, and Muon's
+"""Tests for transformer/training/optimizer.py: the weight-decay mask, the learning-rate schedules, and Muon's
 routing of parameters and its orthogonalised updates."""
 
 import jax
@@ -8,9 +8,9 @@ import optax
 import pytest
 
 from transformer import training
-from transformer.config import ModelConfig
-from transformer.optim import decay_mask, learning_rates, make_optimizer, make_schedule, muon_dimension_numbers
-from transformer.sharding import make_mesh
+from transformer.model.config import ModelConfig
+from transformer.training.optimizer import decay_mask, learning_rates, make_optimizer, make_schedule, muon_dimension_numbers
+from transformer.training.sharding import make_mesh
 
 OPTIM = dict(learning_rate=1e-3, warmup_steps=10, min_lr_ratio=0.1, b1=0.9, b2=0.99, eps=1e-8,
              weight_decay=0.1, decay_embeddings=False, grad_clip=1.0)

@@ -1,4 +1,4 @@
-"""Tests of the parameter-tree edits (transformer/param_tree.py): the two layouts of the layer stack.
+"""Tests of the parameter-tree edits (transformer/model/param_tree.py): the two layouts of the layer stack.
 
 Nothing here compiles a model: the trees come from the abstract init (jax.eval_shape) filled with
 distinct numbers, so every array says where it came from.
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from transformer import ModelConfig
-from transformer.model import Decoder
-from transformer.param_tree import (
+from transformer.model.decoder import Decoder
+from transformer.model.param_tree import (
     join_layers,
     layout_differences,
     relayout_layers,

@@ -1,10 +1,10 @@
-"""Tests for transformer/prefetch.py: batches computed ahead in a background thread."""
+"""Tests for transformer/data/prefetch.py: batches computed ahead in a background thread."""
 
 import time
 
 import pytest
 
-from transformer.prefetch import Prefetcher
+from transformer.data.prefetch import Prefetcher
 
 
 def test_prefetcher_yields_in_order_from_start_step():

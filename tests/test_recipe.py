@@ -15,11 +15,12 @@ import pytest
 
 from tests.helpers.decoder import TOL, build, jit, max_diff, random_params
 from tests.test_model import check_cached_decoding_equals_forward, check_causality, check_ragged_batch_equals_rows_alone
-from transformer import ModelConfig, init_cache, ops
-from transformer.attention import Attention
-from transformer.model import MLP, Decoder
-from transformer.param_tree import unstack_layers
-from transformer.training import init_params
+from transformer import ModelConfig, init_cache
+from transformer.model import ops
+from transformer.model.attention import Attention
+from transformer.model.decoder import MLP, Decoder
+from transformer.model.param_tree import unstack_layers
+from transformer.training.steps import init_params
 
 init = jit(init_params, static_argnums=0)  # (cfg, key) -> the random init; eager, the scan would take seconds
 

@@ -1,4 +1,4 @@
-"""Tests of transformer/run_config.py, called directly: resolve, check_train_config, check_workdir,
+"""Tests of transformer/training/run_config.py, called directly: resolve, check_train_config, check_workdir,
 check_schedule_kept. (tests/test_train_inputs.py runs the same checks through train.py.)"""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import re
 import pytest
 
 from configs import tiny
-from transformer import run_config
-from transformer.config import ModelConfig
-from transformer.checkpoint import CheckpointError
-from transformer.run_config import (check_optimizer_kept, check_schedule_kept, check_train_config, check_workdir,
+from transformer.training import run_config
+from transformer.model.config import ModelConfig
+from transformer.training.checkpoint import CheckpointError
+from transformer.training.run_config import (check_optimizer_kept, check_schedule_kept, check_train_config, check_workdir,
                                    resolve)
 
 

@@ -1,4 +1,4 @@
-"""sample.py end to end, in subprocesses, on a tiny checkpoint written with transformer.checkpoint."""
+"""sample.py end to end, in subprocesses, on a tiny checkpoint written with transformer.training.checkpoint."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from transformer import sampling
-from transformer.config import ModelConfig
-from transformer.model import Decoder
-from transformer.tokenizer import ByteTokenizer
+from transformer.model.config import ModelConfig
+from transformer.model.decoder import Decoder
+from transformer.data.tokenizer import ByteTokenizer
 
-checkpoint = pytest.importorskip("transformer.checkpoint", reason="checkpoint module not yet available")
+checkpoint = pytest.importorskip("transformer.training.checkpoint", reason="checkpoint module not yet available")
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,7 +108,7 @@ def test_hf_dir_samples_a_hugging_face_model(tmp_path):
     pytest.importorskip("transformer.hf", reason="Hugging Face import module not yet available")
     transformers = pytest.importorskip("transformers")
     from transformer.hf import from_hf
-    from transformer.tokenizer import save_tokenizer
+    from transformer.data.tokenizer import save_tokenizer
 
     config = transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=32, n_layer=2, n_head=4)
     transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)

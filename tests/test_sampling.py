@@ -1,4 +1,4 @@
-"""Tests of transformer/sampling.py: the logit filters, then generation against a cache-free loop."""
+"""Tests of transformer/sampling/sampler.py: the logit filters, then generation against a cache-free loop."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from transformer import sampling
-from transformer.config import ModelConfig
-from transformer.model import Decoder
-from transformer.param_tree import unrolled
-from transformer.ops import MASK_VALUE
+from transformer.model.config import ModelConfig
+from transformer.model.decoder import Decoder
+from transformer.model.param_tree import unrolled
+from transformer.model.ops import MASK_VALUE
 
 # ---------------------------------------------------------------------------------------------
 # Filters

@@ -1,4 +1,4 @@
-"""Tests for transformer/sharding.py: the mesh, the logical axes and their rules, and sharded training,
+"""Tests for transformer/training/sharding.py: the mesh, the logical axes and their rules, and sharded training,
 checkpointing and decoding on 8 simulated CPU devices equal to one device's (and across 2 processes)."""
 
 import functools
@@ -15,8 +15,8 @@ from jax.sharding import PartitionSpec as P
 
 from tests.helpers.cli import ROOT, losses, train_cmd
 from tests.helpers.decoder import ATTENTION, POSITION, make_cfg
-from transformer.sharding import make_mesh, make_rules, param_axes, parse_rules, state_sharding
-from transformer.training import init_params
+from transformer.training.sharding import make_mesh, make_rules, param_axes, parse_rules, state_sharding
+from transformer.training.steps import init_params
 
 # float32 on different meshes sums in a different order: the gradient all-reduce over data and fsdp,
 # the partial sums of W_o and the MLP's output projection over tensor, the softmax over a split
@@ -71,7 +71,7 @@ def test_every_parameter_of_every_variant_has_logical_axes(attention, position, 
 def test_sizes_that_do_not_divide_are_errors_naming_the_field():
     mesh = FakeMesh(data=1, fsdp=1, tensor=4)
     base = dict(vocab_size=64, max_seq_len=16, d_model=48, num_layers=1, num_heads=4, mlp_dim=64)
-    from transformer.config import ModelConfig
+    from transformer.model.config import ModelConfig
 
     with pytest.raises(ValueError, match="model.num_heads.*mesh.rules.heads"):
         make_rules(ModelConfig(**{**base, "num_heads": 6}), mesh)

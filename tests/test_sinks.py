@@ -1,6 +1,6 @@
 """Tests of the attention-sink options and their measurement: the sink logit (ops and model), register
 tokens (shapes, loss, cache), cached decoding == forward for each option, return_attention, head_mask,
-scanned == unscanned, config errors, transformer/sinks.py, and training one from the command line.
+scanned == unscanned, config errors, transformer/analysis/sinks.py, and training one from the command line.
 """
 
 from __future__ import annotations
@@ -19,14 +19,16 @@ from configs import tiny
 from tests.helpers.cli import run as run_train
 from tests.helpers.decoder import PREFILL, TOL, T, build, jit, max_diff
 from tests.test_model import check_cached_decoding_equals_forward, check_causality, check_ragged_batch_equals_rows_alone
-from transformer import ModelConfig, init_cache, ops, sinks
-from transformer.attention import segment_masks
-from transformer.backend import resolve_auto
-from transformer.batches import with_start_token
-from transformer.loss import cross_entropy, loss_fn
-from transformer.metrics import read_metrics
-from transformer.param_tree import unstack_layers
-from transformer.run_config import check_train_config
+from transformer import ModelConfig, init_cache
+from transformer.analysis import sinks
+from transformer.model import ops
+from transformer.model.attention import segment_masks
+from transformer.model.execution import resolve_auto
+from transformer.data.batches import with_start_token
+from transformer.training.loss import cross_entropy, loss_fn
+from transformer.training.metrics import read_metrics
+from transformer.model.param_tree import unstack_layers
+from transformer.training.run_config import check_train_config
 
 R = 3  # registers in the tests' models
 OPTIONS = {"sink": dict(attention_sink=True), "registers": dict(num_registers=R),

@@ -15,10 +15,10 @@ import pytest
 
 import sweep
 import train
-from transformer.backend import resolve_auto
-from transformer.config import ModelConfig
-from transformer.metrics import read_metrics
-from transformer.run_config import resolve
+from transformer.model.execution import resolve_auto
+from transformer.model.config import ModelConfig
+from transformer.training.metrics import read_metrics
+from transformer.training.run_config import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "sweeps", "tiny.py")

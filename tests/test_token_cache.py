@@ -1,13 +1,13 @@
-"""Tests for transformer/token_cache.py: the token stream, its cache on disk, the validation split."""
+"""Tests for transformer/data/token_stream.py: the token stream, its cache on disk, the validation split."""
 
 import time
 
 import numpy as np
 import pytest
 
-from transformer.corpus import load_texts, shakespeare_plays
-from transformer.token_cache import load_corpus
-from transformer.tokenizer import BPETokenizer, ByteTokenizer
+from transformer.data.corpus import load_texts, shakespeare_plays
+from transformer.data.token_stream import load_corpus
+from transformer.data.tokenizer import BPETokenizer, ByteTokenizer
 
 
 @pytest.fixture(scope="module")

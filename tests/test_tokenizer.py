@@ -1,4 +1,4 @@
-"""Tests for transformer/tokenizer.py: round trips, training, saving and loading, errors."""
+"""Tests for transformer/data/tokenizer.py: round trips, training, saving and loading, errors."""
 
 import json
 
@@ -8,8 +8,8 @@ import tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer.corpus import shakespeare_plays
-from transformer.tokenizer import (
+from transformer.data.corpus import shakespeare_plays
+from transformer.data.tokenizer import (
     BPETokenizer,
     ByteTokenizer,
     load_tokenizer,

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.helpers.cli import ROOT, losses, run, train_cmd
-from transformer.metrics import read_metrics
+from transformer.training.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.helpers.cli import ROOT, TINY, learning_rates, losses, run, sample, train_cmd
-from transformer.tokenizer import ByteTokenizer, save_tokenizer
+from transformer.data.tokenizer import ByteTokenizer, save_tokenizer
 
 pytestmark = pytest.mark.slow
 QUICK = ("--config.train.steps=2", "--config.train.eval_every=2", "--config.train.checkpoint_every=2",

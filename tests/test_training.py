@@ -1,13 +1,13 @@
-"""Tests for transformer/training.py: gradient accumulation, the train step, FLOPs per token."""
+"""Tests for transformer/training/steps.py: gradient accumulation, the train step, FLOPs per token."""
 
 import jax
 import numpy as np
 import pytest
 
 from transformer import training
-from transformer.config import ModelConfig
-from transformer.optim import make_optimizer
-from transformer.sharding import make_mesh
+from transformer.model.config import ModelConfig
+from transformer.training.optimizer import make_optimizer
+from transformer.training.sharding import make_mesh
 
 OPTIM = dict(learning_rate=1e-3, warmup_steps=10, min_lr_ratio=0.1, b1=0.9, b2=0.99, eps=1e-8,
              weight_decay=0.1, decay_embeddings=False, grad_clip=1.0)

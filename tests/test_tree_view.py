@@ -1,4 +1,4 @@
-"""transformer/tree_view.py: parameters, optimizer state and a KV cache as trees of array lines."""
+"""transformer/analysis/tree_view.py: parameters, optimizer state and a KV cache as trees of array lines."""
 
 import jax
 import jax.numpy as jnp
@@ -8,12 +8,12 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from transformer.cache import init_cache, kv_cache_bytes_per_token
-from transformer.config import ModelConfig
-from transformer.model import count_params
-from transformer.sharding import make_mesh, state_sharding
-from transformer.training import init_params
-from transformer.tree_view import ArrayLeaf, array_leaf, show_tree, tree_summary
+from transformer.model.kv_cache import init_cache, kv_cache_bytes_per_token
+from transformer.model.config import ModelConfig
+from transformer.model.decoder import count_params
+from transformer.training.sharding import make_mesh, state_sharding
+from transformer.training.steps import init_params
+from transformer.analysis.tree_view import ArrayLeaf, array_leaf, show_tree, tree_summary
 
 CFG = ModelConfig(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2)
 

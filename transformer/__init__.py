@@ -1,9 +1,16 @@
-"""A readable JAX/Flax decoder-only transformer: train it, sample from it, look inside it."""
+"""A readable JAX/Flax decoder-only transformer: train it, sample from it, look inside it.
 
-from transformer.cache import KVCache, LatentCache, init_cache, kv_cache_bytes_per_token
-from transformer.config import ModelConfig
-from transformer.model import Decoder, count_params
+The package by layer (docs/design.md, "Layering"): model/ and data/ at the bottom; training/,
+sampling/ and hf/ above them; analysis/ above those; load.py (a model in one call), explore.py
+(the attention explorer's command line) and cli.py (config-file flags) on top.
+"""
+
+from transformer.load import config_from_file, load_run, model_config
+from transformer.model.config import ModelConfig
+from transformer.model.decoder import Decoder, count_params
+from transformer.model.kv_cache import KVCache, LatentCache, init_cache, kv_cache_bytes_per_token
 
 __all__ = [
-    "Decoder", "KVCache", "LatentCache", "ModelConfig", "count_params", "init_cache", "kv_cache_bytes_per_token",
+    "Decoder", "KVCache", "LatentCache", "ModelConfig", "config_from_file", "count_params", "init_cache",
+    "kv_cache_bytes_per_token", "load_run", "model_config",
 ]

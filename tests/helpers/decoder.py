@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import ModelConfig
-from transformer.model import Decoder
+from transformer.model.decoder import Decoder
 
 BASE = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)
 ATTENTION = {

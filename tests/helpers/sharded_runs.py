@@ -26,12 +26,12 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from transformer import training  # noqa: E402
-from transformer.checkpoint import Checkpointer  # noqa: E402
-from transformer.config import ModelConfig  # noqa: E402
-from transformer.optim import make_optimizer  # noqa: E402
-from transformer.sampling import SamplingOptions, generate, prefill, row_keys  # noqa: E402
-from transformer.sharding import axis_rules, batch_sharding, make_mesh, make_rules, state_sharding  # noqa: E402
-from transformer.tokenizer import make_tokenizer  # noqa: E402
+from transformer.training.checkpoint import Checkpointer  # noqa: E402
+from transformer.model.config import ModelConfig  # noqa: E402
+from transformer.training.optimizer import make_optimizer  # noqa: E402
+from transformer.sampling.sampler import SamplingOptions, generate, prefill, row_keys  # noqa: E402
+from transformer.training.sharding import axis_rules, batch_sharding, make_mesh, make_rules, state_sharding  # noqa: E402
+from transformer.data.tokenizer import make_tokenizer  # noqa: E402
 
 OPTIM = dict(learning_rate=3e-3, warmup_steps=2, min_lr_ratio=0.1, b1=0.9, b2=0.99, eps=1e-8,
              weight_decay=0.1, decay_embeddings=False, grad_clip=1.0)

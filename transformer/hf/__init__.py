@@ -10,7 +10,7 @@
 Reading a folder needs only `safetensors` and NumPy (no PyTorch, no `transformers`); sharded
 checkpoints (model.safetensors.index.json) are read shard by shard. Nothing is downloaded.
 
-    files.py       reading a folder (config.json, safetensors) or a model object; writing a folder
+    model_files.py reading a folder (config.json, safetensors) or a model object; writing a folder
     gpt2.py        GPT2LMHeadModel        import and export
     llama.py       LlamaForCausalLM       import and export (and the conventions DeepSeek shares)
     deepseek.py    DeepseekV3ForCausalLM  import: multi-head latent attention, dense MLPs only
@@ -33,11 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.config import ModelConfig
-from transformer.hf import deepseek, files, gpt2, llama
-from transformer.hf.tokenizer import check_tokenizer, write_tokenizer
-from transformer.param_tree import join_layers, layout_differences, split_layers
-from transformer.tokenizer import Tokenizer
+from transformer.model.config import ModelConfig
+from transformer.hf import deepseek, gpt2, llama, model_files
+from transformer.hf.tokenizer_files import check_tokenizer, write_tokenizer
+from transformer.model.param_tree import join_layers, layout_differences, split_layers
+from transformer.data.tokenizer import Tokenizer
 
 _FAMILIES = {family.ARCH: family for family in (gpt2, llama, deepseek)}
 SUPPORTED = tuple(_FAMILIES)
@@ -60,7 +60,7 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
       ValueError naming what is not supported (architecture, rope scaling, MoE layers, ...), a
       tensor whose shape disagrees with the config, or a tensor that is missing or left unused.
     """
-    hf, arch, open_tensors = files.open_source(source)
+    hf, arch, open_tensors = model_files.open_source(source)
     arch = str(arch or MODEL_TYPES.get(hf.get("model_type"), hf.get("model_type")))
     if arch not in SUPPORTED:
         raise ValueError(
@@ -148,7 +148,7 @@ def to_hf(
             f"cannot export position={cfg.position!r}: GPT-2 has learned positions and Llama has RoPE; "
             "no supported Hugging Face architecture has sinusoidal or no positions"
         )
-    files.write_model(directory, hf, tensors)
+    model_files.write_model(directory, hf, tensors)
     if tokenizer is not None:
         write_tokenizer(cfg, tokenizer, directory)
 

@@ -20,7 +20,7 @@ import re
 
 import numpy as np
 
-from transformer.config import ModelConfig
+from transformer.model.config import ModelConfig
 from transformer.hf import llama
 from transformer.hf.mapping import Converter
 

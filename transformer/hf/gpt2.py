@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer.config import ModelConfig
+from transformer.model.config import ModelConfig
 from transformer.hf.mapping import Converter, check_export
 
 ARCH, MODEL_TYPE = "GPT2LMHeadModel", "gpt2"
@@ -48,7 +48,7 @@ def import_config(hf: dict) -> tuple[ModelConfig, Converter]:
 
     def layer(t, cfg, i):
         p = f"transformer.h.{i}."
-        # GPT-2's Conv1D stores [in, out]; our kernels are [out, in] (transformer/linear.py).
+        # GPT-2's Conv1D stores [in, out]; our kernels are [out, in] (transformer/model/linear.py).
         w = t.get(p + "attn.c_attn.weight", (d, 3 * d)).T  # [3D, D]: W_q, W_k, W_v stacked
         b = t.get(p + "attn.c_attn.bias", (3 * d,))
         attn = {

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from transformer.config import ModelConfig
-from transformer.hf.files import Tensors
+from transformer.model.config import ModelConfig
+from transformer.hf.model_files import Tensors
 from transformer.hf.mapping import Converter, check_export
 
 ARCH, MODEL_TYPE = "LlamaForCausalLM", "llama"

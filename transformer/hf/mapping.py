@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from transformer.config import ModelConfig
-from transformer.hf.files import Tensors
+from transformer.model.config import ModelConfig
+from transformer.hf.model_files import Tensors
 
 
 @dataclasses.dataclass

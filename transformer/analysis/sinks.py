@@ -1,0 +1,145 @@
+"""Attention sinks, measured: where each head's attention goes beyond the text, and its mean logits.
+
+Every softmax row hands out all of its attention, and every row can see the first token, so a head
+with nothing to attend to can park its attention there: an *attention sink* (a big a_t0 is a
+parking spot, not importance). The model's options give that attention somewhere else to go: a
+learned sink logit (cfg.attention_sink, a column that meets no value) or register tokens
+(cfg.num_registers). For a batch of text:
+
+    shares = attention_shares(params, cfg, tokens)       # [L, H] each: first token, registers, sink
+    logits = mean_logit_map(params, cfg, tokens)         # [L, H, T, T], NaN above the diagonal
+
+Shares are means over the batch and over the query rows t >= 1: row 0 sees only the first token
+(and the registers and the sink), so its share there says nothing about a sink.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from transformer.model.config import ModelConfig
+from transformer.model.decoder import Decoder
+from transformer.training.sharding import Rules, axis_rules, batch_sharding, make_rules, state_sharding
+from transformer.training.steps import TrainState
+
+Array = jax.Array
+
+
+@flax.struct.dataclass  # a pytree: a jitted function may return it
+class AttentionShares:
+    """Mean attention share per layer and head, [L, H] each (zeros for an option that is off):
+    on the first real token, on all the registers together, on the sink column."""
+
+    first_token: Array
+    registers: Array
+    sink: Array
+
+
+def shares_from_weights(cfg: ModelConfig, weights: Array) -> AttentionShares:
+    """The shares of attention weights as the Decoder returns them (jit-friendly).
+
+    weights: [L, B, H, T, R + S (+1)]: R register columns first, the sink's column last (see
+    Decoder). Averaged over the batch and the query rows t >= 1.
+    """
+    r = cfg.num_registers
+    rows = weights[:, :, :, 1:]  # [L, B, H, T - 1, columns]: rows t >= 1
+    mean = lambda x: x.mean(axis=(1, 3))  # noqa: E731  [L, B, H, T - 1] -> [L, H]
+    zeros = jnp.zeros(weights.shape[0:1] + weights.shape[2:3], weights.dtype)  # [L, H]
+    return AttentionShares(
+        first_token=mean(rows[..., r]),
+        registers=mean(rows[..., :r].sum(-1)) if r else zeros,
+        sink=mean(rows[..., -1]) if cfg.attention_sink else zeros,
+    )
+
+
+def attention_shares(params: Any, cfg: ModelConfig, tokens: Array, head_mask: Array | None = None) -> AttentionShares:
+    """Each layer's and head's mean attention share on the first token, the registers and the sink.
+
+    Args:
+      params: the Decoder's parameters. tokens: [B, T] int (T >= 2), each row a window of text whose
+        first token is the one measured. head_mask: optional [L, H] (see Decoder).
+    Returns:
+      AttentionShares of NumPy arrays [L, H].
+    """
+    _check_tokens(tokens)
+    _, _, weights = _apply(params, cfg, tokens, head_mask, True)
+    return AttentionShares(**{k: np.asarray(v) for k, v in dataclasses.asdict(shares_from_weights(cfg, weights)).items()})
+
+
+def mean_logit_map(params: Any, cfg: ModelConfig, tokens: Array) -> np.ndarray:
+    """The mean pre-softmax attention logit q_t . k_s / sqrt(d_h) between real tokens, per layer and head.
+
+    Args:
+      params: the Decoder's parameters. tokens: [B, T] int.
+    Returns:
+      [L, H, T, T] float32, the mean over the batch; NaN above the diagonal (keys a query cannot see).
+    """
+    _check_tokens(tokens)
+    _, _, logits = _apply(params, cfg, tokens, None, "logits")  # [L, B, H, T, R + T (+1)]
+    t, r = tokens.shape[1], cfg.num_registers
+    mean = np.asarray(logits[..., r : r + t].mean(axis=1))  # [L, H, T, T]
+    return np.where(np.tril(np.ones((t, t), bool)), mean, np.nan)
+
+
+def uniform_first_token_share(seq_len: int, num_registers: int = 0, attention_sink: bool = False) -> float:
+    """The first-token share of a head that attends uniformly to what it sees (its tokens, the R
+    registers, the sink), over rows t >= 1: the mean of 1 / (t + 1 + R (+ 1)). A measured share well
+    above it is a head that favours the first token."""
+    t = np.arange(1, seq_len)
+    return float((1.0 / (t + 1 + num_registers + attention_sink)).mean())
+
+
+def share_metrics(cfg: ModelConfig, shares: AttentionShares) -> dict[str, float]:
+    """Shares as metric rows hold them: the first-token share averaged over heads, overall
+    (first_token_share) and per layer (first_token_share_layer<l>), and the registers' and the
+    sink's shares averaged over layers and heads when the model has them."""
+    first = np.asarray(shares.first_token)  # [L, H]
+    row = {"first_token_share": float(first.mean())}
+    row.update({f"first_token_share_layer{i}": float(v) for i, v in enumerate(first.mean(axis=1))})
+    if cfg.num_registers:
+        row["register_share"] = float(np.mean(shares.registers))
+    if cfg.attention_sink:
+        row["sink_share"] = float(np.mean(shares.sink))
+    return row
+
+
+def weights_config(cfg: ModelConfig) -> ModelConfig:
+    """`cfg` computing its attention with the reference path: the same function, and the only path
+    that returns the weights (a model trained with attention_impl='xla' or 'cudnn' is measured so)."""
+    return cfg if cfg.attention_impl == "reference" else cfg.replace(attention_impl="reference")
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "what"))
+def _apply(params: Any, cfg: ModelConfig, tokens: Array, head_mask: Array | None, what: bool | str):
+    """The forward pass returning (logits, None, attention weights (what=True) or logits ('logits'))."""
+    return Decoder(weights_config(cfg)).apply({"params": params}, tokens, head_mask=head_mask, return_attention=what)
+
+
+def _check_tokens(tokens: Array) -> None:
+    if np.ndim(tokens) != 2 or np.shape(tokens)[1] < 2:
+        raise ValueError(
+            f"tokens must be [B, T] with T >= 2 (rows t >= 1 are measured), got shape {np.shape(tokens)}; "
+            "pass a batch of windows of text"
+        )
+
+
+def make_shares_step(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules | None = None):
+    """The jitted attention-share measurement: (params, inputs [B, T]) -> AttentionShares of
+    [L, H] arrays (first token, registers, sink; above). One forward pass with the weights."""
+    rules = make_rules(cfg, mesh) if rules is None else rules
+    data = batch_sharding(mesh, rules)
+
+    @axis_rules(mesh, rules)
+    def shares(params: Any, x: Array) -> AttentionShares:
+        _, _, weights = Decoder(weights_config(cfg)).apply({"params": params}, x, return_attention=True)
+        return shares_from_weights(cfg, weights)
+
+    return jax.jit(shares, in_shardings=(state_sharding(state.params, mesh, rules), data))

@@ -1,0 +1,139 @@
+"""The token stream of a corpus: tokenized once, cached on disk, memory-mapped.
+
+    train, val, bytes_per_token = load_corpus(path, tokenizer, cache_dir, val_fraction=0.1)
+
+The corpus's documents (`corpus.corpus_files(path)`) are joined by blank lines and tokenized into
+one 1-D token array, written to `cache_dir/<key>.npy` and memory-mapped, so restarts skip
+tokenization and a corpus larger than memory works. `train` [N_train] and `val` [N_val] (uint16 when
+the vocabulary fits, else int32) are its head and its last `val_fraction`. The key hashes the corpus
+files (paths, sizes, modification times) and the tokenizer, so an edit re-tokenizes.
+`bytes_per_token`, UTF-8 bytes per validation token, turns a loss per token into bits per byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from transformer.data.corpus import corpus_files, read_document
+from transformer.data.atomic_files import atomic_path, save_json
+from transformer.data.tokenizer import ByteTokenizer, Tokenizer
+
+DOCUMENT_SEPARATOR = "\n\n"  # a blank line between documents
+# Bump when corpus.markdown_to_play or the cache layout changes, so old caches are not reused.
+_CACHE_VERSION = 1
+
+
+class TokenCorpus(NamedTuple):
+    """A tokenized corpus split in two; unpacks as (train, val, bytes_per_token)."""
+
+    train: np.ndarray  # [N_train] uint16 or int32, memory-mapped
+    val: np.ndarray  # [N_val], the tail of the token stream
+    bytes_per_token: float  # UTF-8 bytes per validation token: bits/byte = loss / ln 2 / this
+
+
+def load_corpus(
+    path: str | os.PathLike | None,
+    tokenizer: Tokenizer,
+    cache_dir: str | os.PathLike,
+    val_fraction: float = 0.1,
+) -> TokenCorpus:
+    """Tokenizes the corpus at `path` (see `corpus_files`) once, caches it, and splits it.
+
+    The cache file is `cache_dir/<key>.npy`; the key hashes the corpus files (paths, sizes,
+    modification times) and the tokenizer, so editing a file or changing the tokenizer re-tokenizes.
+    Each document is encoded on its own, with the separator's tokens in between: identical to
+    encoding the joined text for bytes, and for BPE no token spans two documents.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(
+            f"val_fraction={val_fraction} must be in (0, 1), e.g. 0.1 for 10% validation."
+        )
+    files = corpus_files(path)
+    bundled = path is None
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    key = _cache_key(files, bundled, tokenizer)
+    cache = cache_dir / f"{key}.npy"
+    if not cache.exists():
+        _tokenize_to_file(files, bundled, tokenizer, cache)
+    tokens = np.load(cache, mmap_mode="r")
+
+    num_val = int(len(tokens) * val_fraction)
+    if num_val < 1 or num_val >= len(tokens):
+        raise ValueError(
+            f"The corpus has {len(tokens)} tokens: val_fraction={val_fraction} leaves "
+            f"{num_val} for validation and {len(tokens) - num_val} for training. Use more text "
+            "or a different val_fraction."
+        )
+    train, val = tokens[: len(tokens) - num_val], tokens[len(tokens) - num_val :]
+    val_bytes = _cached_val_bytes(cache_dir / f"{key}.val{num_val}.json", val, tokenizer)
+    return TokenCorpus(train, val, val_bytes / num_val)
+
+
+def _cache_key(files: list[Path], bundled: bool, tokenizer: Tokenizer) -> str:
+    """A name for the token stream: changes when any input or the tokenizer changes."""
+    sources = []
+    for f in files:
+        stat = f.stat()
+        sources.append([str(f.resolve()), stat.st_size, stat.st_mtime_ns])
+    identity = {
+        "version": _CACHE_VERSION,
+        "bundled": bundled,
+        "separator": DOCUMENT_SEPARATOR,
+        "sources": sources,
+        "tokenizer": tokenizer.fingerprint,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.int32)  # halves disk and page cache
+
+
+def _tokenize_to_file(files: list[Path], bundled: bool, tokenizer: Tokenizer, cache: Path) -> None:
+    """Encodes the documents one at a time into `cache` (.npy): memory holds one document at a
+    time, never the whole corpus. Written to a temporary file then renamed, so a killed run leaves
+    no half-written cache."""
+    dtype = _token_dtype(tokenizer.vocab_size)
+    separator = tokenizer.encode(DOCUMENT_SEPARATOR).astype(dtype)
+    raw_fd, raw = tempfile.mkstemp(dir=cache.parent, prefix=".tokens.", suffix=".bin")
+    try:
+        # Pass 1: append raw tokens; the total length is unknown until the end.
+        with os.fdopen(raw_fd, "wb") as f:
+            for i, file in enumerate(files):
+                if i:
+                    separator.tofile(f)
+                tokenizer.encode(read_document(file, bundled)).astype(dtype).tofile(f)
+        # Pass 2: wrap them in a .npy header (the OS pages the copy; no full array in memory).
+        num_tokens = os.path.getsize(raw) // dtype.itemsize
+        with atomic_path(cache) as npy:
+            out = np.lib.format.open_memmap(npy, mode="w+", dtype=dtype, shape=(num_tokens,))
+            if num_tokens:
+                out[:] = np.memmap(raw, dtype=dtype, mode="r", shape=(num_tokens,))
+            out.flush()
+            del out
+    finally:
+        Path(raw).unlink(missing_ok=True)
+
+
+def _cached_val_bytes(record: Path, val: np.ndarray, tokenizer: Tokenizer) -> int:
+    """UTF-8 bytes of the validation text, decoded once and remembered next to the cache."""
+    if isinstance(tokenizer, ByteTokenizer):
+        return len(val)  # one byte per token, exactly
+    if record.exists():
+        return json.loads(record.read_text())["val_bytes"]
+    # Decoded in chunks to bound memory; a character cut at a chunk edge miscounts by at most
+    # 3 bytes per million tokens.
+    chunk = 1 << 20
+    val_bytes = sum(
+        len(tokenizer.decode(val[i : i + chunk]).encode("utf-8")) for i in range(0, len(val), chunk)
+    )
+    save_json(record, {"val_bytes": val_bytes})
+    return val_bytes

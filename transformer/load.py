@@ -1,0 +1,71 @@
+"""A model in one call: from a config file, a training run (or one of its checkpoints), or a
+Hugging Face folder, with its 'auto' execution fields (dtype, attention_impl) chosen for the
+backend at hand.
+
+    cfg = transformer.config_from_file("configs/gpt2.py")       # a ModelConfig, ready to build
+    model = transformer.Decoder(cfg)
+    cfg, params, tokenizer = transformer.load_run("runs/shakespeare")             # latest checkpoint
+    cfg, params, tokenizer = transformer.load_run("runs/shakespeare/checkpoints/200")  # that one
+
+This module sits above the layers (docs/design.md, "Layering"): it may import any of them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from transformer.model.config import ModelConfig
+from transformer.model.execution import resolve_auto
+
+
+def config_from_file(path: str, **overrides: Any) -> ModelConfig:
+    """The model of a config file (a configs/*.py with get_config()), as a ModelConfig whose
+    'auto' fields are chosen for this process's backend. overrides: model fields to change."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no config file {path!r}; pass a path such as configs/gpt2.py")
+    spec = importlib.util.spec_from_file_location("config_file", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return model_config(module.get_config().model, **overrides)
+
+
+def model_config(fields: Mapping[str, Any], **overrides: Any) -> ModelConfig:
+    """A ModelConfig from a config's `model` fields (a dict or ConfigDict), 'auto' resolved."""
+    cfg = ModelConfig.from_dict({**dict(fields), **overrides})
+    return resolve_auto(cfg).cfg
+
+
+_CHECKPOINT = re.compile(r"^(?P<workdir>.+)/checkpoints/(?P<step>\d+)/?$")
+
+
+def load_run(path: str, step: int | None = None) -> tuple[ModelConfig, Any, Any]:
+    """(model config, params, tokenizer) of a training run: `path` is its folder (checkpoint
+    `step`, default the latest) or one checkpoint folder, RUN/checkpoints/STEP."""
+    from transformer.training.checkpoint import restore_for_inference
+
+    match = _CHECKPOINT.match(os.path.normpath(path))
+    if match:
+        if step is not None and step != int(match["step"]):
+            raise ValueError(f"{path} is the checkpoint of step {match['step']}, not step {step}")
+        return restore_for_inference(match["workdir"], step=int(match["step"]))
+    return restore_for_inference(path, step=step)
+
+
+def load_model(workdir: str | None, hf_dir: str | None, step: int | None) -> tuple[ModelConfig, Any, Any]:
+    """(model config, params, tokenizer) from a training run's workdir (checkpoint `step`, default
+    the latest) or a Hugging Face model folder: exactly one of the two. What the command lines of
+    sample.py and `python -m transformer.explore` load."""
+    if (workdir is None) == (hf_dir is None):
+        raise ValueError("give exactly one of --workdir (a training run) or --hf_dir (a Hugging Face model)")
+    if hf_dir is None:
+        return load_run(workdir, step=step)
+    # Imported here: only this branch needs the Hugging Face conversion code.
+    from transformer.data.tokenizer import load_tokenizer
+    from transformer.hf import from_hf
+
+    cfg, params = from_hf(hf_dir)
+    return cfg, params, load_tokenizer(hf_dir)

@@ -1,0 +1,213 @@
+"""Self-attention modules: multi-head / grouped-query attention and multi-head latent attention.
+
+Both take one layer's view of the cache (or None) and return, beside their output, this call's new
+cache entries; the decoder writes those into the cache after the layer stack (see cache.py). The
+keys a query sees are the cached slots before this call's first position, then this call's tokens
+up to its own position: two segments that `ops.dot_product_attention` softmaxes together. It
+computes the lecture's softmax(q k^T / sqrt(d_h) + mask) v, `ops.attention`, over their
+concatenation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer.model import ops
+from transformer.model.kv_cache import Cache, KVCache, LatentCache
+from transformer.model.config import ModelConfig
+from transformer.model.linear import Linear
+from transformer.model.norm import Norm
+
+Array = jax.Array
+
+
+def dense_init(cfg: ModelConfig, output: bool = False) -> nn.initializers.Initializer:
+    """Normal(0.02) as GPT-2; projections into the residual stream (`output`: W_o, the MLP's fc_out)
+    are scaled by 1/sqrt(2L), or start at zero with cfg.zero_init_out (modded-nanogpt): then every
+    block starts as the identity and the residual stream as the embedding; a block's inner weights
+    get gradient once its W_o and fc_out have moved off zero."""
+    if output and cfg.zero_init_out:
+        return nn.initializers.zeros
+    std = 0.02 / math.sqrt(2 * cfg.num_layers) if output else 0.02
+    return nn.initializers.normal(std)
+
+
+def rms_norm(cfg: ModelConfig, name: str) -> Norm:
+    """An RMSNorm over the last axis (no bias; a learned gain when cfg.norm_scale) as module `name`:
+    MLA's latent norms and qk_norm's per-head norms of q and k, whatever cfg.norm is."""
+    return Norm("rmsnorm", cfg.norm_scale, False, cfg.norm_eps, name=name)
+
+
+def segment_masks(positions: Array, cache_len: int | None, registers: int = 0) -> list[Array]:
+    """Masks for the keys a query sees: cached slots (if any), then this call's tokens.
+
+    Args:
+      positions: [B, T] positions of this call's tokens, contiguous in each row (register tokens
+        at -R..-1 before 0, see model.py).
+      cache_len: S, the cache's number of slots for tokens, or None without a cache.
+      registers: R, the cache's leading register slots (positions -R..-1).
+    Returns:
+      [cache mask [B, 1, T, R + S],] new-token mask [B, 1, T, T].
+    """
+    masks = [ops.causal_mask(positions, positions)]
+    if cache_len is not None:
+        slots = jnp.arange(registers + cache_len) - registers  # [R + S]: the position each slot holds
+        slots = jnp.broadcast_to(slots, (positions.shape[0], registers + cache_len))
+        # Slots at or after this call's first position are stale: this call rewrites them.
+        filled = slots < positions[:, :1]
+        masks.insert(0, ops.causal_mask(positions, slots, filled))
+    return masks
+
+
+def cache_masks(positions: Array, cached: Cache | None) -> list[Array]:
+    """`segment_masks` for one layer's view of the cache (or None)."""
+    return segment_masks(positions, None) if cached is None else segment_masks(positions, cached.max_len, cached.registers)
+
+
+def sink_logit(module: nn.Module, cfg: ModelConfig) -> Array | None:
+    """The [H] learned sink logit per head (cfg.attention_sink), or None. Zero at init: the sink
+    starts as one more key of logit 0 ("softmax plus one"), neutral next to near-zero scores."""
+    if not cfg.attention_sink:
+        return None
+    return module.param("sink", nn.initializers.zeros, (cfg.num_heads,), jnp.float32)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with learned W_q, W_k, W_v, W_o; G < H key/value heads = grouped-query.
+
+    cfg.qk_norm: q [B, T, H, K] and k [B, T, G, K] go through an RMSNorm over K (`q_norm`, `k_norm`,
+    each a gain [K] shared by the heads) before RoPE, so the cache holds normalised, rotated keys.
+
+    x [B, T, D] -> out [B, T, D]; new cache entries KVCache(k, v) with arrays [B, T, G, K];
+    attention weights [B, H, T, S_total] when asked for ([B, H, T, S_total + 1] with a sink, its
+    column last; return_weights='logits': the pre-softmax logits instead).
+    """
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: Array, positions: Array, cached: KVCache | None = None, head_mask: Array | None = None,
+                 return_weights: bool | str = False) -> tuple[Array, KVCache, Array | None]:
+        cfg = self.cfg
+        dense = lambda heads, name: Linear(  # noqa: E731  W [heads, K, D]
+            (heads, cfg.head_dim), use_bias=cfg.use_bias, dtype=cfg.dtype,
+            kernel_init=dense_init(cfg), name=name,
+        )
+        q = dense(cfg.num_heads, "q")(x)  # [B, T, H, K]
+        k = dense(cfg.num_kv_heads, "k")(x)  # [B, T, G, K]
+        v = dense(cfg.num_kv_heads, "v")(x)  # [B, T, G, K]
+        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))  # logical axes (sharding.py)
+        k, v = (nn.with_logical_constraint(a, ("batch", "length", "kv_heads", "head_dim")) for a in (k, v))
+        if cfg.qk_norm:  # each head's q and k to RMS 1 over K (gains [K] shared by the heads), then rotated
+            q, k = rms_norm(cfg, "q_norm")(q), rms_norm(cfg, "k_norm")(k)
+        if cfg.position == "rope":
+            q = ops.rope(q, positions, cfg.rope_theta)
+            k = ops.rope(k, positions, cfg.rope_theta)
+
+        ks, vs, heads_first = [k], [v], [False]
+        if cached is not None:  # one layer's cache, [B, G, S, K] as it lies
+            ks.insert(0, cached.k.astype(k.dtype))
+            vs.insert(0, cached.v.astype(v.dtype))
+            heads_first.insert(0, True)
+        masks = cache_masks(positions, cached)
+        out, weights = ops.dot_product_attention(
+            q, ks, vs, masks, return_weights=return_weights,
+            implementation="reference" if cached is not None else cfg.attention_impl,
+            heads_first=heads_first, sink=sink_logit(self, cfg),
+        )
+        out = output_projection(cfg, out, head_mask)
+        return out, KVCache(k=k, v=v), weights
+
+
+def output_projection(cfg: ModelConfig, heads: Array, head_mask: Array | None) -> Array:
+    """W_o [D, H, Kv]: [B, T, H, Kv] -> [B, T, D]. head_mask [H] (1 keep, 0 ablate) scales each
+    head first."""
+    if head_mask is not None:
+        heads = heads * head_mask.astype(heads.dtype)[:, None]
+    return Linear(
+        cfg.d_model, in_axes=2, use_bias=cfg.use_bias, dtype=cfg.dtype,
+        kernel_init=dense_init(cfg, output=True), name="o",
+    )(heads)
+
+
+class LatentAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-V2): keys and values come from a cached latent.
+
+    Per token: c = RMSNorm(W_DKV x) of width C; keys k_h = W_UK,h c and values v_h = W_UV,h c for
+    each head h. With RoPE, a rotary part of width Kr (rope_head_dim) is added to each query (per
+    head) and to one key shared by all heads, so position never passes through W_UK. The cache
+    holds [c, k_rope].
+
+    absorb: compute scores against the latent directly, q_h^T W_UK,h c = (W_UK,h^T q_h)^T c, and
+    apply W_UV after the weighted sum. Then nothing is up-projected per cached token: decoding
+    reads only C + Kr numbers per token and layer. None (default): absorbed when decoding from a
+    cache, naive (up-project every key and value) otherwise. Both compute the same function.
+
+    x [B, T, D] -> out [B, T, D]; new cache entries LatentCache(latent [B, T, C + Kr]).
+    """
+
+    cfg: ModelConfig
+    absorb: bool | None = None
+
+    @nn.compact
+    def __call__(self, x: Array, positions: Array, cached: LatentCache | None = None, head_mask: Array | None = None,
+                 return_weights: bool | str = False) -> tuple[Array, LatentCache, Array | None]:
+        cfg = self.cfg
+        h, k_nope, k_v, c_kv = cfg.num_heads, cfg.head_dim, cfg.v_head_dim, cfg.kv_latent_dim
+        k_r = cfg.rope_head_dim or 0  # Kr, the rotary width (0 without RoPE)
+        dense = lambda features, name, bias=cfg.use_bias: Linear(  # noqa: E731
+            features, use_bias=bias, dtype=cfg.dtype, kernel_init=dense_init(cfg), name=name
+        )
+
+        if cfg.q_latent_dim:
+            q_latent = rms_norm(cfg, "q_norm")(dense(cfg.q_latent_dim, "q_down")(x))  # [B, T, Cq]
+            q = dense((h, k_nope + k_r), "q_up", bias=False)(q_latent)
+        else:
+            q = dense((h, k_nope + k_r), "q")(x)  # [B, T, H, K + Kr]
+        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))  # logical axes (sharding.py)
+        q_nope, q_rope = q[..., :k_nope], q[..., k_nope:]
+
+        kv = dense(c_kv + k_r, "kv_down")(x)  # [B, T, C + Kr]
+        latent = rms_norm(cfg, "kv_norm")(kv[..., :c_kv])
+        if k_r:
+            q_rope = ops.rope(q_rope, positions, cfg.rope_theta)
+            k_rope = ops.rope(kv[:, :, None, c_kv:], positions, cfg.rope_theta)[:, :, 0]
+            latent = jnp.concatenate([latent, k_rope], axis=-1)  # [B, T, C + Kr]
+
+        # W_UK [H, K, C] and W_UV [H, Kv, C], stored [out, in] as every projection (see linear.py).
+        w_uk = self.param("k_up", dense_init(cfg), (h, k_nope, c_kv), jnp.float32).astype(cfg.dtype)
+        w_uv = self.param("v_up", dense_init(cfg), (h, k_v, c_kv), jnp.float32).astype(cfg.dtype)
+
+        segments = [latent] if cached is None else [cached.latent.astype(latent.dtype), latent]
+        masks = cache_masks(positions, cached)
+        sink = sink_logit(self, cfg)
+        scale = (k_nope + k_r) ** -0.5  # the width of the original query/key dot product
+        absorb = cached is not None if self.absorb is None else self.absorb
+        if absorb:
+            # Scores against [c, k_rope] with the query [W_UK^T q_nope, q_rope]: one shared key
+            # head (G = 1) of width C + Kr, and the latent itself as the value.
+            q_abs = jnp.concatenate([jnp.einsum("bthk,hkc->bthc", q_nope, w_uk), q_rope], axis=-1)
+            ks = [s[:, :, None, :] for s in segments]  # [B, S, 1, C + Kr]
+            vs = [s[:, :, None, :c_kv] for s in segments]  # [B, S, 1, C]
+            out_c, weights = ops.dot_product_attention(
+                q_abs, ks, vs, masks, scale=scale, return_weights=return_weights, sink=sink
+            )
+            out = jnp.einsum("bthc,hkc->bthk", out_c, w_uv)  # [B, T, H, Kv]
+        else:
+            ks, vs = [], []
+            for s in segments:  # up-project every token's key and value for every head
+                k_n = jnp.einsum("bsc,hkc->bshk", s[..., :c_kv], w_uk)
+                k_rot = jnp.broadcast_to(s[:, :, None, c_kv:], (*s.shape[:2], h, k_r))
+                ks.append(jnp.concatenate([k_n, k_rot], axis=-1))  # [B, S, H, K + Kr]
+                vs.append(jnp.einsum("bsc,hkc->bshk", s[..., :c_kv], w_uv))  # [B, S, H, Kv]
+            out, weights = ops.dot_product_attention(
+                jnp.concatenate([q_nope, q_rope], axis=-1), ks, vs, masks, scale=scale,
+                return_weights=return_weights, sink=sink,
+                implementation="reference" if cached is not None else cfg.attention_impl,
+            )
+        out = output_projection(cfg, out, head_mask)
+        return out, LatentCache(latent=latent), weights

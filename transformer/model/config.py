@@ -1,0 +1,311 @@
+"""ModelConfig: every architectural choice of the decoder, in one frozen, validated dataclass.
+
+A config file's `model` field (an ml_collections ConfigDict) becomes a ModelConfig through
+`ModelConfig.from_dict`; a wrong field fails here, with a message naming the field and the fix,
+rather than as a shape error deep inside a jitted function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+CHOICES = {
+    "activation": ("gelu", "gelu_tanh", "relu", "relu2", "swiglu"),
+    "position": ("learned", "sinusoidal", "rope", "none"),
+    "norm": ("layernorm", "rmsnorm"),
+    "attention": ("mha", "mla"),
+    "dtype": ("float32", "bfloat16", "float16", "auto"),
+    "attention_impl": ("reference", "xla", "cudnn", "auto"),
+}
+# A value chosen at start-up from the backend JAX runs on (transformer/model/execution.py: resolve_auto).
+AUTO = "auto"
+
+
+# How the parameters start, not what they mean: only a random init reads them, so a checkpoint or an
+# imported model resumes, samples and fine-tunes with any value.
+INIT_FIELDS = ("zero_init_out", "zero_init_head")
+# How the parameters are computed with, not what they mean: a checkpoint trained with one setting
+# resumes, samples and fine-tunes with another (scan_layers changes the parameters' layout, which
+# resuming converts).
+EXECUTION_FIELDS = ("dropout", "dtype", "attention_impl", "scan_layers", "remat")
+_NOT_ARCHITECTURE = INIT_FIELDS + EXECUTION_FIELDS
+# Fields whose None means "derived from other fields"; `replace` derives them again.
+DERIVED_FIELDS = ("num_kv_heads", "head_dim", "mlp_dim", "v_head_dim")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of a decoder-only transformer.
+
+    Attention: H = num_heads query heads of width K = head_dim; G = num_kv_heads key/value heads
+    (G == H: multi-head, 1 < G < H: grouped-query, G == 1: multi-query). attention='mla' replaces
+    the key/value projections by a latent of width kv_latent_dim (DeepSeek-V2's multi-head latent
+    attention); its queries may go through a latent of width q_latent_dim; with RoPE, a separate
+    rotary part of width rope_head_dim is added to each query and to one key shared by all heads;
+    v_head_dim is the value width (defaults to head_dim). mlp_dim=0 leaves the MLP and its norm out
+    of every block (attention-only layers).
+
+    Attention sinks (both off by default): attention_sink=True gives each head a learned logit that
+    joins every softmax row as one more column and meets no value, so a row may give attention to
+    "nothing" (gpt-oss's sinks; a logit of 0 is "softmax plus one"). num_registers=R > 0 prepends R
+    learned register tokens to every sequence: they attend and are attended to like tokens, come
+    first causally (at positions -R..-1: no position embedding; RoPE rotates them as tokens just
+    before the window) and give no logits; real tokens keep positions 0..T-1. See docs/design.md
+    ("Attention sinks and registers").
+
+    Training-recipe options of recent GPT speed-runs (all off by default; docs/design.md, "Recipe
+    options"): qk_norm=True applies RMSNorm over K to each head's q and k after their projections and
+    before RoPE (OLMo-2, Gemma 3), with a learned gain [K] each for q and k (shared by the heads) when
+    norm_scale; MHA / GQA / MQA only. activation='relu2' is relu(x)^2 (Primer). logit_softcap=c > 0
+    caps the logits at c * tanh(logits / c), in float32 (Gemma 2); 0 is off. zero_init_out=True
+    starts the projections into the residual stream (W_o, the MLP's fc_out) at zero, and
+    zero_init_head=True the untied head (modded-nanogpt), so that every block starts as the identity
+    and the first logits are uniform.
+
+    The fields fall in three groups: the architecture (every field above `zero_init_out`: what the
+    parameters mean), the initialisation (INIT_FIELDS: how they start) and the execution
+    (EXECUTION_FIELDS: how they are computed). Fields left None
+    are derived (DERIVED_FIELDS); `replace` derives them again from the new values unless they were
+    set explicitly, so cfg.replace(d_model=128) also doubles head_dim and mlp_dim.
+    """
+
+    vocab_size: int
+    max_seq_len: int
+    d_model: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int | None = None  # None: = num_heads (multi-head attention)
+    head_dim: int | None = None  # None: d_model // num_heads
+    mlp_dim: int | None = None  # None: 4 * d_model; 0: no MLP (attention-only blocks)
+    activation: str = "gelu"
+    position: str = "learned"
+    rope_theta: float = 10000.0
+    norm: str = "layernorm"
+    norm_scale: bool = True  # learned gain in each norm
+    norm_bias: bool = True  # learned bias in each layer norm (RMSNorm has none)
+    norm_eps: float = 1e-5
+    prenorm: bool = True  # x + f(norm(x)); False: norm(x + f(x)) (post-norm)
+    use_bias: bool = True  # biases in the attention and MLP projections
+    tie_embeddings: bool = True  # logits use the token embedding matrix
+    attention: str = "mha"
+    kv_latent_dim: int | None = None  # MLA: width C of the cached key/value latent
+    q_latent_dim: int | None = None  # MLA: width of the query latent (None: no query latent)
+    rope_head_dim: int | None = None  # MLA with RoPE: width of the decoupled rotary part
+    v_head_dim: int | None = None  # MLA: value head width (None: head_dim)
+    attention_sink: bool = False  # a learned logit per head that joins every softmax row, with no value
+    num_registers: int = 0  # learned register tokens placed before every sequence (no logits, no loss)
+    qk_norm: bool = False  # RMSNorm over K of each head's q and k, before RoPE (MHA / GQA / MQA)
+    logit_softcap: float = 0.0  # > 0: logits = c * tanh(logits / c) in float32; 0: off
+    # --- initialisation (INIT_FIELDS): how a random init starts the parameters ---
+    zero_init_out: bool = False  # W_o and the MLP's fc_out start at zero (each block starts as the identity)
+    zero_init_head: bool = False  # the untied head starts at zero (uniform first logits); needs tie_embeddings=False
+    # --- execution (EXECUTION_FIELDS): changing these keeps the parameters' meaning ---
+    dropout: float = 0.0
+    dtype: str = "float32"  # compute dtype; parameters stay float32; 'auto': per backend
+    attention_impl: str = "reference"  # 'xla' / 'cudnn': jax.nn.dot_product_attention; 'auto': per backend
+    scan_layers: bool = True  # stack the layers with nn.scan (fast compile for deep models)
+    remat: bool = False  # recompute each layer's activations in the backward pass
+    # Which DERIVED_FIELDS were given as None (filled by __post_init__); not a config field.
+    derived: frozenset = dataclasses.field(default=frozenset(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "derived", frozenset(f for f in DERIVED_FIELDS if getattr(self, f) is None))
+        for name, choices in CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(
+                    f"ModelConfig.{name}={getattr(self, name)!r} is not a known choice; "
+                    f"use one of {', '.join(map(repr, choices))}"
+                )
+        for name in ("vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads"):
+            _positive(name, getattr(self, name))
+        # Fill the derived defaults (frozen, so through object.__setattr__).
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        if self.head_dim is None:
+            if self.d_model % self.num_heads:
+                raise ValueError(
+                    f"ModelConfig: d_model={self.d_model} is not divisible by "
+                    f"num_heads={self.num_heads}; choose num_heads dividing d_model or set head_dim"
+                )
+            object.__setattr__(self, "head_dim", self.d_model // self.num_heads)
+        if self.mlp_dim is None:
+            object.__setattr__(self, "mlp_dim", 4 * self.d_model)
+        for name in ("num_kv_heads", "head_dim"):
+            _positive(name, getattr(self, name))
+        if not isinstance(self.mlp_dim, int) or isinstance(self.mlp_dim, bool) or self.mlp_dim < 0:
+            raise ValueError(f"ModelConfig.mlp_dim must be a positive integer, or 0 for no MLP; got {self.mlp_dim!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelConfig: num_heads={self.num_heads} is not divisible by "
+                f"num_kv_heads={self.num_kv_heads}; each key/value head serves the same number of "
+                "query heads, so choose num_kv_heads dividing num_heads"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"ModelConfig.dropout={self.dropout} must be in [0, 1)")
+        if self.norm_eps <= 0:
+            raise ValueError(f"ModelConfig.norm_eps={self.norm_eps} must be positive")
+        if self.rope_theta <= 0:
+            raise ValueError(f"ModelConfig.rope_theta={self.rope_theta} must be positive")
+        if self.position == "sinusoidal" and self.d_model % 2:
+            raise ValueError(
+                f"ModelConfig: sinusoidal positions need an even d_model, got {self.d_model}"
+            )
+        if self.attention_impl == "cudnn" and self.dtype not in ("bfloat16", "float16", AUTO):
+            raise ValueError(
+                f"ModelConfig: attention_impl='cudnn' (cuDNN's fused attention) runs in bfloat16 or "
+                f"float16, not {self.dtype}; set dtype='bfloat16', or attention_impl='xla' for {self.dtype}"
+            )
+        self._validate_sinks()
+        self._validate_recipe()
+        if self.attention == "mla":
+            self._validate_mla()
+        else:
+            for name in ("kv_latent_dim", "q_latent_dim", "rope_head_dim", "v_head_dim"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"ModelConfig.{name} is only used with attention='mla'; remove it or set "
+                        "attention='mla'"
+                    )
+            if self.position == "rope" and self.head_dim % 2:
+                raise ValueError(
+                    f"ModelConfig: RoPE rotates pairs of features, so head_dim must be even; got "
+                    f"head_dim={self.head_dim}"
+                )
+
+    def _validate_sinks(self) -> None:
+        if not isinstance(self.attention_sink, bool):
+            raise ValueError(f"ModelConfig.attention_sink must be True or False, got {self.attention_sink!r}")
+        if not isinstance(self.num_registers, int) or isinstance(self.num_registers, bool) or self.num_registers < 0:
+            raise ValueError(
+                f"ModelConfig.num_registers must be an integer >= 0 (0: no registers), got {self.num_registers!r}"
+            )
+        if self.attention_sink and self.attention_impl in ("xla", "cudnn"):
+            raise ValueError(
+                f"ModelConfig: attention_sink=True needs attention_impl='reference' (or 'auto', which "
+                f"chooses it; got {self.attention_impl!r}): jax.nn.dot_product_attention has no sink logit"
+            )
+
+    def _validate_recipe(self) -> None:
+        for name in ("qk_norm", "zero_init_out", "zero_init_head"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"ModelConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        c = self.logit_softcap
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 <= c < float("inf"):
+            raise ValueError(
+                f"ModelConfig.logit_softcap must be a finite number >= 0 (the cap c of c * tanh(logits / c); "
+                f"0: no cap), got {c!r}"
+            )
+        if self.qk_norm and self.attention == "mla":
+            raise ValueError(
+                "ModelConfig: qk_norm=True is implemented for attention='mha' only: MLA decodes by scoring "
+                "queries against the cached latent through W_UK (absorbed), which a norm of the "
+                "up-projected keys would break; MLA already normalises its latents (kv_norm, q_norm). "
+                "Set qk_norm=False or attention='mha'"
+            )
+        if self.zero_init_head and self.tie_embeddings:
+            raise ValueError(
+                "ModelConfig: zero_init_head=True needs an untied head (tie_embeddings=False): tied logits "
+                "use the token embedding matrix, which must not start at zero"
+            )
+
+    def _validate_mla(self) -> None:
+        if self.kv_latent_dim is None:
+            raise ValueError("ModelConfig: attention='mla' needs kv_latent_dim (the cached latent width)")
+        _positive("kv_latent_dim", self.kv_latent_dim)
+        if self.q_latent_dim is not None:
+            _positive("q_latent_dim", self.q_latent_dim)
+        if self.num_kv_heads != self.num_heads:
+            raise ValueError(
+                "ModelConfig: MLA shares one latent across all heads, so num_kv_heads does not apply; "
+                f"leave it unset (got num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads})"
+            )
+        if self.v_head_dim is None:
+            object.__setattr__(self, "v_head_dim", self.head_dim)
+        _positive("v_head_dim", self.v_head_dim)
+        if self.position == "rope":
+            if self.rope_head_dim is None:
+                raise ValueError(
+                    "ModelConfig: MLA with position='rope' needs rope_head_dim, the width of the "
+                    "decoupled rotary part of queries and of the shared rotary key"
+                )
+            _positive("rope_head_dim", self.rope_head_dim)
+            if self.rope_head_dim % 2:
+                raise ValueError(
+                    f"ModelConfig: RoPE rotates pairs of features, so rope_head_dim must be even; "
+                    f"got {self.rope_head_dim}"
+                )
+        elif self.rope_head_dim is not None:
+            raise ValueError(
+                f"ModelConfig.rope_head_dim is only used with position='rope' (got position="
+                f"{self.position!r}); remove it"
+            )
+
+    def check_resolved(self) -> None:
+        """Raises if dtype or attention_impl is still 'auto': a model computes with concrete values,
+        chosen for the backend once at start-up by transformer.model.execution.resolve_auto."""
+        unresolved = [f"{name}='auto'" for name in ("dtype", "attention_impl") if getattr(self, name) == AUTO]
+        if unresolved:
+            raise ValueError(
+                f"ModelConfig.{' and '.join(unresolved)} is chosen per backend at start-up; build the model "
+                "from transformer.model.execution.resolve_auto(cfg).cfg, or set a concrete value"
+            )
+
+    @property
+    def kv_groups(self) -> int:
+        """Query heads per key/value head, R = H // G."""
+        return self.num_heads // self.num_kv_heads
+
+    @classmethod
+    def fields(cls) -> tuple[dataclasses.Field, ...]:
+        """The config's fields (what a config file's `model` section holds)."""
+        return tuple(f for f in dataclasses.fields(cls) if f.init)
+
+    @classmethod
+    def from_dict(cls, fields: Mapping[str, Any]) -> "ModelConfig":
+        """Builds a ModelConfig from a mapping (e.g. a config file's `model` ConfigDict)."""
+        fields = dict(fields)
+        known = {f.name for f in cls.fields()}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown model config field(s) {unknown}; known fields are {sorted(known)}"
+            )
+        missing = sorted(
+            f.name
+            for f in cls.fields()
+            if f.default is dataclasses.MISSING and f.name not in fields
+        )
+        if missing:
+            raise ValueError(f"model config is missing required field(s) {missing}")
+        return cls(**fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields, with the derived defaults filled in (JSON-serialisable)."""
+        return {f.name: getattr(self, f.name) for f in self.fields()}
+
+    def architecture(self) -> dict[str, Any]:
+        """The fields that say what the parameters mean (all but INIT_FIELDS and EXECUTION_FIELDS)."""
+        return {k: v for k, v in self.to_dict().items() if k not in _NOT_ARCHITECTURE}
+
+    def differences(self, other: "ModelConfig") -> list[str]:
+        """The names of the fields whose values differ between `self` and `other`, in field order."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        return [k for k in mine if mine[k] != theirs[k]]
+
+    def architecture_differences(self, other: "ModelConfig") -> list[str]:
+        """The architecture fields (all but INIT_FIELDS and EXECUTION_FIELDS) that differ, in field
+        order: empty when `other` gives the same parameters the same meaning (it may still start or
+        compute them otherwise)."""
+        return [k for k in self.differences(other) if k not in _NOT_ARCHITECTURE]
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy with some fields changed; derived fields that were never set are derived again."""
+        fields = {k: v for k, v in self.to_dict().items() if k not in self.derived}
+        return ModelConfig(**{**fields, **changes})
+
+
+def _positive(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")

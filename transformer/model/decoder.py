@@ -1,0 +1,336 @@
+"""The decoder: token embedding, positions, a stack of L blocks, a final norm, vocabulary logits.
+
+    x = embed(tokens) [+ positions]
+    for each of L blocks:                       pre-norm (default)       post-norm
+        x = x + attention(norm(x))    or        x = norm(x + attention(x))
+        x = x + mlp(norm(x))                    x = norm(x + mlp(x))
+    logits = head(norm(x))                      (the final norm only with pre-norm)
+    [logits = c tanh(logits / c)]               (logit_softcap = c > 0)
+
+mlp_dim=0 leaves out each block's MLP line (and its norm): attention-only blocks.
+num_registers=R > 0 puts R learned register rows before the tokens' x (at positions -R..-1) and
+drops them before the final norm: they give no logits.
+
+`Decoder.__call__` is that forward pass; its helpers below it hold the mechanics: `_embed`,
+`_layers` (an nn.scan or a Python loop), `_logits`, and the out-of-range guard.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer.model import kv_cache
+from transformer.model import ops
+from transformer.model.attention import Attention, LatentAttention, dense_init
+from transformer.model.kv_cache import Cache
+from transformer.model.config import ModelConfig
+from transformer.model.linear import Linear
+from transformer.model.norm import Norm
+
+Array = jax.Array
+
+
+def gelu_exact(x: Array) -> Array:
+    """GELU x * Phi(x), as 0.5 x (1 + erf(x / sqrt(2))) (PyTorch's formula).
+
+    The same function as nn.gelu(x, approximate=False), which uses erfc; XLA:CPU expands erfc into
+    two branches with an exp, erf into one rational polynomial, which is faster (docs/performance.md).
+    """
+    return 0.5 * x * (1.0 + jax.lax.erf(x * 0.7071067811865476))
+
+
+def relu_squared(x: Array) -> Array:
+    """relu(x)^2 (Primer, So et al. 2021; modded-nanogpt's MLP)."""
+    return jnp.square(nn.relu(x))
+
+
+ACTIVATIONS = {
+    "gelu": gelu_exact,
+    "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
+    "relu": nn.relu,
+    "relu2": relu_squared,
+    "swiglu": nn.silu,  # applied to the gate of a gated MLP
+}
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward network: [B, T, D] -> [B, T, F] -> [B, T, D].
+
+    activation='swiglu' is gated: W_down (silu(W_gate x) * W_up x); otherwise W_out act(W_in x).
+    """
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.cfg
+        dense = lambda features, name, output=False: Linear(  # noqa: E731
+            features, use_bias=cfg.use_bias, dtype=cfg.dtype,
+            kernel_init=dense_init(cfg, output), name=name,
+        )
+        # Plain autodiff, no jax.checkpoint around the activation: recomputing it in the backward
+        # pass kept less memory but, without biases, made XLA:CPU compute its gradient in a strided
+        # layout (docs/performance.md, "The MLP's activation"); cfg.remat is the memory knob.
+        act = ACTIVATIONS[cfg.activation]
+        if cfg.activation == "swiglu":
+            h = act(dense(cfg.mlp_dim, "gate")(x)) * dense(cfg.mlp_dim, "up")(x)
+        else:
+            h = act(dense(cfg.mlp_dim, "fc_in")(x))
+        h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))  # tensor parallel: split by F
+        return dense(cfg.d_model, "fc_out", output=True)(h)
+
+
+class Block(nn.Module):
+    """One decoder layer: attention and MLP, each with a residual add and a norm (mlp_dim=0:
+    attention alone, no `mlp` or `mlp_norm` parameters).
+
+    x [B, T, D] -> x [B, T, D], plus this layer's new cache entries and (optionally) its attention
+    weights [B, H, T, S_total]. The signature (carry, inputs) -> (carry, outputs) lets `nn.scan`
+    stack the layers.
+    """
+
+    cfg: ModelConfig
+    deterministic: bool = True
+    return_weights: bool | str = False
+
+    @nn.compact
+    def __call__(
+        self, x: Array, positions: Array, cached: Cache | None, head_mask: Array | None
+    ) -> tuple[Array, tuple[Cache | None, Array | None]]:
+        cfg = self.cfg
+        drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
+        attention = (LatentAttention if cfg.attention == "mla" else Attention)(cfg, name="attn")
+        mlp = MLP(cfg, name="mlp")  # never called with mlp_dim=0, so it has no parameters then
+        if cfg.prenorm:
+            a, new, weights = attention(norm(cfg, "attn_norm")(x), positions, cached, head_mask, self.return_weights)
+            x = x + drop(a)
+            if cfg.mlp_dim:
+                x = x + drop(mlp(norm(cfg, "mlp_norm")(x)))
+        else:
+            a, new, weights = attention(x, positions, cached, head_mask, self.return_weights)
+            x = norm(cfg, "attn_norm")(x + drop(a))
+            if cfg.mlp_dim:
+                x = norm(cfg, "mlp_norm")(x + drop(mlp(x)))
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))  # the residual stream: whole D
+        return x, (new if cached is not None else None, weights)
+
+
+class Decoder(nn.Module):
+    """A decoder-only transformer language model.
+
+    __call__(tokens [B, T], positions [B, T] = None, cache = None, head_mask [L, H] = None,
+             return_attention = False, deterministic = True)
+      -> (logits [B, T, V] float32, updated cache or None)
+      -> (logits, cache, attention [L, B, H, T, S_total]) when return_attention.
+
+    return_attention='logits' returns the pre-softmax logits (scaled scores plus the mask) in place of
+    the weights, same shape. With the sink/register options the attention's key axis grows; its
+    query axis stays T (registers' own rows are dropped):
+      registers (num_registers = R): R more columns first, one per register ([.., T, R + S_total]);
+        with a cache they are its R leading slots, written by the call that fills an empty cache;
+      sink (attention_sink): one more column last, the sink's share ([.., T, (R +) S_total + 1]).
+    Registers sit at positions -R..-1, whatever the tokens' positions: causally first, with no
+    position embedding (learned or sinusoidal: a table has no negative rows) and, with RoPE, rotated
+    by their positions like R tokens just before the window. The real tokens keep their positions
+    (0..T-1 by default), so their embeddings and rotations are the plain model's; logits [B, T, V].
+
+    positions default to 0..T-1 (the cache-free forward). With a cache, this call's keys/values are
+    written at slots `positions`, and each token attends to the cached slots before its row's first
+    position plus this call's tokens up to itself: the same code serves prefill (T tokens) and
+    decoding (T = 1), and rows may sit at different positions. S_total is T without a cache and
+    S + T with one (cached slots first).
+
+    Out-of-range inputs: a token id outside [0, vocab_size), or a position at or past max_seq_len
+    (with a cache: at or past its S slots). Concrete tokens and positions (not traced by jit)
+    raise a ValueError naming the id or position and where it is. Under jit nothing can raise;
+    instead a row's logits are NaN from its first out-of-range token onwards (later tokens attend
+    to it), while its earlier positions and the other rows are exactly what they would be without
+    it (a bad id is looked up clipped into range, so nothing non-finite enters the attention). Its
+    cache entries are written from that clipped id (a position past the cache writes nothing), so
+    a later call whose queries see that slot is not flagged: validate ids before a jitted call.
+    """
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        tokens: Array,
+        positions: Array | None = None,
+        cache: Cache | None = None,
+        head_mask: Array | None = None,
+        return_attention: bool | str = False,
+        deterministic: bool = True,
+    ):
+        cfg = self.cfg
+        cfg.check_resolved()  # dtype / attention_impl 'auto' are chosen before any model is built
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)  # [B, T]: 0..T-1
+        check_tokens(cfg, tokens)  # ids in [0, V), when they are known (not traced)
+        check_positions(cfg, positions, cache)  # positions < max_seq_len and < S, likewise
+        embed = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=nn.initializers.normal(0.02),
+                         dtype=cfg.dtype, name="embed")  # E [V, D]
+        x = self._embed(embed, tokens, positions, deterministic)  # [B, T, D]: E[tokens] + positions
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))  # logical axes (sharding.py)
+        # Registers go through the layers in the cache-free forward and in the call that fills an
+        # empty cache; later calls read their keys and values from the cache.
+        r = cfg.num_registers if cache is None or not cache.registers_written else 0
+        x_all, positions_all = self._prepend_registers(x, positions) if r else (x, positions)  # [B, R + T, ...]
+        x, new, weights = self._layers(x_all, positions_all, cache, head_mask, return_attention, deterministic)
+        x = x[:, r:]  # [B, T, D]: the registers give no logits
+        if weights is not None:
+            weights = weights[:, :, :, r:]  # [L, B, H, T, ...]: the tokens' rows
+        if cfg.prenorm:
+            x = norm(cfg, "final_norm")(x)  # [B, T, D]
+        h = nan_from_out_of_range(cfg, x, tokens, positions, cache)  # [B, T, D]: jit's stand-in for the checks
+        logits = self._logits(embed, h)  # [B, T, V] float32
+        if cache is not None:
+            cache = kv_cache.write(cache, new, positions_all, after=x)  # x, not h: 0 * NaN would poison every row
+            cache = cache.replace(registers_written=cache.registers_written or bool(r))
+        if return_attention:
+            return logits, cache, weights  # weights [L, B, H, T, S_total]
+        return logits, cache
+
+    @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
+    def _embed(self, embed: nn.Embed, tokens: Array, positions: Array, deterministic: bool) -> Array:
+        """tokens, positions [B, T] -> x [B, T, D]: token embeddings plus learned or sinusoidal
+        position embeddings (RoPE rotates inside the attention; 'none' adds nothing), then dropout."""
+        cfg = self.cfg
+        # Clipped: nn.Embed looks up an id >= V as NaN, which the attention would spread to every
+        # position of the row. A bad id's logits are set to NaN after the layers instead.
+        x = embed(jnp.clip(tokens, 0, cfg.vocab_size - 1))  # [B, T, D]
+        if cfg.position == "learned":
+            pos_embed = self.param("pos_embed", nn.initializers.normal(0.01), (cfg.max_seq_len, cfg.d_model))
+            x = x + jnp.take(pos_embed, positions, axis=0, mode="clip").astype(cfg.dtype)  # + P[positions]
+        elif cfg.position == "sinusoidal":
+            x = x + ops.sinusoidal_positions(positions, cfg.d_model).astype(cfg.dtype)  # + [B, T, D]
+        return nn.Dropout(cfg.dropout, deterministic=deterministic)(x)  # [B, T, D]
+
+    @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
+    def _prepend_registers(self, x: Array, positions: Array) -> tuple[Array, Array]:
+        """x [B, T, D], positions [B, T] -> [B, R + T, D], [B, R + T]: the R learned registers
+        first, at positions -R..-1 (no position embedding; RoPE rotates them by those positions)."""
+        cfg = self.cfg
+        registers = self.param("registers", nn.initializers.normal(0.02), (cfg.num_registers, cfg.d_model))
+        b = x.shape[0]
+        x = jnp.concatenate([jnp.broadcast_to(registers.astype(x.dtype), (b, *registers.shape)), x], axis=1)
+        first = jnp.broadcast_to(jnp.arange(-cfg.num_registers, 0, dtype=positions.dtype), (b, cfg.num_registers))
+        return x, jnp.concatenate([first, positions], axis=1)
+
+    @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
+    def _layers(
+        self, x: Array, positions: Array, cache: Cache | None, head_mask: Array | None,
+        return_attention: bool | str, deterministic: bool,
+    ) -> tuple[Array, Cache | None, Array | None]:
+        """x [B, T, D] through the L blocks -> (x [B, T, D], the layers' new cache entries (tuples of
+        L, as the cache holds them) or None, attention weights [L, B, H, T, S_total] or None).
+
+        scan_layers: one `nn.scan` over a block whose params have a leading L axis (`layers`);
+        otherwise a Python loop over layers_0 ... layers_{L-1}.
+        """
+        cfg = self.cfg
+        block = nn.remat(Block) if cfg.remat else Block
+        if cfg.scan_layers:
+            layers = nn.scan(
+                block,
+                variable_axes={"params": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=(nn.broadcast, 0, 0),
+                length=cfg.num_layers,
+            )(cfg, deterministic, return_attention, name="layers")
+            stack = None if cache is None else kv_cache.stacked(cache)  # the scan takes [L, ...] arrays
+            x, (new, weights) = layers(x, positions, stack, head_mask)
+            return x, None if cache is None else kv_cache.per_layer(new), weights
+        news, weights = [], []  # unscanned: a Python loop, each layer its own params and cache buffers
+        for i in range(cfg.num_layers):
+            x, (new_i, weights_i) = block(cfg, deterministic, return_attention, name=f"layers_{i}")(
+                x, positions, None if cache is None else kv_cache.layer(cache, i),
+                None if head_mask is None else head_mask[i],
+            )
+            news.append(new_i)
+            weights.append(weights_i)
+        new = None if cache is None else jax.tree.map(lambda *layers: layers, *news)  # tuples of L
+        return x, new, jnp.stack(weights) if return_attention else None
+
+    @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
+    def _logits(self, embed: nn.Embed, h: Array) -> Array:
+        """h [B, T, D] -> logits [B, T, V] float32: h E^T with tied embeddings, else a head W [V, D];
+        then soft-capped at cfg.logit_softcap when it is > 0."""
+        cfg = self.cfg
+        if cfg.tie_embeddings:
+            # h E^T, contracting E's rows in place: Flax's embed.attend transposes E first, and
+            # XLA:CPU then fuses the final norm into a slow loop over E (docs/performance.md).
+            logits = jnp.einsum("btd,vd->btv", h, embed.embedding.astype(cfg.dtype))
+        else:
+            init = nn.initializers.zeros if cfg.zero_init_head else nn.initializers.normal(0.02)
+            logits = Linear(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, kernel_init=init, name="head")(h)
+        logits = logits.astype(jnp.float32)
+        if cfg.logit_softcap:
+            logits = ops.softcap(logits, cfg.logit_softcap)  # c tanh(logits / c): |logits| <= c
+        return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+
+
+def norm(cfg: ModelConfig, name: str) -> Norm:
+    """The config's norm (layer norm or RMSNorm, with or without gain and bias) as a module `name`."""
+    return Norm(cfg.norm, cfg.norm_scale, cfg.norm_bias, cfg.norm_eps, name=name)
+
+
+def nan_from_out_of_range(cfg: ModelConfig, x: Array, tokens: Array, positions: Array, cache: Cache | None) -> Array:
+    """x [B, T, D] with NaN from each row's first out-of-range input on, so all its logits are NaN.
+
+    Under jit check_tokens and check_positions cannot run: what they would reject gets a NaN hidden
+    state (D numbers per token rather than V logits). An input is out of range when its token id
+    is outside [0, vocab_size) or its position is at or past the context (max_seq_len) or the cache
+    (S slots: the write is dropped). Positions increase along a row, so every later token of the
+    row attends to it; earlier ones and other rows do not.
+
+    Args:
+      x: [B, T, D] hidden states. tokens, positions: [B, T] integers.
+    """
+    t = tokens.shape[1]
+    limit = cfg.max_seq_len if cache is None else min(cfg.max_seq_len, cache.max_len)
+    bad = (tokens < 0) | (tokens >= cfg.vocab_size) | (positions >= limit)
+    index = jnp.arange(t)
+    first_bad = jnp.where(bad, index, t).min(axis=1, keepdims=True, initial=t)  # [B, 1], T if none
+    return jnp.where((index >= first_bad)[..., None], jnp.nan, x)
+
+
+def check_tokens(cfg: ModelConfig, tokens: Array) -> None:
+    """Raises a clear error for token ids outside [0, vocab_size), when they are known."""
+    if isinstance(tokens, jax.core.Tracer):
+        return
+    tokens = np.asarray(tokens)
+    bad = np.argwhere((tokens < 0) | (tokens >= cfg.vocab_size))
+    if len(bad):
+        row, t = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise ValueError(
+            f"token id {tokens[row, t]} at row {row}, position {t}{more} is outside the vocabulary "
+            f"of vocab_size={cfg.vocab_size} (ids 0..{cfg.vocab_size - 1}); encode the text with "
+            "the model's tokenizer, or use a model whose vocab_size covers every id"
+        )
+
+
+def check_positions(cfg: ModelConfig, positions: Array, cache: Cache | None) -> None:
+    """Raises a clear error for positions past the context or the cache, when they are known."""
+    if isinstance(positions, jax.core.Tracer):
+        return
+    top = int(positions.max()) if positions.size else -1
+    if top >= cfg.max_seq_len:
+        raise ValueError(
+            f"position {top} is past the model's context (max_seq_len={cfg.max_seq_len}); "
+            "shorten the input or use a model with a longer context"
+        )
+    if cache is not None and top >= cache.max_len:
+        raise ValueError(
+            f"position {top} does not fit in the cache of {cache.max_len} slots; "
+            "init_cache with a larger max_len (prompt length + new tokens)"
+        )
+
+
+def count_params(params) -> int:
+    """Total number of parameters in a pytree."""
+    return sum(x.size for x in jax.tree.leaves(params))

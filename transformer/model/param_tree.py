@@ -1,0 +1,128 @@
+"""Edits of a parameter tree: the two layouts of the layer stack, and checking a tree's layout.
+
+A Decoder's parameters are nested dicts: embed, pos_embed, final_norm and head at the top, and the
+L layers in one of two layouts, chosen by cfg.scan_layers:
+
+    scanned     {"embed": ..., "layers": {"attn": {"q": {"kernel": [L, H, K, D]}, ...}, ...}}
+    unscanned   {"embed": ..., "layers_0": {"attn": {"q": {"kernel": [H, K, D]}, ...}, ...},
+                 ..., "layers_{L-1}": {...}}
+
+`nn.scan` holds the layers as one subtree whose every array has a leading L axis (one layer is
+compiled, L times over); a Python loop holds layers_0 ... layers_{L-1}, each its own arrays.
+
+    stack / unstack            L per-layer trees <-> one tree of [L, ...] arrays
+    split_layers / join_layers params (either layout) <-> (the rest, [layer 0, ..., layer L-1])
+    stack_layers / unstack_layers / unrolled    params from one layout to the other
+    relayout_layers            any tree of parameter-shaped subtrees (a train state with its AdamW
+                               moments) from one layout to the other, matched by path
+    layout_differences         where a tree differs from the one Decoder(cfg) builds
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from transformer.model.config import ModelConfig
+
+Tree = Any  # nested dicts (or other pytrees) of arrays
+
+
+def stack(layers: Sequence[Tree]) -> Tree:
+    """L trees of the same structure -> one tree of that structure: each array [...] -> [L, ...]."""
+    return jax.tree.map(lambda *a: jnp.stack(a), *layers)
+
+
+def unstack(stacked: Tree, num_layers: int) -> list[Tree]:
+    """The inverse of `stack`: a tree of [L, ...] arrays -> L trees, the i-th holding slices [i]."""
+    return [jax.tree.map(lambda a: a[i], stacked) for i in range(num_layers)]
+
+
+def split_layers(params: Mapping, num_layers: int) -> tuple[dict, list[Tree]]:
+    """Params in either layout -> (the other parameters: embed, pos_embed, final_norm, head;
+    [layer 0, ..., layer L-1], each one layer's tree: no L axis)."""
+    rest = dict(params)
+    if "layers" in rest:
+        layers = unstack(rest.pop("layers"), num_layers)
+    else:
+        layers = [rest.pop(f"layers_{i}") for i in range(num_layers)]
+    return rest, layers
+
+
+def join_layers(rest: Mapping, layers: Sequence[Tree], scanned: bool) -> dict:
+    """The inverse of `split_layers`: (the other parameters, L layers) -> params, scanned (one
+    `layers`, arrays [L, ...]) or unscanned (layers_0 ... layers_{L-1})."""
+    if scanned:
+        return {**rest, "layers": stack(layers)}
+    return {**rest, **{f"layers_{i}": layer for i, layer in enumerate(layers)}}
+
+
+def stack_layers(params: Mapping, num_layers: int) -> dict:
+    """Unscanned params (layers_0 ... layers_{L-1}) -> scanned params (one `layers` with an L axis)."""
+    return join_layers(*split_layers(params, num_layers), scanned=True)
+
+
+def unstack_layers(params: Mapping, num_layers: int) -> dict:
+    """Scanned params (`layers` with a leading L axis) -> unscanned (layers_0 ... layers_{L-1})."""
+    return join_layers(*split_layers(params, num_layers), scanned=False)
+
+
+def unrolled(params: Mapping, cfg: ModelConfig) -> tuple[Mapping, ModelConfig]:
+    """The same model with its layer stack unrolled: (params with layers_i, cfg with scan_layers off).
+
+    For decoding: a scanned stack reads each layer's weights through a dynamic slice, which XLA:CPU
+    copies every step (all the weights, twice the bytes a step must read); unrolled layers read
+    static slices made once per call.
+    """
+    if not cfg.scan_layers:
+        return params, cfg
+    return unstack_layers(params, cfg.num_layers), cfg.replace(scan_layers=False)
+
+
+def relayout_layers(saved: Tree, like: Tree, num_layers: int) -> Tree:
+    """`saved`'s arrays arranged as `like`, converting between the two layouts of a layer stack.
+
+    Works on any tree holding parameter-shaped subtrees (params, AdamW moments), with its
+    containers given as dicts or as the original classes: leaves are matched by the names along
+    their paths. A leaf under `layers` in `like` (shape [L, ...]) stacks the leaves at the same
+    path under layers_0 ... layers_{L-1} in `saved`; a leaf under `layers_i` takes slice [i] of
+    the leaf at the same path under `layers`.
+    """
+    def names(path) -> tuple[str, ...]:
+        return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+    source = {names(p): x for p, x in jax.tree_util.tree_leaves_with_path(saved)}
+
+    def take(path, _) -> Any:
+        path = names(path)
+        if path in source:
+            return source[path]
+        if "layers" in path:  # scanned here, unscanned in `saved`: stack layers_0 ... layers_{L-1}
+            at = path.index("layers")
+            return jnp.stack([source[path[:at] + (f"layers_{i}",) + path[at + 1:]] for i in range(num_layers)])
+        at = next(i for i, n in enumerate(path) if re.fullmatch(r"layers_\d+", n))
+        return source[path[:at] + ("layers",) + path[at + 1:]][int(path[at][len("layers_"):])]
+
+    return jax.tree_util.tree_map_with_path(take, like)
+
+
+def layout_differences(cfg: ModelConfig, params: Tree) -> list[str]:
+    """Where a parameter tree differs from the one Decoder(cfg) builds (names and shapes), as
+    'path: got (shape), model (shape)' lines; empty when they match. Nothing is computed.
+
+    `params` may hold arrays or anything with a .shape (jax.ShapeDtypeStruct, orbax metadata).
+    """
+    from transformer.model.decoder import Decoder  # here: model.py imports this module
+
+    model = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))
+
+    def shapes(tree) -> dict[str, tuple]:
+        return {jax.tree_util.keystr(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+    got, want = shapes(params), shapes(model["params"])
+    return [f"{k}: got {got.get(k, 'nothing')}, model {want.get(k, 'nothing')}"
+            for k in sorted(got.keys() | want.keys()) if got.get(k) != want.get(k)]

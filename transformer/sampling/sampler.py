@@ -1,0 +1,456 @@
+"""Sampling: logit filters, prefill, the `lax.scan` decode loop, and generate / generate_stream.
+
+Generation runs in two compiled stages over a ragged batch of prompts:
+
+    prefill   one forward pass over the right-padded prompts fills the KV cache and draws each
+              row's first token from the logit at that row's own last prompt position;
+    decode    a `lax.scan` of decode steps: each feeds the last tokens at their rows' positions,
+              appends one key/value per layer to the cache and draws the next tokens.
+
+Both are jitted with the shapes and sampling options as static arguments, and the shapes are
+rounded up to a few buckets (64, 128, 256, ...), so a second call with similar prompts reuses the
+compiled functions instead of compiling again.
+
+Randomness: row b owns the key fold_in(key, b) and draws its i-th new token with
+fold_in(fold_in(key, b), i). A row's tokens therefore depend neither on the other rows of the batch
+nor on how the decoding is cut into chunks, and `row_keys` reproduces a batch row on its own.
+
+Shapes (see docs/design.md): B batch, P padded prompt length, S cache slots, V vocabulary, N new tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer.model.kv_cache import Cache, init_cache
+from transformer.model.config import ModelConfig
+from transformer.model.decoder import Decoder
+from transformer.model.param_tree import unrolled
+from transformer.model.ops import MASK_VALUE
+
+Array = jax.Array
+
+# Cache and prompt lengths are rounded up to the next of these sizes (doubling past the last one),
+# capped at the model's context: a handful of compiled shapes instead of one per prompt length.
+SMALLEST_BUCKET = 64
+
+
+# ---------------------------------------------------------------------------------------------
+# Logit filters: pure functions on [B, V] float32 logits.
+# ---------------------------------------------------------------------------------------------
+
+
+def apply_temperature(logits: Array, temperature: float) -> Array:
+    """Divides [B, V] logits by temperature > 0: below 1 sharpens the distribution, above 1 flattens it.
+
+    Temperature 0 (greedy decoding) is not a division; `sample_token` takes the argmax instead.
+    """
+    if not 0 < temperature < math.inf:  # also rejects NaN
+        raise ValueError(
+            f"apply_temperature needs a finite temperature > 0, got {temperature}; "
+            "for greedy decoding call sample_token with temperature=0"
+        )
+    return logits / temperature
+
+
+def top_k_filter(logits: Array, k: int) -> Array:
+    """Keeps the k largest logits of each row and masks the rest with MASK_VALUE.
+
+    Exactly k survive even when logits tie (the tie is broken by index). k >= V keeps everything.
+
+    Args:
+      logits: [B, V] float32. k: number of tokens to keep, >= 1.
+    Returns:
+      [B, V] float32.
+    """
+    if k < 1:
+        raise ValueError(f"top_k must be at least 1, got {k}; use top_k=None to keep every token")
+    batch, vocab = logits.shape
+    if k >= vocab:
+        return logits
+    _, kept = jax.lax.top_k(logits, k)  # [B, k] indices
+    keep = jnp.zeros(logits.shape, bool).at[jnp.arange(batch)[:, None], kept].set(True)
+    return jnp.where(keep, logits, MASK_VALUE)
+
+
+def top_p_filter(logits: Array, p: float) -> Array:
+    """Nucleus filter: keeps the smallest set of most likely tokens whose probability mass is >= p.
+
+    Tokens are taken in order of decreasing probability while the mass taken *before* each one is
+    below p, so the most likely token is always kept and the set stops at the first token that
+    brings the mass to p. p = 1 keeps everything.
+
+    Args:
+      logits: [B, V] float32 (already divided by the temperature). p: in (0, 1].
+    Returns:
+      [B, V] float32, the rest masked with MASK_VALUE.
+    """
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {p}; use top_p=None (or 1.0) to keep every token")
+    batch = logits.shape[0]
+    order = jnp.argsort(-logits, axis=-1)  # [B, V] token ids, most likely first
+    probs = jax.nn.softmax(jnp.take_along_axis(logits, order, axis=-1), axis=-1)
+    # Exclusive prefix sum (mass strictly before each token), built without subtracting, so the
+    # first token's mass-before is exactly 0 < p.
+    mass_before = jnp.concatenate([jnp.zeros((batch, 1)), jnp.cumsum(probs, axis=-1)[:, :-1]], axis=-1)
+    keep_sorted = mass_before < p
+    keep = jnp.zeros(logits.shape, bool).at[jnp.arange(batch)[:, None], order].set(keep_sorted)
+    return jnp.where(keep, logits, MASK_VALUE)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingOptions:
+    """How tokens are drawn and when a row stops; hashable, so it is a static argument under jit.
+
+    temperature: 0 = greedy (argmax), otherwise the logits are divided by it.
+    top_k: keep only the k most likely tokens (None: all). top_p: nucleus mass (None: all).
+    stop_tokens: a row that draws one of these is done. pad_id: written after a row is done.
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    stop_tokens: Sequence[int] = ()
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        # Each check reads "not (valid)": every comparison with NaN is False, so NaN fails it.
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be >= 0 and finite (0 = greedy), got {self.temperature}")
+        if self.top_k is not None and not self.top_k >= 1:
+            raise ValueError(f"top_k must be at least 1, got {self.top_k}; use None to keep every token")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(
+                f"top_p must be in (0, 1], got {self.top_p}; use None or 1.0 to keep every token"
+            )
+        # Normalise (numpy scalars, a list of stop tokens) so that equal options hash equally.
+        set_field = functools.partial(object.__setattr__, self)
+        set_field("temperature", float(self.temperature))
+        set_field("top_k", None if self.top_k is None else _whole("top_k", self.top_k))
+        set_field("top_p", None if self.top_p is None else float(self.top_p))
+        set_field("stop_tokens", tuple(_whole("stop_tokens", t) for t in self.stop_tokens))
+        set_field("pad_id", _whole("pad_id", self.pad_id))
+
+
+def _whole(option: str, value: int | float) -> int:
+    """value as an int, or a ValueError naming the option (inf, NaN and 2.5 are neither counts nor ids)."""
+    if not float(value).is_integer():
+        raise ValueError(f"{option} must be a whole number, got {value}")
+    return int(value)
+
+
+def sample_token(
+    logits: Array,
+    key: Array,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> Array:
+    """Draws one token per row: temperature, then top-k, then top-p, then a categorical draw.
+
+    Args:
+      logits: [B, V] float32.
+      key: one PRNG key (row b then draws with fold_in(key, b)) or one key per row, [B].
+      temperature: 0 = greedy (the argmax; top_k and top_p are then irrelevant).
+      top_k, top_p: optional filters, see `top_k_filter` and `top_p_filter`.
+    Returns:
+      [B] int32 token ids.
+    """
+    SamplingOptions(temperature, top_k, top_p)  # validates the options with a clear error
+    if temperature == 0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logits = apply_temperature(logits.astype(jnp.float32), temperature)
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None and top_p < 1.0:
+        logits = top_p_filter(logits, top_p)
+    keys = row_keys(key, logits.shape[0])
+    # One draw per row with that row's own key: a row's sample never depends on the others.
+    return jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32)
+
+
+def encode_prompt(cfg: ModelConfig, tokenizer: Any, prompt: str) -> np.ndarray:
+    """Prompt text -> token ids [N], with clear errors for an empty or too long prompt."""
+    ids = tokenizer.encode(prompt)  # raises ValueError for text the tokenizer cannot represent
+    if len(ids) == 0:
+        raise ValueError("the prompt is empty; pass --prompt with at least one character")
+    if len(ids) >= cfg.max_seq_len:
+        raise ValueError(
+            f"the prompt has {len(ids)} tokens but the model's context is max_seq_len={cfg.max_seq_len}, "
+            "leaving no room for new tokens; shorten the prompt"
+        )
+    return ids
+
+
+def row_keys(key: Array, batch_size: int) -> Array:
+    """One PRNG key per row, [B]: fold_in(key, b) for row b. An array of B keys is returned as is.
+
+    To reproduce row b of a batch on its own, pass `row_keys(key, B)[b:b + 1]` as its key.
+    """
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if key.ndim == (1 if typed else 2):  # already one key per row
+        if key.shape[0] != batch_size:
+            raise ValueError(f"got {key.shape[0]} per-row keys for a batch of {batch_size} rows")
+        return key
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(batch_size))
+
+
+def _draw(logits: Array, keys: Array, step: Array | int, options: SamplingOptions) -> Array:
+    """[B, V] logits -> [B] int32 tokens: the step-th new token of each row, drawn with that row's
+    key folded with the step, fold_in(keys[b], step)."""
+    step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
+    return sample_token(logits, step_keys, options.temperature, options.top_k, options.top_p)
+
+
+def _is_stop(tokens: Array, stop_tokens: tuple[int, ...]) -> Array:
+    """[B] int32 -> [B] bool, True where the token is a stop token."""
+    if not stop_tokens:
+        return jnp.zeros(tokens.shape, bool)
+    return jnp.isin(tokens, jnp.asarray(stop_tokens, jnp.int32))
+
+
+# ---------------------------------------------------------------------------------------------
+# The decode state and the two compiled stages.
+# ---------------------------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class DecodeState:
+    """The `lax.scan` carry: everything one decode step needs and updates.
+
+    cache: the KV cache, one buffer [B, ...] per layer (see cache.py).
+    tokens: [B] int32, each row's last drawn token, fed at the next step.
+    positions: [B] int32, row b's next position (where `tokens[b]` is written).
+    keys: [B] per-row PRNG keys (see `row_keys`).
+    step: [] int32, how many new tokens each row has drawn (the same for every row).
+    done: [B] bool, the row has drawn a stop token; its later outputs are padding.
+    """
+
+    cache: Cache
+    tokens: Array
+    positions: Array
+    keys: Array
+    step: Array
+    done: Array
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "cache_len", "options"))
+def prefill(
+    params: dict,
+    cfg: ModelConfig,
+    tokens: Array,
+    lengths: Array,
+    keys: Array,
+    cache_len: int,
+    options: SamplingOptions,
+    head_mask: Array | None = None,
+) -> DecodeState:
+    """Runs the padded prompts through the model, fills the cache and draws each row's first token.
+
+    Row b's prompt sits at positions 0..n_b-1; the padding after it is written to slots >= n_b,
+    which the decoder treats as stale (masked, then overwritten by the row's next tokens).
+
+    Args:
+      params: the Decoder's parameters.
+      tokens: [B, P] int32 prompts, right-padded. lengths: [B] int32 prompt lengths n_b >= 1.
+      keys: [B] per-row PRNG keys. cache_len: S >= P. options: how to draw.
+      head_mask: [L, H] or None, the Decoder's: 0 switches a head off (an ablation).
+    Returns:
+      The decode state after the first new token: tokens [B] holds it, positions [B] = lengths.
+    """
+    batch, length = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    logits, cache = Decoder(cfg).apply(
+        {"params": params}, tokens, positions=positions, cache=init_cache(cfg, batch, cache_len), head_mask=head_mask
+    )
+    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
+    first = _draw(last, keys, 0, options)
+    return DecodeState(
+        cache=cache, tokens=first, positions=lengths.astype(jnp.int32), keys=keys,
+        step=jnp.ones((), jnp.int32), done=_is_stop(first, options.stop_tokens),
+    )
+
+
+def decode_step(
+    params: dict, cfg: ModelConfig, state: DecodeState, options: SamplingOptions, head_mask: Array | None = None
+) -> tuple[DecodeState, tuple[Array, Array]]:
+    """One token per row: feed the last tokens, append their keys/values, draw the next tokens.
+    head_mask: [L, H] or None, as in `prefill`.
+
+    Returns:
+      (next state, (tokens [B] int32 with pad_id for rows already done, emitted [B] bool)).
+    """
+    logits, cache = Decoder(cfg).apply(
+        {"params": params}, state.tokens[:, None], positions=state.positions[:, None], cache=state.cache,
+        head_mask=head_mask,
+    )
+    drawn = _draw(logits[:, 0], state.keys, state.step, options)
+    emitted = ~state.done
+    # A done row keeps running (the batch moves in lockstep) but its draws are never shown.
+    next_state = state.replace(
+        cache=cache,
+        tokens=drawn,
+        positions=state.positions + 1,
+        step=state.step + 1,
+        done=state.done | _is_stop(drawn, options.stop_tokens),
+    )
+    return next_state, (jnp.where(emitted, drawn, options.pad_id), emitted)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "num_steps", "options"))
+def decode(
+    params: dict, cfg: ModelConfig, state: DecodeState, num_steps: int, options: SamplingOptions,
+    head_mask: Array | None = None,
+) -> tuple[DecodeState, Array, Array]:
+    """`num_steps` decode steps in one `lax.scan` (no Python loop over tokens).
+
+    Scanned layers (cfg.scan_layers) are unrolled for decoding (`param_tree.unrolled`): a step is bound
+    by reading the weights, and a scanned stack would copy them every step. Callers that decode in
+    several calls unroll once themselves (generate_stream does), else each call copies them once.
+
+    Returns:
+      (state after the last step, tokens [B, num_steps] int32, emitted [B, num_steps] bool).
+    """
+    params, cfg = unrolled(params, cfg)
+    state, (tokens, emitted) = jax.lax.scan(
+        lambda carry, _: decode_step(params, cfg, carry, options, head_mask), state, length=num_steps
+    )
+    return state, tokens.T, emitted.T
+
+
+# ---------------------------------------------------------------------------------------------
+# generate and generate_stream: host-side checks, padding and bucketing around the two stages.
+# ---------------------------------------------------------------------------------------------
+
+
+class GenerateOutput(NamedTuple):
+    """tokens: [B, N] int32 new tokens, pad_id after a row's stop token.
+    lengths: [B] int32 number of new tokens of each row, its stop token included."""
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+
+
+def bucket(n: int, cap: int) -> int:
+    """The smallest of 64, 128, 256, ... that is >= n, capped at `cap`."""
+    size = SMALLEST_BUCKET
+    while size < n:
+        size *= 2
+    return min(size, cap)
+
+
+def generate(
+    params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
+    head_mask: Array | None = None, **sampling: Any,
+) -> GenerateOutput:
+    """Continues each prompt by up to `max_new_tokens` tokens: one prefill, then one `lax.scan`.
+
+    Args:
+      params, cfg: the model.
+      prompts: B token-id sequences, possibly of different lengths (each non-empty).
+      key: a PRNG key (row b uses fold_in(key, b)) or one key per row, [B] (see `row_keys`).
+      max_new_tokens: N >= 1; the longest prompt + N must fit in cfg.max_seq_len.
+      head_mask: [L, H] or None: each head's output is scaled by it (0 switches a head off), as in
+        the Decoder; for ablations.
+      **sampling: the fields of `SamplingOptions`: temperature (1.0; 0 = greedy), top_k, top_p,
+        stop_tokens (ids that end a row), pad_id (written after a row's stop token).
+    Returns:
+      GenerateOutput(tokens [B, N] int32, lengths [B] int32).
+    """
+    options = SamplingOptions(**sampling)
+    state = _start(params, cfg, prompts, key, max_new_tokens, options, head_mask)
+    first = state.tokens[:, None]  # the first new token: no row is done before it
+    _, rest, emitted = decode(params, cfg, state, max_new_tokens - 1, options, head_mask)
+    tokens = np.asarray(jnp.concatenate([first, rest], axis=1))
+    lengths = 1 + np.asarray(emitted).sum(axis=1, dtype=np.int32)
+    return GenerateOutput(tokens=tokens, lengths=lengths)
+
+
+def generate_stream(
+    params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
+    chunk_size: int = 16, **sampling: Any,
+) -> Iterator[np.ndarray]:
+    """`generate`, yielding the new tokens as they are made: [B, 1] first, then [B, <= chunk_size].
+
+    Each chunk is one `lax.scan`; the cache and the rest of the decode state pass from chunk to
+    chunk, so the concatenated chunks equal `generate`'s tokens for the same key. The stream ends
+    early once every row has drawn a stop token (the rest would be pad_id).
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
+    options = SamplingOptions(**sampling)
+    state = _start(params, cfg, prompts, key, max_new_tokens, options)
+    yield np.asarray(state.tokens)[:, None]  # the first token at once: time to first token
+    params, cfg = unrolled(params, cfg)  # once for all chunks; see decode
+    made = 1
+    while made < max_new_tokens and not bool(state.done.all()):
+        steps = min(chunk_size, max_new_tokens - made)
+        state, tokens, _ = decode(params, cfg, state, steps, options)
+        made += steps
+        yield np.asarray(tokens)
+
+
+def _start(
+    params: dict,
+    cfg: ModelConfig,
+    prompts: Sequence[Sequence[int]],
+    key: Array,
+    max_new_tokens: int,
+    options: SamplingOptions,
+    head_mask: Array | None = None,
+) -> DecodeState:
+    """Checks the request, right-pads the prompts to a bucketed length and runs the prefill."""
+    rows = _check_prompts(cfg, prompts, max_new_tokens)
+    longest = max(len(r) for r in rows)
+    cache_len = bucket(longest + max_new_tokens, cfg.max_seq_len)
+    padded_len = bucket(longest, cache_len)
+    # Padding uses token 0, a valid id: its slots are stale and never attended to.
+    tokens = np.zeros((len(rows), padded_len), np.int32)
+    for b, row in enumerate(rows):
+        tokens[b, : len(row)] = row
+    lengths = np.array([len(r) for r in rows], np.int32)
+    return prefill(params, cfg, tokens, lengths, row_keys(key, len(rows)), cache_len, options, head_mask)
+
+
+def _check_prompts(
+    cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int
+) -> list[np.ndarray]:
+    """Each prompt as a 1-D integer array, or a ValueError saying what is wrong and what to do."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    rows = [np.asarray(p) for p in prompts]
+    if not rows:
+        raise ValueError("no prompts given; pass a list of token-id sequences")
+    for b, row in enumerate(rows):
+        if row.ndim != 1 or (row.size and not np.issubdtype(row.dtype, np.integer)):
+            raise ValueError(
+                f"prompt {b} must be a 1-D sequence of integer token ids, got shape {row.shape} "
+                f"and dtype {row.dtype}; pass prompts as a list of token-id lists"
+            )
+        if row.size == 0:
+            raise ValueError(
+                f"prompt {b} is empty; generation continues a prompt, so give it at least one token "
+                "(e.g. a newline or a beginning-of-text token)"
+            )
+        if row.min() < 0 or row.max() >= cfg.vocab_size:
+            raise ValueError(
+                f"prompt {b} holds token ids outside [0, {cfg.vocab_size}) (min {row.min()}, max "
+                f"{row.max()}); encode it with the model's tokenizer"
+            )
+        if len(row) + max_new_tokens > cfg.max_seq_len:
+            raise ValueError(
+                f"prompt {b} has {len(row)} tokens and max_new_tokens is {max_new_tokens}: "
+                f"{len(row) + max_new_tokens} positions, past the model's context of "
+                f"max_seq_len={cfg.max_seq_len}; shorten the prompt or ask for at most "
+                f"{max(cfg.max_seq_len - len(row), 0)} new tokens"
+            )
+    return rows

@@ -1,0 +1,283 @@
+"""Orbax checkpoints in `workdir/checkpoints`: train state, resolved config and tokenizer.
+
+Each checkpoint step is a folder with three items: `state` (step, params, optimizer state, PRNG
+key, as arrays), `config` (the resolved run config, JSON) and `tokenizer` (JSON). Nothing is
+pickled, so restoring a checkpoint runs no code from it. Orbax writes each step into a temporary
+folder and renames it when complete, so a run killed mid-save leaves the previous checkpoints
+intact; the incomplete folder is ignored and cleaned up at the next start.
+
+Kept: the most recent `keep` checkpoints plus the one with the best validation loss.
+
+A checkpoint restores onto whatever devices are at hand, whatever mesh saved it: resuming places
+the state as the new run's mesh says, inference reads it onto one device. Resuming accepts a model
+config that differs in initialisation and execution fields only (`config.INIT_FIELDS`:
+zero_init_out, ...; `config.EXECUTION_FIELDS`: dtype, remat, ...); a change of `scan_layers` converts
+the saved layer stack.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from transformer.model.execution import resolve_auto
+from transformer.model.config import AUTO, ModelConfig
+from transformer.model.param_tree import layout_differences, relayout_layers
+from transformer.data.tokenizer import Tokenizer, tokenizer_from_json, tokenizer_to_json
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, unreadable, or from a different model."""
+
+
+class Checkpointer:
+    """Saves and restores a run's checkpoints under `workdir/checkpoints`."""
+
+    def __init__(self, workdir: str, keep: int = 3, read_only: bool = False):
+        _ignore_closed_loop_callbacks()
+        self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+        if read_only and not os.path.isdir(self.directory):
+            raise CheckpointError(
+                f"no checkpoints in {workdir!r} (expected a folder {self.directory}); "
+                "train first (python train.py --workdir ...) or pass the workdir of a trained run"
+            )
+        policy = ocp.checkpoint_managers.AnyPreservationPolicy([
+            ocp.checkpoint_managers.LatestN(n=keep),
+            ocp.checkpoint_managers.BestN(
+                get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1,
+                keep_checkpoints_without_metrics=False,
+            ),
+        ])
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(
+                preservation_policy=policy, create=not read_only, read_only=read_only,
+                cleanup_tmp_directories=not read_only,
+            ),
+            item_handlers={  # named handlers also let item_metadata read shapes without the arrays
+                "state": ocp.StandardCheckpointHandler(),
+                "config": ocp.JsonCheckpointHandler(),
+                "tokenizer": ocp.JsonCheckpointHandler(),
+            },
+        )
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def best_step(self) -> int | None:
+        return self.manager.best_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self.manager.all_steps())
+
+    def save(self, step: int, state: Any, config: Mapping[str, Any], tokenizer: Tokenizer,
+             val_loss: float) -> None:
+        """Writes checkpoint `step` (asynchronously; `wait` blocks until it is on disk)."""
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state),
+                config=ocp.args.JsonSave(dict(config)),
+                tokenizer=ocp.args.JsonSave(tokenizer_to_json(tokenizer)),
+            ),
+            metrics={"val_loss": float(val_loss)},
+            force=True,
+        )
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def _step_or_latest(self, step: int | None) -> int:
+        steps = self.all_steps()
+        if not steps:
+            raise CheckpointError(
+                f"the checkpoint folder {self.directory} holds no complete checkpoint; "
+                "train first, or pass the workdir of a run that saved one"
+            )
+        if step is None:
+            return max(steps)
+        if step not in steps:
+            raise CheckpointError(f"no checkpoint at step {step} in {self.directory}; available: {steps}")
+        return step
+
+    def _restore(self, step: int, **items: Any) -> Any:
+        try:
+            return self.manager.restore(step, args=ocp.args.Composite(**items))
+        except Exception as e:  # orbax raises many types for unreadable files
+            _ignore_unretrieved_reads()
+            raise self._unreadable(step, e) from e
+
+    def _unreadable(self, step: int, e: Exception) -> CheckpointError:
+        """The error for a checkpoint that failed to read; it advises deleting the checkpoint only
+        when its files are damaged (orbax reports a data-loss, decoding or missing-file error)."""
+        # The first line only: TensorStore's messages can carry a whole traceback after it.
+        first_line = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+        reason = f"{type(e).__name__}: {first_line[:300]}"
+        if not _is_damage(e):
+            return CheckpointError(
+                f"checkpoint step {step} in {self.directory} could not be restored ({reason}). Its files "
+                "are not known to be damaged: keep them, and report this error"
+            )
+        return CheckpointError(
+            f"checkpoint step {step} in {self.directory} is damaged ({reason}): delete the folder "
+            f"{os.path.join(self.directory, str(step))} to fall back to an earlier checkpoint, "
+            "or start a new --workdir"
+        )
+
+    def config(self, step: int | None = None) -> dict[str, Any]:
+        """The resolved run config saved with checkpoint `step` (default: the latest)."""
+        step = self._step_or_latest(step)
+        return self._restore(step, config=ocp.args.JsonRestore()).config
+
+    def tokenizer(self, step: int | None = None) -> Tokenizer:
+        step = self._step_or_latest(step)
+        return tokenizer_from_json(self._restore(step, tokenizer=ocp.args.JsonRestore()).tokenizer)
+
+    def restore_state(self, state: Any, model_config: Mapping[str, Any], step: int | None = None) -> Any:
+        """Restores the train state into the structure and shardings of `state` (e.g. a fresh one).
+
+        `model_config` is the run's; the checkpoint may differ from it in execution fields only
+        (see `check_same_model`), and a different `scan_layers` converts the saved layer stack.
+        Raises CheckpointError for a different architecture or parameter layout.
+        """
+        step = self._step_or_latest(step)
+        saved = ModelConfig.from_dict(self.config(step)["model"])
+        check_same_model(saved.to_dict(), model_config, self.directory)
+        # Shapes first, from the metadata: a restore into the wrong shapes fails deep inside orbax.
+        check_layout(saved, self.params_metadata(step), self.directory)
+        if saved.scan_layers == ModelConfig.from_dict(model_config).scan_layers:
+            return self._restore(step, state=ocp.args.StandardRestore(state)).state
+        as_saved = self._restore_on_one_device(step)
+        return jax.tree.map(lambda x, like: jax.device_put(x, like.sharding),
+                            relayout_layers(as_saved, state, saved.num_layers), state)
+
+    def _restore_on_one_device(self, step: int) -> Any:
+        """The whole saved state as nested dicts and lists, on this process's first device,
+        whatever mesh saved it."""
+        try:
+            metadata = self.manager.item_metadata(step)["state"]
+        except Exception as e:  # orbax raises many types for unreadable files
+            _ignore_unretrieved_reads()
+            raise self._unreadable(step, e) from e
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata.tree)
+        return self._restore(step, state=ocp.args.StandardRestore(target)).state
+
+    def params_metadata(self, step: int) -> Any:
+        """The saved parameters' metadata (shape, dtype per array) of checkpoint `step`; no array is read."""
+        try:
+            return self.manager.item_metadata(step)["state"]["params"]
+        except Exception as e:  # orbax raises many types for unreadable files
+            _ignore_unretrieved_reads()
+            raise self._unreadable(step, e) from e
+
+    def restore_params(self, step: int | None = None) -> Any:
+        """Only the parameters of checkpoint `step` (default: the latest), as saved, on one device."""
+        return self._restore_on_one_device(self._step_or_latest(step))["params"]
+
+
+def check_same_model(saved: Mapping[str, Any], current: Mapping[str, Any], where: str) -> list[str]:
+    """Raises CheckpointError naming every architecture field that differs; returns the other fields
+    that differ (INIT_FIELDS, EXECUTION_FIELDS: how the parameters start and are computed) as
+    'name: saved -> now'."""
+    saved, current = ModelConfig.from_dict(saved), ModelConfig.from_dict(current)
+    diffs = [f"{k}: checkpoint {getattr(saved, k)!r}, config {getattr(current, k)!r}"
+             for k in saved.architecture_differences(current)]
+    if diffs:
+        raise CheckpointError(
+            f"the checkpoints in {where} were trained with a different model ("
+            + "; ".join(diffs)
+            + "). Use a new --workdir for this model, or the config the checkpoint was made with."
+        )
+    return [f"{k}: {getattr(saved, k)!r} -> {getattr(current, k)!r}" for k in saved.differences(current)]
+
+
+def check_layout(cfg: ModelConfig, params: Any, where: str) -> None:
+    """Raises CheckpointError if the saved parameters are not shaped as this code's Decoder(cfg)."""
+    diff = layout_differences(cfg, params)
+    if diff:
+        raise CheckpointError(
+            f"the checkpoint in {where} stores its parameters in another layout than this version of "
+            f"the model builds ({'; '.join(diff[:2])}). This version stores every weight matrix "
+            "[out, in] (transformer/model/linear.py); checkpoints written in the older [in, out] layout cannot "
+            "be loaded by it: train again, or use the version of the code that wrote them"
+        )
+
+
+def restore_for_inference(workdir: str, step: int | None = None) -> tuple[ModelConfig, Any, Tokenizer]:
+    """(model config, params, tokenizer) of a run's checkpoint `step` (default: the latest).
+
+    workdir: a training run's folder (holding `checkpoints/`). The model config is the saved one,
+    its 'auto' execution fields chosen again for this backend (`saved_model_config`).
+    """
+    if not os.path.isdir(workdir):
+        raise FileNotFoundError(
+            f"workdir {workdir!r} does not exist; pass the --workdir of a training run "
+            "(e.g. runs/shakespeare after `make train`)"
+        )
+    ckpt = Checkpointer(workdir, read_only=True)
+    step = ckpt._step_or_latest(step)
+    cfg = saved_model_config(ckpt.config(step))
+    check_layout(cfg, ckpt.params_metadata(step), ckpt.directory)
+    return cfg, ckpt.restore_params(step), ckpt.tokenizer(step)
+
+
+def saved_model_config(saved: Mapping[str, Any]) -> ModelConfig:
+    """The ModelConfig of a saved run config (config.json, a checkpoint's), for use on this backend.
+
+    The execution fields the run chose with 'auto' (its `auto` record, see
+    run_config.choose_execution) are chosen again for this process's backend: a model trained on a
+    GPU in bfloat16 with cuDNN attention samples on a CPU in float32 with the reference path.
+    """
+    cfg = ModelConfig.from_dict(saved["model"])
+    chosen = saved.get("auto", {}).get("fields", [])
+    return resolve_auto(cfg.replace(**{name: AUTO for name in chosen})).cfg
+
+
+# What orbax and TensorStore say when a checkpoint's files are truncated, garbled or missing.
+_DAMAGE = re.compile(r"DATA_LOSS|OUT_OF_RANGE|NOT_FOUND|Error reading|No such file|corrupt", re.IGNORECASE)
+
+
+def _is_damage(e: BaseException) -> bool:
+    """Whether a failed read is explained by damaged files (not by a mismatch on our side)."""
+    damaged_types = (json.JSONDecodeError, UnicodeDecodeError, FileNotFoundError, EOFError)
+    return isinstance(e, damaged_types) or bool(_DAMAGE.search(str(e)))
+
+
+def _ignore_closed_loop_callbacks() -> None:
+    """When a restore fails, orbax's reads still in flight call back into its closed event loop;
+    Python reports each through sys.unraisablehook as 'Event loop is closed', burying the real
+    error. Drop exactly those reports (installed once, by the first Checkpointer)."""
+    previous = sys.unraisablehook
+    if getattr(previous, "ignores_closed_loop", False):
+        return
+
+    def hook(unraisable) -> None:
+        e = unraisable.exc_value
+        if not (isinstance(e, RuntimeError) and str(e) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook.ignores_closed_loop = True
+    sys.unraisablehook = hook
+
+
+def _ignore_unretrieved_reads() -> None:
+    """After a failed restore, orbax's other reads of the same damaged files fail too, and asyncio
+    logs each as 'Task exception was never retrieved' with a traceback when the process ends; the
+    error raised for the restore already says what is wrong. Drop exactly those log records."""
+    logger = logging.getLogger("asyncio")
+    if not any(getattr(f, "ignores_unretrieved", False) for f in logger.filters):
+        never_retrieved = lambda record: not record.getMessage().startswith("Task exception was never retrieved")  # noqa: E731
+        never_retrieved.ignores_unretrieved = True
+        logger.addFilter(never_retrieved)
+

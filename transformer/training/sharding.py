@@ -1,0 +1,229 @@
+"""Devices: the (data, fsdp, tensor) mesh, logical axis names, and the rules that map one onto the other.
+
+    mesh = make_mesh(data=-1, fsdp=1, tensor=1)   # axes ('data', 'fsdp', 'tensor')
+    rules = make_rules(cfg, mesh, config.mesh.rules)   # logical name -> mesh axes, checked against cfg
+    state_sharding(state, mesh, rules)            # a NamedSharding per array of a state pytree
+    batch_sharding(mesh, rules)                   # [B, T] batches: rows over the 'batch' rule's axes
+    with axis_rules(mesh, rules): ...             # activations' with_logical_constraint take effect
+
+Every array dimension has a logical name (batch, length, embed, heads, kv_heads, head_dim, mlp, vocab,
+latent, norm, layers). Parameters get theirs from one table, `PARAM_AXES`, keyed by the parameter's
+name (the same names in every variant: the test checks it covers all of them); the main activations
+name theirs where they are computed (`nn.with_logical_constraint` in model.py, attention.py and
+cache.py, a no-op outside `axis_rules`). The rules (config.mesh.rules) say which mesh axes each
+logical name is split over; the default is
+
+    batch -> data, fsdp     the batch over every data-parallel device (FSDP is data parallel too)
+    embed -> fsdp           parameters and optimizer state split along d_model (ZeRO-3 / FSDP)
+    heads, kv_heads, mlp, vocab -> tensor     Megatron tensor parallelism
+    length, head_dim, latent, norm, layers -> replicated
+
+Rules are applied in `LOGICAL_AXES` order and a mesh axis serves at most one dimension of an array,
+so an activation [batch, length, embed] takes (data, fsdp) for its batch and leaves embed whole.
+
+Tensor parallelism, Megatron-style: W_q, W_k, W_v and the MLP's first projection are split by their
+output (heads, mlp), W_o and the MLP's second projection by their input; each device computes its
+heads and its slice of the hidden layer, and the residual stream x [B, T, D] (named whole along
+embed) makes XLA insert one all-reduce after attention and one after the MLP per block. The logits
+[B, T, V] are split over the vocabulary and the cross-entropy reduces over it.
+GQA / MQA: key/value heads are split like the query heads when num_kv_heads divides by the tensor
+size; otherwise `make_rules` replicates them (each device computes all G key/value heads, as
+Megatron does for MQA). MLA: queries and the up-projections W_UK, W_UV split by heads; the latent
+projections (W_DKV, W_DQ) and the latent cache are replicated over tensor, since every head reads the
+whole latent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from transformer.model.config import ModelConfig
+
+MESH_AXES = ("data", "fsdp", "tensor")
+# Logical axis names, in the order the rules are applied (batch first: see the module docstring).
+LOGICAL_AXES = ("batch", "layers", "vocab", "heads", "kv_heads", "mlp", "embed", "length", "head_dim",
+                "latent", "norm")
+# The default rules, as the config holds them: mesh axes joined by commas, "" = replicated.
+DEFAULT_RULES = {
+    "batch": "data,fsdp", "layers": "", "vocab": "tensor", "heads": "tensor", "kv_heads": "tensor",
+    "mlp": "tensor", "embed": "fsdp", "length": "", "head_dim": "", "latent": "", "norm": "",
+}
+# The config field that sets each logical axis's size (named in the error for a size that does not divide).
+SIZE_FIELD = {
+    "vocab": "model.vocab_size", "heads": "model.num_heads", "kv_heads": "model.num_kv_heads",
+    "mlp": "model.mlp_dim", "embed": "model.d_model", "length": "model.max_seq_len",
+    "head_dim": "model.head_dim (or v_head_dim, rope_head_dim)", "latent": "model.kv_latent_dim (or q_latent_dim)",
+    "norm": "model.d_model (or a latent width, or head_dim with qk_norm)", "layers": "model.num_layers",
+}
+Rules = tuple[tuple[str, Any], ...]  # flax's form: ((logical name, mesh axes or None), ...)
+
+# Logical axes of every parameter, by (module, parameter) name, for one layer (a scanned stack adds
+# a leading 'layers' axis). Weight matrices are stored [out, in] (linear.py).
+_DENSE_IN = {"kernel": ("mlp", "embed"), "bias": ("mlp",)}  # D -> F, split by output
+PARAM_AXES = {
+    ("embed", "embedding"): ("vocab", "embed"),  # E [V, D]
+    ("pos_embed",): ("length", "embed"),  # P [T_max, D]
+    ("head", "kernel"): ("vocab", "embed"),  # W [V, D]
+    ("q", "kernel"): ("heads", "head_dim", "embed"), ("q", "bias"): ("heads", "head_dim"),  # [H, K, D]
+    ("k", "kernel"): ("kv_heads", "head_dim", "embed"), ("k", "bias"): ("kv_heads", "head_dim"),  # [G, K, D]
+    ("v", "kernel"): ("kv_heads", "head_dim", "embed"), ("v", "bias"): ("kv_heads", "head_dim"),
+    ("o", "kernel"): ("embed", "heads", "head_dim"), ("o", "bias"): ("embed",),  # W_o [D, H, Kv]
+    **{(name, p): axes for name in ("fc_in", "gate", "up") for p, axes in _DENSE_IN.items()},  # [F, D]
+    ("fc_out", "kernel"): ("embed", "mlp"), ("fc_out", "bias"): ("embed",),  # [D, F]
+    ("q_down", "kernel"): ("latent", "embed"), ("q_down", "bias"): ("latent",),  # MLA W_DQ [Cq, D]
+    ("q_up", "kernel"): ("heads", "head_dim", "latent"),  # MLA W_UQ [H, K + Kr, Cq]
+    ("kv_down", "kernel"): ("latent", "embed"), ("kv_down", "bias"): ("latent",),  # W_DKV [C + Kr, D]
+    ("attn", "k_up"): ("heads", "head_dim", "latent"),  # W_UK [H, K, C]
+    ("attn", "v_up"): ("heads", "head_dim", "latent"),  # W_UV [H, Kv, C]
+    ("attn", "sink"): ("heads",),  # the sink logit per head [H] (attention_sink)
+    ("registers",): ("length", "embed"),  # register tokens [R, D] (num_registers)
+}
+# Of every *_norm module (attn_norm, mlp_norm, final_norm; MLA's kv_norm, q_norm; qk_norm's q_norm,
+# k_norm): [D], [latent width] or [K], replicated ("norm").
+NORM_PARAMS = ("scale", "bias")
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices: list | None = None) -> Mesh:
+    """A 3-D device mesh with axes ('data', 'fsdp', 'tensor'); data=-1 takes all remaining devices."""
+    devices = jax.devices() if devices is None else devices
+    n = len(devices)
+    for name, size in (("fsdp", fsdp), ("tensor", tensor)):
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"mesh.{name}={size!r} must be a positive integer")
+    if n % (fsdp * tensor):
+        raise ValueError(f"mesh.fsdp={fsdp} x mesh.tensor={tensor} must divide the {n} available devices")
+    if data == -1:
+        data = n // (fsdp * tensor)
+    if data * fsdp * tensor != n:
+        raise ValueError(
+            f"mesh.data={data} x mesh.fsdp={fsdp} x mesh.tensor={tensor} = {data * fsdp * tensor} devices, "
+            f"but {n} are available; set mesh.data=-1 to use them all"
+        )
+    return Mesh(np.asarray(devices).reshape(data, fsdp, tensor), MESH_AXES)
+
+
+def parse_rules(rules: Mapping[str, str] | None = None) -> Rules:
+    """Config rules {logical name: 'axis,axis' or ''} -> flax's ((name, axes or None), ...), in
+    LOGICAL_AXES order; names left out keep their DEFAULT_RULES entry."""
+    rules = dict(rules or {})
+    unknown = sorted(set(rules) - set(LOGICAL_AXES))
+    if unknown:
+        raise ValueError(f"mesh.rules has unknown logical axes {unknown}; the logical axes are {list(LOGICAL_AXES)}")
+    parsed = []
+    for name in LOGICAL_AXES:
+        value = rules.get(name, DEFAULT_RULES[name])
+        axes = tuple(a.strip() for a in value.split(",") if a.strip()) if isinstance(value, str) else tuple(value or ())
+        if bad := [a for a in axes if a not in MESH_AXES]:
+            raise ValueError(f"mesh.rules.{name}={value!r} names {bad}, not mesh axes; use some of {list(MESH_AXES)} "
+                             "joined by commas, or '' to replicate")
+        parsed.append((name, axes[0] if len(axes) == 1 else (axes or None)))
+    return tuple(parsed)
+
+
+def make_rules(cfg: ModelConfig, mesh: Mesh, rules: Mapping[str, str] | None = None) -> Rules:
+    """The rules for this model on this mesh: `rules` (config.mesh.rules) checked against cfg's sizes.
+
+    Key/value heads that the kv_heads rule's mesh size does not divide are replicated (GQA / MQA
+    with fewer key/value heads than tensor devices). Any other size that does not divide is an error
+    naming the config field.
+    """
+    parsed = dict(parse_rules(rules))
+    size = lambda name: _mesh_size(mesh, parsed[name])  # noqa: E731
+    if cfg.attention == "mha" and cfg.num_kv_heads % size("kv_heads"):
+        parsed["kv_heads"] = None
+    for path, shape in _param_shapes(cfg):
+        for name, dim in zip(param_axes(path, len(shape)), shape, strict=True):
+            if dim % size(name):
+                raise ValueError(
+                    f"{SIZE_FIELD[name]}: the '{name}' axis of parameter {'/'.join(path)} has size {dim}, not "
+                    f"divisible by the {size(name)} devices of mesh axes {parsed[name]} (mesh.rules.{name}); "
+                    f"choose sizes that divide, or a smaller mesh.{_first_axis(parsed[name])}"
+                )
+    return tuple(parsed.items())
+
+
+def param_axes(path: tuple[str, ...], ndim: int) -> tuple[str, ...]:
+    """The logical axes of the parameter at `path` (its key names, e.g. ('layers', 'attn', 'q',
+    'kernel')) with `ndim` dimensions. Raises KeyError for a parameter the table does not know."""
+    if path[-1] in ("pos_embed", "registers"):  # top-level arrays, no module of their own
+        axes = PARAM_AXES[(path[-1],)]
+    elif len(path) >= 2 and path[-2].endswith("norm") and path[-1] in NORM_PARAMS:
+        axes = ("norm",)
+    else:
+        axes = PARAM_AXES.get(tuple(path[-2:]))
+        if axes is None:
+            raise KeyError(f"no logical axes for parameter {'/'.join(path)}; add it to sharding.PARAM_AXES")
+    if "layers" in path:  # nn.scan's stack: a leading L axis
+        axes = ("layers", *axes)
+    if len(axes) != ndim:
+        raise KeyError(f"parameter {'/'.join(path)} has {ndim} dimensions but PARAM_AXES names {axes}")
+    return axes
+
+
+def state_sharding(state: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
+    """NamedShardings for a pytree holding parameters (params, a TrainState with its AdamW moments):
+    each parameter-shaped array as the rules place its logical axes, everything else (step counts,
+    PRNG keys) replicated."""
+    rules = parse_rules() if rules is None else rules
+
+    def place(path, x) -> NamedSharding:
+        names = _names(path)
+        try:
+            spec = nn.logical_to_mesh_axes(param_axes(names, np.ndim(x)), rules)
+        except KeyError:
+            if "params" in names:  # a parameter the table misses: an error, not a silent replica
+                raise
+            spec = P()
+        return NamedSharding(mesh, spec)
+
+    return jax.tree_util.tree_map_with_path(place, state)
+
+
+def batch_sharding(mesh: Mesh, rules: Rules | None = None) -> NamedSharding:
+    """[B, T] batches: rows split over the mesh axes of the 'batch' rule (default data and fsdp)."""
+    return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch", "length"), parse_rules() if rules is None else rules))
+
+
+def batch_shards(mesh: Mesh, rules: Rules | None = None) -> int:
+    """How many parts a batch's rows are split into (the batch must divide by it)."""
+    return _mesh_size(mesh, dict(parse_rules() if rules is None else rules)["batch"])
+
+
+@contextlib.contextmanager
+def axis_rules(mesh: Mesh, rules: Rules | None = None) -> Iterator[None]:
+    """While active (inside or outside jit), `nn.with_logical_constraint` places activations by `rules`
+    on `mesh`; outside it, those constraints do nothing (one device, the notebooks)."""
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(
+        parse_rules() if rules is None else rules
+    ):
+        yield
+
+
+def _names(path) -> tuple[str, ...]:
+    return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def _mesh_size(mesh: Mesh, axes: Any) -> int:
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+    return int(np.prod([mesh.shape[a] for a in axes]))
+
+
+def _first_axis(axes: Any) -> str:
+    return axes if isinstance(axes, str) else axes[0]
+
+
+def _param_shapes(cfg: ModelConfig) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
+    """(path, shape) of every parameter Decoder(cfg) has (abstract: nothing is allocated)."""
+    from transformer.model.decoder import Decoder  # here: model sits above this module (docs/design.md, Layering)
+
+    shapes = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"]
+    return [(_names(p), tuple(x.shape)) for p, x in jax.tree_util.tree_leaves_with_path(shapes)]

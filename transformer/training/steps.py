@@ -1,0 +1,143 @@
+"""Training: the train state, its creation on the mesh, and the jitted train and eval steps.
+
+    state = create_state(cfg, tx, seed, mesh, rules=rules)     # params + AdamW state, sharded
+    step_fn = make_train_step(cfg, tx, schedule, mesh, state, rules=rules)   # jit, donated state
+    state, metrics = step_fn(state, inputs [B, T], targets [B, T])
+
+`TrainState` holds step, params, optimizer state and PRNG key; `flops_per_token` counts a training
+step's FLOPs per token (for MFU). The pieces come from their own modules: the loss (`loss.py`), the
+optimizer and its schedule (`optim.py`), the device mesh, logical axis rules and shardings
+(`sharding.py`; rules=None: `make_rules(cfg, mesh)`, the default table). Everything is `jax.jit` with
+shardings, traced inside `axis_rules` so the activations' logical constraints apply; XLA inserts the
+collectives.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from transformer.model.config import ModelConfig
+from transformer.training.loss import loss_fn
+from transformer.model.decoder import Decoder
+from transformer.training.sharding import Rules, axis_rules, batch_sharding, make_rules, state_sharding
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything a resumed run needs: step, params, optimizer state and the base PRNG key."""
+
+    step: Array  # int32 scalar: optimizer steps taken
+    params: Any
+    opt_state: Any
+    rng: Array  # uint32 [2]: raw base key; dropout at step s uses fold_in(rng, s)
+
+
+@functools.partial(jax.jit, static_argnums=0)  # eager Flax init is slow; cfg is hashable
+def init_params(cfg: ModelConfig, key: Array) -> Any:
+    """Fresh float32 parameters for `cfg`."""
+    return Decoder(cfg).init(key, jnp.zeros((1, min(8, cfg.max_seq_len)), jnp.int32))["params"]
+
+
+def create_state(
+    cfg: ModelConfig, tx: optax.GradientTransformation, seed: int, mesh: Mesh, params: Any | None = None,
+    rules: Rules | None = None,
+) -> TrainState:
+    """A TrainState at step 0, created directly on the mesh with its shardings.
+
+    params: start from these (e.g. imported weights) instead of a random init.
+    """
+    key = jax.random.key(seed)
+
+    def build(params):
+        params = init_params(cfg, jax.random.fold_in(key, 0)) if params is None else params
+        return TrainState(
+            step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+            rng=jax.random.key_data(jax.random.fold_in(key, 1)),
+        )
+
+    rules = make_rules(cfg, mesh) if rules is None else rules
+    shardings = state_sharding(jax.eval_shape(build, params), mesh, rules)
+    return jax.jit(build, out_shardings=shardings)(params)
+
+
+def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule | Mapping[str, optax.Schedule], mesh: Mesh, state: TrainState,
+                    grad_accum: int = 1, rules: Rules | None = None):
+    """The jitted step: (state, inputs [B, T], targets [B, T]) -> (state, metrics).
+
+    schedule: the learning rate, logged as the metric 'learning_rate', or {metric name: schedule}
+    (optim.learning_rates: with Muon also 'muon_learning_rate').
+
+    With grad_accum = A, the batch is split into A micro-batches whose gradients are averaged
+    (a lax.scan, so memory holds one micro-batch's activations). The state is donated: its
+    buffers are reused for the new state.
+    """
+
+    rules = make_rules(cfg, mesh) if rules is None else rules
+    rates = schedule if isinstance(schedule, Mapping) else {"learning_rate": schedule}
+
+    @axis_rules(mesh, rules)  # traced with the activations' logical constraints in effect
+    def step(state: TrainState, inputs: Array, targets: Array):
+        dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+        grad_fn = jax.value_and_grad(loss_fn)
+        if grad_accum == 1:
+            loss, grads = grad_fn(state.params, cfg, inputs, targets, dropout_key)
+        else:
+            micro = lambda x: x.reshape(grad_accum, -1, *x.shape[1:])  # noqa: E731
+
+            def accumulate(carry, batch):
+                i, (x, y) = batch
+                loss, grads = grad_fn(state.params, cfg, x, y, jax.random.fold_in(dropout_key, i))
+                return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+            zeros = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, state.params))
+            (loss, grads), _ = jax.lax.scan(
+                accumulate, zeros, (jnp.arange(grad_accum), (micro(inputs), micro(targets)))
+            )
+            loss, grads = jax.tree.map(lambda a: a / grad_accum, (loss, grads))
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {
+            "loss": loss,
+            "grad_norm": optax.tree.norm(grads),
+            "param_norm": optax.tree.norm(params),  # a NaN here is caught before any save
+            **{name: rate(state.step) for name, rate in rates.items()},
+        }
+        return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    shardings = state_sharding(state, mesh, rules)
+    data = batch_sharding(mesh, rules)
+    return jax.jit(step, in_shardings=(shardings, data, data), out_shardings=(shardings, None),
+                   donate_argnums=0)
+
+
+def make_eval_step(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules | None = None):
+    """The jitted eval step: (params, inputs, targets) -> mean cross-entropy (no dropout)."""
+    rules = make_rules(cfg, mesh) if rules is None else rules
+    data = batch_sharding(mesh, rules)
+
+    @axis_rules(mesh, rules)
+    def evaluate(params: Any, inputs: Array, targets: Array) -> Array:
+        return loss_fn(params, cfg, inputs, targets, None)
+
+    return jax.jit(evaluate, in_shardings=(state_sharding(state.params, mesh, rules), data, data))
+
+
+def flops_per_token(cfg: ModelConfig, num_params: int, seq_len: int) -> float:
+    """Training FLOPs per token, 6N + 12 L T d (forward + backward; N without position tables).
+
+    6N counts the matrix multiplies of every weight (2 FLOPs per multiply-add, x3 for backward);
+    12 L T d counts the attention scores and weighted sums.
+    """
+    n = num_params - (cfg.max_seq_len * cfg.d_model if cfg.position == "learned" else 0)
+    return 6 * n + 12 * cfg.num_layers * seq_len * cfg.d_model

@@ -28,13 +28,11 @@ prompt token. The per-head shares (first real token, registers, sink) are transf
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import html
 import json
 import os
-import sys
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any

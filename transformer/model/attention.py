@@ -10,7 +10,6 @@ concatenation.
 
 from __future__ import annotations
 
-import math
 
 import flax.linen as nn
 import jax
@@ -19,27 +18,10 @@ import jax.numpy as jnp
 from transformer.model import ops
 from transformer.model.kv_cache import Cache, KVCache, LatentCache
 from transformer.model.config import ModelConfig
-from transformer.model.linear import Linear
-from transformer.model.norm import Norm
+from transformer.model.linear import Linear, dense_init
+from transformer.model.norm import rms_norm_module
 
 Array = jax.Array
-
-
-def dense_init(cfg: ModelConfig, output: bool = False) -> nn.initializers.Initializer:
-    """Normal(0.02) as GPT-2; projections into the residual stream (`output`: W_o, the MLP's fc_out)
-    are scaled by 1/sqrt(2L), or start at zero with cfg.zero_init_out (modded-nanogpt): then every
-    block starts as the identity and the residual stream as the embedding; a block's inner weights
-    get gradient once its W_o and fc_out have moved off zero."""
-    if output and cfg.zero_init_out:
-        return nn.initializers.zeros
-    std = 0.02 / math.sqrt(2 * cfg.num_layers) if output else 0.02
-    return nn.initializers.normal(std)
-
-
-def rms_norm(cfg: ModelConfig, name: str) -> Norm:
-    """An RMSNorm over the last axis (no bias; a learned gain when cfg.norm_scale) as module `name`:
-    MLA's latent norms and qk_norm's per-head norms of q and k, whatever cfg.norm is."""
-    return Norm("rmsnorm", cfg.norm_scale, False, cfg.norm_eps, name=name)
 
 
 def segment_masks(positions: Array, cache_len: int | None, registers: int = 0) -> list[Array]:
@@ -103,7 +85,7 @@ class Attention(nn.Module):
         q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))  # logical axes (sharding.py)
         k, v = (nn.with_logical_constraint(a, ("batch", "length", "kv_heads", "head_dim")) for a in (k, v))
         if cfg.qk_norm:  # each head's q and k to RMS 1 over K (gains [K] shared by the heads), then rotated
-            q, k = rms_norm(cfg, "q_norm")(q), rms_norm(cfg, "k_norm")(k)
+            q, k = rms_norm_module(cfg, "q_norm")(q), rms_norm_module(cfg, "k_norm")(k)
         if cfg.position == "rope":
             q = ops.rope(q, positions, cfg.rope_theta)
             k = ops.rope(k, positions, cfg.rope_theta)
@@ -164,7 +146,7 @@ class LatentAttention(nn.Module):
         )
 
         if cfg.q_latent_dim:
-            q_latent = rms_norm(cfg, "q_norm")(dense(cfg.q_latent_dim, "q_down")(x))  # [B, T, Cq]
+            q_latent = rms_norm_module(cfg, "q_norm")(dense(cfg.q_latent_dim, "q_down")(x))  # [B, T, Cq]
             q = dense((h, k_nope + k_r), "q_up", bias=False)(q_latent)
         else:
             q = dense((h, k_nope + k_r), "q")(x)  # [B, T, H, K + Kr]
@@ -172,7 +154,7 @@ class LatentAttention(nn.Module):
         q_nope, q_rope = q[..., :k_nope], q[..., k_nope:]
 
         kv = dense(c_kv + k_r, "kv_down")(x)  # [B, T, C + Kr]
-        latent = rms_norm(cfg, "kv_norm")(kv[..., :c_kv])
+        latent = rms_norm_module(cfg, "kv_norm")(kv[..., :c_kv])
         if k_r:
             q_rope = ops.rope(q_rope, positions, cfg.rope_theta)
             k_rope = ops.rope(kv[:, :, None, c_kv:], positions, cfg.rope_theta)[:, :, 0]

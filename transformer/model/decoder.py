@@ -24,11 +24,11 @@ import numpy as np
 
 from transformer.model import kv_cache
 from transformer.model import ops
-from transformer.model.attention import Attention, LatentAttention, dense_init
+from transformer.model.attention import Attention, LatentAttention
 from transformer.model.kv_cache import Cache
 from transformer.model.config import ModelConfig
-from transformer.model.linear import Linear
-from transformer.model.norm import Norm
+from transformer.model.linear import Linear, dense_init
+from transformer.model.norm import config_norm
 
 Array = jax.Array
 
@@ -105,15 +105,15 @@ class Block(nn.Module):
         attention = (LatentAttention if cfg.attention == "mla" else Attention)(cfg, name="attn")
         mlp = MLP(cfg, name="mlp")  # never called with mlp_dim=0, so it has no parameters then
         if cfg.prenorm:
-            a, new, weights = attention(norm(cfg, "attn_norm")(x), positions, cached, head_mask, self.return_weights)
+            a, new, weights = attention(config_norm(cfg, "attn_norm")(x), positions, cached, head_mask, self.return_weights)
             x = x + drop(a)
             if cfg.mlp_dim:
-                x = x + drop(mlp(norm(cfg, "mlp_norm")(x)))
+                x = x + drop(mlp(config_norm(cfg, "mlp_norm")(x)))
         else:
             a, new, weights = attention(x, positions, cached, head_mask, self.return_weights)
-            x = norm(cfg, "attn_norm")(x + drop(a))
+            x = config_norm(cfg, "attn_norm")(x + drop(a))
             if cfg.mlp_dim:
-                x = norm(cfg, "mlp_norm")(x + drop(mlp(x)))
+                x = config_norm(cfg, "mlp_norm")(x + drop(mlp(x)))
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))  # the residual stream: whole D
         return x, (new if cached is not None else None, weights)
 
@@ -184,7 +184,7 @@ class Decoder(nn.Module):
         if weights is not None:
             weights = weights[:, :, :, r:]  # [L, B, H, T, ...]: the tokens' rows
         if cfg.prenorm:
-            x = norm(cfg, "final_norm")(x)  # [B, T, D]
+            x = config_norm(cfg, "final_norm")(x)  # [B, T, D]
         h = nan_from_out_of_range(cfg, x, tokens, positions, cache)  # [B, T, D]: jit's stand-in for the checks
         logits = self._logits(embed, h)  # [B, T, V] float32
         if cache is not None:
@@ -271,11 +271,6 @@ class Decoder(nn.Module):
         if cfg.logit_softcap:
             logits = ops.softcap(logits, cfg.logit_softcap)  # c tanh(logits / c): |logits| <= c
         return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
-
-
-def norm(cfg: ModelConfig, name: str) -> Norm:
-    """The config's norm (layer norm or RMSNorm, with or without gain and bias) as a module `name`."""
-    return Norm(cfg.norm, cfg.norm_scale, cfg.norm_bias, cfg.norm_eps, name=name)
 
 
 def nan_from_out_of_range(cfg: ModelConfig, x: Array, tokens: Array, positions: Array, cache: Cache | None) -> Array:

@@ -15,6 +15,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer.model.config import ModelConfig
+
 Array = jax.Array
 
 
@@ -48,3 +50,14 @@ class Linear(nn.Module):
         if self.use_bias:
             y = y + self.param("bias", nn.initializers.zeros, out, jnp.float32).astype(self.dtype)
         return y
+
+
+def dense_init(cfg: ModelConfig, output: bool = False) -> nn.initializers.Initializer:
+    """Normal(0.02) as GPT-2; projections into the residual stream (`output`: W_o, the MLP's fc_out)
+    are scaled by 1/sqrt(2L), or start at zero with cfg.zero_init_out (modded-nanogpt): then every
+    block starts as the identity and the residual stream as the embedding; a block's inner weights
+    get gradient once its W_o and fc_out have moved off zero."""
+    if output and cfg.zero_init_out:
+        return nn.initializers.zeros
+    std = 0.02 / math.sqrt(2 * cfg.num_layers) if output else 0.02
+    return nn.initializers.normal(std)

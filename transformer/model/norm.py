@@ -1,4 +1,6 @@
-"""Norm: the Flax module around ops.layer_norm / ops.rms_norm, with optional gain and bias."""
+"""Norm: the Flax module around ops.layer_norm / ops.rms_norm, with optional gain and bias, and
+the two ways a model builds one from its config: `config_norm` (the blocks' and final norms) and
+`rms_norm_module` (qk_norm's and MLA's latent norms, always RMSNorm)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.model import ops
+from transformer.model.config import ModelConfig
 
 
 class Norm(nn.Module):
@@ -28,3 +31,14 @@ class Norm(nn.Module):
             return ops.rms_norm(x, scale, self.eps)
         bias = self.param("bias", nn.initializers.zeros, (d,), jnp.float32) if self.use_bias else None
         return ops.layer_norm(x, scale, bias, self.eps)
+
+
+def config_norm(cfg: ModelConfig, name: str) -> Norm:
+    """The config's norm (layer norm or RMSNorm, with or without gain and bias) as a module `name`."""
+    return Norm(cfg.norm, cfg.norm_scale, cfg.norm_bias, cfg.norm_eps, name=name)
+
+
+def rms_norm_module(cfg: ModelConfig, name: str) -> Norm:
+    """An RMSNorm over the last axis (no bias; a learned gain when cfg.norm_scale) as module `name`:
+    MLA's latent norms and qk_norm's per-head norms of q and k, whatever cfg.norm is."""
+    return Norm("rmsnorm", cfg.norm_scale, False, cfg.norm_eps, name=name)

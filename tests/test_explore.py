@@ -193,9 +193,9 @@ def test_the_page_ships_with_the_package_and_its_tools_are_extras():
 
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         pyproject = tomllib.load(f)
-    shipped = pyproject["tool"]["setuptools"]["package-data"]["transformer"]
-    for name in ("explorer/page.html", "explorer/explorer.js"):  # what explore() reads with importlib.resources
-        assert os.path.isfile(os.path.join(ROOT, "transformer", name))
+    shipped = pyproject["tool"]["setuptools"]["package-data"]["transformer.analysis"]
+    for name in ("explorer_page/page.html", "explorer_page/explorer.js"):  # what explore() reads with importlib.resources
+        assert os.path.isfile(os.path.join(ROOT, "transformer", "analysis", name))
         assert any(fnmatch.fnmatch(name, pattern) for pattern in shipped), f"{name} is not package data"
     core = " ".join(pyproject["project"]["dependencies"])
     extras = pyproject["project"]["optional-dependencies"]

@@ -148,9 +148,8 @@ def test_commit_is_marked_dirty_by_uncommitted_code_only(tmp_path):
     def git(*args):
         subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
 
-    for folder in ("transformer", "notebooks", "docs"):
-        (tmp_path / folder).mkdir()
     for file in ("transformer/model/decoder.py", "notebooks/_setup.py", "notebooks/a.ipynb", "docs/notes.md"):
+        (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / file).write_text("x\n")
     git("init", "-q")
     git("add", ".")

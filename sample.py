@@ -23,7 +23,7 @@ from absl import app, flags, logging
 
 from transformer.model.kv_cache import kv_cache_bytes_per_token
 from transformer.load import load_model
-from transformer.training.checkpoint import CheckpointError
+from transformer.training.checkpoint import CheckpointError, quiet_failed_reads
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import count_params
 from transformer.sampling.sampler import SamplingOptions, encode_prompt, generate_stream, row_keys
@@ -106,6 +106,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; the prompt goes in --prompt")
     logging.set_verbosity(logging.ERROR)  # orbax logs every restore; the samples are the output
+    quiet_failed_reads()  # one-line errors for an unreadable checkpoint
     try:
         prompt = read_prompt(FLAGS.prompt, FLAGS.prompt_file)  # a bad file fails before any loading
         cfg, params, tokenizer = load_model(FLAGS.workdir, FLAGS.hf_dir, FLAGS.step)

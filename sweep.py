@@ -51,7 +51,7 @@ from ml_collections import ConfigDict
 import train
 from transformer.model.execution import resolve_auto
 from transformer.model.kv_cache import kv_cache_bytes_per_token
-from transformer.training.checkpoint import CHECKPOINT_DIR, CheckpointError
+from transformer.training.checkpoint import CHECKPOINT_DIR, CheckpointError, quiet_failed_reads
 from transformer.cli import closest_field, leaf_fields
 from transformer.model.config import ModelConfig
 from transformer.data.atomic_files import write_atomically
@@ -359,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", required=True, help="the sweep's folder: one subfolder per run, and the results")
     args = p.parse_args(argv)
     logging.set_verbosity(logging.WARNING)  # the libraries' INFO lines (orbax logs ~45 per save), as train.py
+    quiet_failed_reads()  # one-line errors for an unreadable checkpoint
     try:
         return run_sweep(args.sweep, args.workdir)
     except SweepError as e:

@@ -49,7 +49,7 @@ from transformer import training
 from transformer.data import needle
 from transformer.data.batches import batch_at, eval_batches, with_start_token
 from transformer.model.kv_cache import kv_cache_bytes_per_token
-from transformer.training.checkpoint import CheckpointError, Checkpointer
+from transformer.training.checkpoint import CheckpointError, Checkpointer, quiet_failed_reads
 from transformer.cli import config_flags_parser
 from transformer.model.config import ModelConfig
 from transformer.data.corpus import load_texts, skipped_files
@@ -537,6 +537,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; overrides take the form --config.train.steps=10")
     if not FLAGS["verbosity"].present:  # the libraries' INFO lines (orbax logs ~45 per save)
         logging.set_verbosity(logging.WARNING)
+    quiet_failed_reads()  # one-line errors for an unreadable checkpoint
     try:
         init_distributed()
         train(FLAGS.config, FLAGS.workdir, hard_exit=True, started=STARTED)

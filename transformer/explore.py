@@ -26,9 +26,10 @@ def main(argv: list[str] | None = None) -> None:
     from absl import logging
 
     from transformer.load import load_model
-    from transformer.training.checkpoint import CheckpointError
+    from transformer.training.checkpoint import CheckpointError, quiet_failed_reads
 
     logging.set_verbosity(logging.ERROR)  # orbax logs every restore
+    quiet_failed_reads()  # one-line errors for an unreadable checkpoint
     try:
         cfg, params, tokenizer = load_model(args.workdir, args.hf_dir, args.step)
         ex = explore(params, args.prompt, cfg=cfg, tokenizer=tokenizer, top_k=args.top_k,

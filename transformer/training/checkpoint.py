@@ -44,7 +44,6 @@ class Checkpointer:
     """Saves and restores a run's checkpoints under `workdir/checkpoints`."""
 
     def __init__(self, workdir: str, keep: int = 3, read_only: bool = False):
-        _ignore_closed_loop_callbacks()
         self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
         if read_only and not os.path.isdir(self.directory):
             raise CheckpointError(
@@ -114,7 +113,6 @@ class Checkpointer:
         try:
             return self.manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # orbax raises many types for unreadable files
-            _ignore_unretrieved_reads()
             raise self._unreadable(step, e) from e
 
     def _unreadable(self, step: int, e: Exception) -> CheckpointError:
@@ -167,7 +165,6 @@ class Checkpointer:
         try:
             metadata = self.manager.item_metadata(step)["state"]
         except Exception as e:  # orbax raises many types for unreadable files
-            _ignore_unretrieved_reads()
             raise self._unreadable(step, e) from e
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata.tree)
@@ -178,7 +175,6 @@ class Checkpointer:
         try:
             return self.manager.item_metadata(step)["state"]["params"]
         except Exception as e:  # orbax raises many types for unreadable files
-            _ignore_unretrieved_reads()
             raise self._unreadable(step, e) from e
 
     def restore_params(self, step: int | None = None) -> Any:
@@ -254,10 +250,19 @@ def _is_damage(e: BaseException) -> bool:
     return isinstance(e, damaged_types) or bool(_DAMAGE.search(str(e)))
 
 
+def quiet_failed_reads() -> None:
+    """Process-wide, for a command line, installed once at its start: when a checkpoint cannot be
+    read, orbax's other reads still in flight fail too and Python reports each (below), burying the
+    one-line error that CheckpointError already gives. Drops exactly those reports; a library user
+    (a notebook) calls it too if it wants the same quiet."""
+    _ignore_closed_loop_callbacks()
+    _ignore_unretrieved_reads()
+
+
 def _ignore_closed_loop_callbacks() -> None:
     """When a restore fails, orbax's reads still in flight call back into its closed event loop;
     Python reports each through sys.unraisablehook as 'Event loop is closed', burying the real
-    error. Drop exactly those reports (installed once, by the first Checkpointer)."""
+    error. Drop exactly those reports."""
     previous = sys.unraisablehook
     if getattr(previous, "ignores_closed_loop", False):
         return

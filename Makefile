@@ -46,7 +46,7 @@ test: .venv/.installed-dev
 bench: .venv/.installed-dev
 	$(PY) bench/run_all.py --out bench/results.md
 
-# The device check (README: "GPU and TPU"): compile time, training tokens/s and MFU, decode
+# The device check (docs/usage.md: "GPU and TPU"): compile time, training tokens/s and MFU, decode
 # tokens/s and the largest batch on whatever backend JAX finds; e.g. `make accelerator JAX=cuda`.
 .PHONY: accelerator
 accelerator: $(RUN_STAMP)
@@ -89,8 +89,7 @@ define publish_sweep
 	cp runs/sweeps/$(1)/results.md docs/sweeps/$(1).md
 endef
 
-# The lecture sweep, and its committed table and figure redrawn from the runs (README: "The lecture's
-# design choices, measured").
+# The lecture sweep, and its committed table and figure redrawn from the runs (docs/experiments/lecture_sweep.md).
 .PHONY: lecture-sweep
 lecture-sweep: $(RUN_STAMP)
 	$(call publish_sweep,lecture)
@@ -98,7 +97,7 @@ lecture-sweep: $(RUN_STAMP)
 	$(call publish_sweep,lecture_seed1)
 
 # The recipe sweep (configs/modern.py with one piece taken out at a time), and its committed table and
-# figure redrawn from the runs (README: "Time to quality").
+# figure redrawn from the runs (docs/experiments/recipe_sweep.md).
 .PHONY: recipe-sweep
 recipe-sweep: $(RUN_STAMP)
 	$(call publish_sweep,recipe)

@@ -14,19 +14,14 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Iterator
-from typing import Any
-
 import jax
-import numpy as np
 from absl import app, flags, logging
 
 from transformer.model.kv_cache import kv_cache_bytes_per_token
 from transformer.load import load_model
 from transformer.training.checkpoint import CheckpointError, quiet_failed_reads
-from transformer.model.config import ModelConfig
 from transformer.model.decoder import count_params
-from transformer.sampling.sampler import SamplingOptions, encode_prompt, generate_stream, row_keys
+from transformer.sampling.text import print_samples
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A training run's folder (holding checkpoints/).")
@@ -58,48 +53,6 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     except UnicodeDecodeError as e:
         raise ValueError(f"--prompt_file {prompt_file!r} is not UTF-8 text ({e.reason} at byte {e.start}); "
                          "convert it, e.g. iconv -f latin1 -t utf-8") from None
-
-
-def stream_text(tokenizer: Any, chunks: Iterable[np.ndarray]) -> Iterator[str]:
-    """The text of a stream of token chunks [1, n], as pieces to print one after the other.
-
-    Decodes all tokens so far at every chunk and yields what is new, so multi-token characters and
-    merges come out right. Trailing U+FFFD (a character whose bytes have not all arrived yet) is
-    held back until a later chunk completes it.
-    """
-    ids: list[int] = []
-    shown = 0
-    for chunk in chunks:
-        ids.extend(chunk[0].tolist())
-        text = tokenizer.decode(ids)
-        complete = len(text.rstrip("\ufffd"))
-        if complete > shown:
-            yield text[shown:complete]
-            shown = complete
-    text = tokenizer.decode(ids)
-    if len(text) > shown:
-        yield text[shown:]
-
-
-def print_samples(cfg: ModelConfig, params: Any, tokenizer: Any, prompt: str, num_samples: int, max_new_tokens: int,
-                  seed: int, chunk_size: int, **sampling: Any) -> None:
-    """Prints `num_samples` continuations of the prompt, each as it is generated; sample i is row i
-    of a batch drawn with key `seed`. sampling: SamplingOptions' fields (temperature, top_k, top_p)."""
-    ids = encode_prompt(cfg, tokenizer, prompt)
-    SamplingOptions(**sampling)  # a bad option fails here, before anything is printed
-    # The model cannot see past its context: generate fewer tokens rather than fail.
-    n = min(max_new_tokens, cfg.max_seq_len - len(ids))
-    if n < max_new_tokens:
-        print(f"note: generating {n} tokens, not {max_new_tokens}: the prompt has {len(ids)} tokens and the "
-              f"model's context is {cfg.max_seq_len}", file=sys.stderr)
-    keys = row_keys(jax.random.key(seed), num_samples)
-    for i in range(num_samples):
-        print(f"--- sample {i + 1} of {num_samples} ---")
-        print(prompt, end="", flush=True)
-        chunks = generate_stream(params, cfg, [ids], keys[i : i + 1], n, chunk_size=chunk_size, **sampling)
-        for piece in stream_text(tokenizer, chunks):
-            print(piece, end="", flush=True)
-        print()
 
 
 def main(argv: list[str]) -> None:

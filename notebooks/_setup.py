@@ -22,17 +22,15 @@ paths from the root, so NOTEBOOK_CHECKPOINT=runs/NAME works from either):
                         where train.py runs).
   NOTEBOOK_SMOKE=1      tiny model, few steps (the tests); the default run and its figures go to a
                         temporary folder (in the repository only the git-ignored .cache/tokens is written).
-  TRANSFORMER_ROOT      the repository whose runs/, .cache/ and train.py are used (default: the folder
+  TRANSFORMER_ROOT      the repository whose runs/ and .cache/ are used (default: the folder
                         above this file); the packages imported are the installed project's.
 """
 
 import contextlib
 import functools
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import textwrap
 from collections.abc import Mapping
@@ -296,22 +294,14 @@ def _val_loss(workdir: str) -> float | None:
     return round(float(losses[-1]), 4) if losses else None
 
 
-@functools.cache
-def _train_script():
-    """The repository's train.py (a script beside the packages, not one of them), loaded from ROOT once."""
-    spec = importlib.util.spec_from_file_location("train", os.path.join(ROOT, "train.py"))
-    module = sys.modules["train"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _train(config, workdir: str) -> None:
-    train = _train_script()
+    from transformer.training.loop import train
+
     os.makedirs(workdir, exist_ok=True)
     log = os.path.join(workdir, "train.log")
     print(f"training {config.train.steps} steps into {workdir} (progress in train.log there) ...", flush=True)
     with open(log, "a") as f, contextlib.redirect_stdout(f):  # the evaluation lines and sample
-        metrics = train.train(config, workdir, progress=False)
+        metrics = train(config, workdir, progress=False)
     print(f"done: validation loss {metrics['val_loss']:.3f} nats/token "
           f"({metrics['val_bits_per_byte']:.2f} bits/byte) after {metrics['step']} steps")
 
@@ -396,21 +386,12 @@ SINKS_SMOKE = {"model.d_model": 32, "model.num_layers": 2, "model.max_seq_len": 
                "train.checkpoint_every": 6, "optim.warmup_steps": 2}
 
 
-@functools.cache
-def _sweep_script():
-    """The repository's sweep.py (it imports train.py as `train`: that one is loaded first)."""
-    _train_script()
-    spec = importlib.util.spec_from_file_location("sweep", os.path.join(ROOT, "sweep.py"))
-    module = sys.modules["sweep"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def sinks_runs(smoke: bool = SMOKE) -> tuple[list, str]:
     """(the runs of configs/sweeps/sinks.py as sweep.Job: name, config, workdir; the sweep's folder):
     runs/sweeps/sinks, as `make sweep SWEEP=configs/sweeps/sinks.py` trains them; in smoke mode a
     tiny model (SINKS_SMOKE) in a temporary folder. Nothing is trained here."""
-    sweep = _sweep_script()
+    from transformer.training import sweep
+
     workdir = os.path.join(_smoke_workdir(), "sinks") if smoke else os.path.join(ROOT, "runs", "sweeps", "sinks")
     extra = {**SINKS_SMOKE, "data.cache_dir": TOKEN_CACHE} if smoke else {}
     return sweep.plan(sweep.load_sweep(SINKS_SWEEP), SINKS_SWEEP, workdir, extra), workdir

@@ -9,7 +9,8 @@ import os
 import pytest
 
 from configs import tiny
-from transformer.cli import closest_field, config_path, explain_flag_error, leaf_fields
+from transformer.cli import config_path, explain_flag_error
+from transformer.training.config_files import closest_field, leaf_fields
 
 DEFAULT = "/repo/configs/shakespeare.py"
 FIELDS = leaf_fields(tiny.get_config())

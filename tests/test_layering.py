@@ -1,7 +1,8 @@
 """The package's layering (docs/design.md, "Layering"), checked on every import in transformer/.
 
     model, data          the bottom: neither imports the other, nor anything above
-    training, sampling, hf   above model and data; none imports another of the three
+    hf                   weights in and out (Hugging Face): above model and data
+    training, sampling   above hf (a run may start from imported weights); neither imports the other
     analysis             above all of those
     transformer/*.py     the top-level modules (the public API, command-line helpers) may import anything
 
@@ -20,8 +21,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "transformer"
 ALLOWED = {  # layer -> the layers its modules may import
     "model": {"model"},
     "data": {"data"},
-    "training": {"model", "data", "training"},
-    "sampling": {"model", "data", "sampling"},
+    "training": {"model", "data", "hf", "training"},
+    "sampling": {"model", "data", "hf", "sampling"},
     "hf": {"model", "data", "hf"},
     "analysis": {"model", "data", "training", "sampling", "hf", "analysis"},
 }

@@ -248,4 +248,4 @@ def test_a_needle_run_needs_byte_tokens_and_room_for_the_answer(tmp_path):
     out = run(tmp_path / "a", *TINY, "--config.data.tokenizer=bpe", config=needle_cfg)
     assert out.returncode == 1 and "data.task='needle' needs data.tokenizer='bytes'" in out.stderr
     out = run(tmp_path / "b", *TINY, "--config.data.task=puzzle", config=needle_cfg)
-    assert out.returncode == 1 and "data.task='puzzle' is not known; use 'text' or 'needle'" in out.stderr
+    assert out.returncode == 1 and "data.task='puzzle' is not known; use one of 'needle', 'text'" in out.stderr

@@ -96,7 +96,7 @@ def test_errors_are_clean_messages(workdir, tmp_path, args, message):
 
 
 def test_text_streaming_holds_back_split_characters():
-    from sample import stream_text
+    from transformer.sampling.text import stream_text
 
     ids = ByteTokenizer().encode("né!")  # 'é' is two bytes: split across two chunks
     chunks = [np.array([ids[:2]]), np.array([ids[2:3]]), np.array([ids[3:]])]
@@ -137,11 +137,3 @@ def test_non_finite_sampling_options_fail_with_one_error_line(workdir, flag, val
     assert out.stdout == ""  # stopped before sampling
     assert [line for line in out.stderr.splitlines() if line.startswith("error:")] == [f"error: {message}"]
     assert "Traceback" not in out.stderr
-
-
-def test_train_and_sample_import_in_one_process():
-    """train.py defines its flags only when run as a script, so a process that imports train (the
-    notebooks, sweep.py) can also import sample (this file's streaming test does)."""
-    out = subprocess.run([sys.executable, "-c", "import train, sample, sweep"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]

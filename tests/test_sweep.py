@@ -1,4 +1,4 @@
-"""sweep.py: configs/sweeps/tiny.py (two variants of configs/tiny.py, 8 steps each) trained in this
+"""Sweeps (transformer/training/sweep.py, sweep.py): configs/sweeps/tiny.py (two variants of configs/tiny.py, 8 steps each) trained in this
 process, its table and figure, skipping finished runs, resuming a killed one; the sweep file's
 errors; and the lecture sweep's variants and matched parameter counts (planned, not trained)."""
 
@@ -11,10 +11,14 @@ import json
 import os
 from types import SimpleNamespace
 
+import subprocess
+import sys
+
 import pytest
 
-import sweep
-import train
+from transformer.training import sweep
+from transformer.training.loop import train
+from transformer.training.sweep_results import num_params
 from transformer.model.execution import resolve_auto
 from transformer.model.config import ModelConfig
 from transformer.training.metrics import read_metrics
@@ -49,7 +53,7 @@ def swept(tmp_path_factory):
     config = copy.deepcopy(baseline.config)
     config.train.run_steps = 4
     with contextlib.redirect_stdout(io.StringIO()):
-        train.train(config, baseline.workdir, progress=False)
+        train(config, baseline.workdir, progress=False)
     first = run_sweep(workdir, extra)
     metrics = {name: read(workdir / name / "metrics.jsonl") for name in ("baseline", "attention_only")}
     second = run_sweep(workdir, extra)
@@ -73,7 +77,7 @@ def test_the_table_has_every_run_and_the_figure_is_written(swept):
     for name in ("baseline", "attention_only"):
         assert rows[name].endswith("| done |")
         with open(swept.workdir / name / "config.json") as f:
-            assert f"{sweep.num_params(ModelConfig.from_dict(json.load(f)['model'])):,}" in rows[name]
+            assert f"{num_params(ModelConfig.from_dict(json.load(f)['model'])):,}" in rows[name]
     assert "`model.mlp_dim=0`" in rows["attention_only"] and "(-38.2%)" in rows["attention_only"]
     wall = [r["wall_seconds"] for r in read_metrics(swept.workdir / "attention_only" / "metrics.jsonl")
             if "wall_seconds" in r]
@@ -106,19 +110,29 @@ def test_a_run_folder_of_another_config_is_refused(swept):
     ('dict(base="tiny", variant={"a": {}})', "unknown key 'variant'; did you mean 'variants'?"),
     ('dict(base="tiny", variants={"a": {"model.num_kv_heads": 3}})', "variant 'a': ModelConfig: num_heads=4"),
 ])
-def test_a_bad_sweep_file_is_a_one_line_error(tmp_path, capsys, sweep_file, message):
+def test_a_bad_sweep_file_is_a_one_line_error(tmp_path, sweep_file, message):
     path = tmp_path / "bad.py"
     path.write_text(f"def get_config():\n    return {sweep_file}\n")
-    assert sweep.main(["--sweep", str(path), "--workdir", str(tmp_path / "w")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    with pytest.raises(sweep.SweepError) as error:
+        sweep.run_sweep(str(path), str(tmp_path / "w"))
+    assert message in str(error.value) and "\n" not in str(error.value), error.value
+    assert not (tmp_path / "w").exists()
+
+
+def test_the_command_line_reports_a_bad_sweep_file_in_one_line_and_exits_2(tmp_path):
+    path = tmp_path / "bad.py"
+    path.write_text('def get_config():\n    return dict(base="tiny", variant={"a": {}})\n')
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "sweep.py"), "--sweep", str(path), "--workdir",
+                          str(tmp_path / "w")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr == "error: " + f"{path}: unknown key 'variant'; did you mean 'variants'?\n"
     assert not (tmp_path / "w").exists()
 
 
 def test_the_lecture_sweep_changes_one_thing_per_variant_at_matched_parameter_counts(tmp_path):
     jobs = sweep.plan(sweep.load_sweep(LECTURE), LECTURE, str(tmp_path))
     models = {job.name: resolve_auto(ModelConfig.from_dict(resolve(job.config, "").model)).cfg for job in jobs}
-    params = {name: sweep.num_params(cfg) for name, cfg in models.items()}
+    params = {name: num_params(cfg) for name, cfg in models.items()}
     assert len(jobs) == 12 and jobs[0].name == "baseline" and params["baseline"] == 842_496
     for job in jobs:
         assert job.config.train.steps == 300

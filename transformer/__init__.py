@@ -1,9 +1,14 @@
 """A readable JAX/Flax decoder-only transformer: train it, sample from it, look inside it.
 
-The package by layer (docs/design.md, "Layering"): model/ and data/ at the bottom; training/,
-sampling/ and hf/ above them; analysis/ above those; load.py (a model in one call), explore.py
+The package by layer (docs/design.md, "Layering"): model/ and data/ at the bottom; hf/ above them;
+training/ and sampling/ above hf/; analysis/ above those; load.py (a model in one call), explore.py
 (the attention explorer's command line) and cli.py (config-file flags) on top.
+
+Importing the package loads the plug-ins of the training loop: the data tasks 'text' and 'needle'
+(data/) and the attention-share evaluation metric (analysis/sinks.py) register themselves.
 """
+
+import transformer.analysis  # noqa: F401  (registers the analysis layer's evaluation metrics)
 
 from transformer.load import config_from_file, load_run, model_config
 from transformer.model.config import ModelConfig

@@ -4,14 +4,13 @@
 
 from __future__ import annotations
 
-import difflib
-import importlib.util
 import os
 import sys
 from collections.abc import Callable
 
 from absl import flags
-from ml_collections import ConfigDict
+
+from transformer.training.config_files import closest_field, leaf_fields, load_config_file
 
 
 def config_flags_parser(default_config: str) -> Callable[[list[str]], list[str]]:
@@ -55,10 +54,7 @@ def config_path(argv: list[str]) -> str | None:
 def explain_flag_error(path: str, argv: list[str], error: Exception) -> str:
     """What went wrong on the command line, in one sentence with the fix."""
     try:
-        spec = importlib.util.spec_from_file_location("config_file", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        fields = leaf_fields(module.get_config())
+        fields = leaf_fields(load_config_file(path))
     except Exception as e:  # the config file itself is broken
         return f"the config file {path!r} failed to load: {type(e).__name__}: {e}"
     for arg in argv[1:]:
@@ -70,26 +66,3 @@ def explain_flag_error(path: str, argv: list[str], error: Exception) -> str:
                 return f"unknown config field config.{name}{hint}"
     message = str(error).strip()
     return message.splitlines()[0] if message else type(error).__name__
-
-
-def closest_field(name: str, fields: list[str]) -> str | None:
-    """The valid field most like `name`: a sibling in its section (train.stpes -> train.steps), or
-    for an unknown section the closest full name."""
-    section, _, leaf = name.rpartition(".")
-    siblings = [f.rpartition(".")[2] for f in fields if f.rpartition(".")[0] == section]
-    if siblings:
-        close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
-        return f"{section}.{close[0]}" if close else None
-    close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
-    return close[0] if close else None
-
-
-def leaf_fields(config: ConfigDict, prefix: str = "") -> list[str]:
-    """Every field's dotted name ('train.steps', 'model.d_model', ...)."""
-    names = []
-    for key, value in config.items():
-        if isinstance(value, ConfigDict):
-            names += leaf_fields(value, f"{prefix}{key}.")
-        else:
-            names.append(f"{prefix}{key}")
-    return names

@@ -12,7 +12,6 @@ This module sits above the layers (docs/design.md, "Layering"): it may import an
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 from collections.abc import Mapping
@@ -20,17 +19,13 @@ from typing import Any
 
 from transformer.model.config import ModelConfig
 from transformer.model.execution import resolve_auto
+from transformer.training.config_files import load_config_file
 
 
 def config_from_file(path: str, **overrides: Any) -> ModelConfig:
     """The model of a config file (a configs/*.py with get_config()), as a ModelConfig whose
     'auto' fields are chosen for this process's backend. overrides: model fields to change."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no config file {path!r}; pass a path such as configs/gpt2.py")
-    spec = importlib.util.spec_from_file_location("config_file", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return model_config(module.get_config().model, **overrides)
+    return model_config(load_config_file(path).model, **overrides)
 
 
 def model_config(fields: Mapping[str, Any], **overrides: Any) -> ModelConfig:

@@ -11,6 +11,9 @@ learned sink logit (cfg.attention_sink, a column that meets no value) or registe
 
 Shares are means over the batch and over the query rows t >= 1: row 0 sees only the first token
 (and the registers and the sink), so its share there says nothing about a sink.
+
+Imported, this module registers the training loop's evaluation metric 'attention_shares'
+(training/eval_metrics.py), which a run enables with train.eval_attention_shares=True.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from jax.sharding import Mesh
 
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
+from transformer.training.eval_metrics import EvalMetric, register_eval_metric
 from transformer.training.sharding import Rules, axis_rules, batch_sharding, make_rules, state_sharding
 from transformer.training.steps import TrainState
 
@@ -143,3 +147,15 @@ def make_shares_step(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rul
         return shares_from_weights(cfg, weights)
 
     return jax.jit(shares, in_shardings=(state_sharding(state.params, mesh, rules), data))
+
+
+def _compile_share_metrics(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules, x: Array):
+    """The training loop's attention-share metric: (params, inputs) -> share_metrics' row."""
+    step = make_shares_step(cfg, mesh, state, rules).lower(state.params, x).compile()
+    return lambda params, inputs: share_metrics(cfg, step(params, inputs))
+
+
+register_eval_metric(EvalMetric(
+    "attention_shares", enabled=lambda config: bool(config.train.get("eval_attention_shares", False)),
+    compile=_compile_share_metrics,
+))

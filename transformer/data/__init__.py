@@ -1,2 +1,6 @@
 """The data: the bundled corpus, tokenizers, the token stream on disk, batches, the prefetcher, and
-the needle-in-a-document task. Imports nothing else of the package (not even the model)."""
+the data tasks (tasks.py) a run trains on. Imports nothing else of the package (not even the model).
+
+Importing the package registers its two tasks: 'text' (batches.py) and 'needle' (needle.py)."""
+
+from transformer.data import batches, needle  # noqa: F401  (each registers its task)

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from transformer.data.tasks import DataTask, register_task
+
 IGNORED = -1  # a target the loss leaves out
 
 
@@ -115,3 +117,6 @@ def with_start_token(batch: tuple[np.ndarray, np.ndarray], start_token: int) -> 
     inputs, _ = batch
     start = np.full((inputs.shape[0], 1), start_token, inputs.dtype)
     return np.concatenate([start, inputs[:, :-1]], axis=1), inputs
+
+
+register_task("text", lambda config: DataTask(batch_at, eval_batches))  # data.task='text': windows of the corpus

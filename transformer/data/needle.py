@@ -29,12 +29,14 @@ Batch `step` depends only on (seed, step), so a resumed run sees the batches an 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from transformer.data.batches import IGNORED, _host_rows
+from transformer.data.tasks import DataTask, register_task
 
 NEEDLE = " The code of {key} is {value}. "
 QUESTION = "\nWhat is the code of {key}? "
@@ -195,3 +197,14 @@ def document_grid(filler: np.ndarray, lengths: list[int], depths: list[float], p
     and depth depths[j]; document k of a cell draws from (seed, i, j, k)."""
     return [[[make_document(filler, np.random.default_rng([seed, i, j, k]), n, d, digits) for k in range(per_cell)]
              for j, d in enumerate(depths)] for i, n in enumerate(lengths)]
+
+
+def needle_task(config: Any) -> DataTask:
+    """data.task='needle': the documents of config.data.needle, checked against train.seq_len and
+    data.tokenizer."""
+    task = NeedleTask.from_config(config.data.needle)
+    task.check(config.train.seq_len, config.data.tokenizer)
+    return DataTask(functools.partial(batch_at, task=task), functools.partial(eval_batches, task=task))
+
+
+register_task("needle", needle_task)

@@ -36,6 +36,14 @@ from transformer.data.tokenizer import Tokenizer, tokenizer_from_json, tokenizer
 CHECKPOINT_DIR = "checkpoints"
 
 
+def latest_step(workdir: str) -> int | None:
+    """The step of the run's latest complete checkpoint (None before its first), read from the folder
+    names alone: no checkpoint manager is opened."""
+    directory = os.path.join(workdir, CHECKPOINT_DIR)
+    steps = ocp.utils.checkpoint_steps(directory) if os.path.isdir(directory) else []  # finalized ones only
+    return max(steps, default=None)
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, unreadable, or from a different model."""
 

@@ -1,0 +1,250 @@
+"""The training loop: `train(config, workdir)` runs (or resumes) a run and returns its last
+evaluation. What the run is made of comes from run_setup.py; here are the steps, the logging, the
+evaluations (the validation loss and the registered metrics of eval_metrics.py) and the checkpoints.
+
+    from transformer.training.loop import train
+    train(config, "runs/mine")        # config: a configs/*.py get_config(), changed at will
+
+Training batch s depends only on (seed, s), so a resumed run sees the batches an unbroken run
+would; a run stopped by SIGINT / SIGTERM saves a checkpoint at the next step and raises
+Interrupted; a diverged loss raises Diverged without saving.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from ml_collections import ConfigDict
+from tqdm import tqdm
+
+from transformer.data.atomic_files import save_json
+from transformer.data.batches import with_start_token
+from transformer.data.prefetch import Prefetcher
+from transformer.data.tokenizer import save_tokenizer
+from transformer.training.checkpoint import Checkpointer
+from transformer.training.metrics import MetricWriter
+from transformer.training.run_setup import Run, set_up_run
+from transformer.training.signals import StopOnSignal
+from transformer.training.steps import TrainState
+
+OnComplete = Callable[[Run, TrainState], None]  # called once a run reaches train.steps (e.g. to print a sample)
+
+
+class Diverged(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+def train(config: ConfigDict, workdir: str, progress: bool = True, hard_exit: bool = False,
+          started: float | None = None, on_complete: OnComplete | None = None) -> dict:
+    """Runs (or resumes) training; returns the last evaluation's metrics ({} if the run was complete).
+
+    progress=False hides the progress bar (e.g. in a notebook); metrics still go to the workdir.
+    Raises Interrupted after saving if SIGINT or SIGTERM stopped the run early (during set-up:
+    without saving; with hard_exit, as the command line does, the process ends there).
+    started: the time.perf_counter() that the metrics' elapsed_seconds count from (the command line:
+    the process's start); None: this call's start. on_complete(run, state): called when the run
+    reaches train.steps.
+    """
+    started = time.perf_counter() if started is None else started
+    with StopOnSignal(hard_exit) as stop:
+        run, state, ckpt = set_up_run(config, workdir)
+        stop.training = True
+        start, t = int(state.step), run.config.train
+        if start >= t.steps:
+            print(f"the run in {workdir} is already complete at step {start} (train.steps={t.steps}); "
+                  "raise train.steps to continue it (docs/usage.md: 'Continuing a run')")
+            return {}
+        ckpt = write_run_files(run, workdir, ckpt)
+        writer = MetricWriter(workdir, enabled=run.host == 0)
+        writer.write({"step": start, "compile_seconds": run.steps.compile_seconds,
+                      "elapsed_seconds": time.perf_counter() - started})  # the set-up's end
+        batches = training_batches(run, start)
+        bar = tqdm(total=t.steps, initial=start, disable=run.host != 0 or not progress, dynamic_ncols=True,
+                   file=sys.stdout)
+        report = Report(writer, Throughput(start, tokens_per_step=t.batch_size * t.seq_len), bar, started)
+        end = t.steps if t.run_steps <= 0 else min(t.steps, start + t.run_steps)  # run_steps: a part, then resume
+        looping = time.perf_counter()
+        try:
+            state, last_eval = train_steps(run, state, ckpt, batches, report, stop, end)
+        finally:
+            bar.close()
+            batches.close()
+            ckpt.wait()  # saves are asynchronous: the last one must be on disk before we return
+            writer.close()
+    done = int(state.step)
+    if run.host == 0:
+        print_summary(run, done, done - start, last_eval, ckpt, time.perf_counter() - looping,
+                      time.perf_counter() - started)
+    if stop.requested:
+        raise stop.stopped_after_saving(done)
+    if done == t.steps and on_complete is not None:
+        on_complete(run, state)
+    return last_eval
+
+
+def write_run_files(run: Run, workdir: str, ckpt: Checkpointer | None) -> Checkpointer:
+    """After a successful set-up: the workdir, its tokenizer and config.json (written by the first
+    host: the hosts share the workdir); the checkpointer (every host: each saves its shards)."""
+    os.makedirs(workdir, exist_ok=True)
+    tok_dir = os.path.join(workdir, "tokenizer")
+    if run.host == 0 and not os.path.isdir(tok_dir):
+        save_tokenizer(run.tokenizer, tok_dir)
+    if run.host == 0:
+        save_json(os.path.join(workdir, "config.json"), run.config.to_dict())
+    return ckpt or Checkpointer(workdir, keep=run.config.train.keep_checkpoints)
+
+
+def training_batches(run: Run, start: int) -> Prefetcher:
+    """Batches for steps start, start + 1, ..., loaded in a background thread."""
+    t = run.config.train
+    return Prefetcher(
+        lambda s: with_start_token(run.task.batch_at(run.train_tokens, seed=t.seed, step=s, batch_size=t.batch_size,
+                                                     seq_len=t.seq_len, host_index=run.host, host_count=run.hosts),
+                                   run.config.data.get("start_token", -1)),
+        start,
+    )
+
+
+class Throughput:
+    """Training tokens per second over the steps since the last `restart`."""
+
+    def __init__(self, step: int, tokens_per_step: int):
+        self.tokens_per_step = tokens_per_step
+        self.restart(step)
+
+    def restart(self, step: int) -> None:
+        """Starts a new window at `step`."""
+        self.time, self.step = time.perf_counter(), step
+
+    def tokens_per_sec(self, step: int) -> float:
+        """Tokens per second from the window's start to `step`, now."""
+        elapsed = time.perf_counter() - self.time
+        return (step - self.step) * self.tokens_per_step / max(elapsed, 1e-9)
+
+
+@dataclass
+class Report:
+    """Where the loop reports: metric rows (metrics.jsonl, TensorBoard) and the progress bar."""
+
+    writer: MetricWriter
+    throughput: Throughput
+    bar: tqdm
+    started: float  # time.perf_counter() at the run's start: the zero of the evaluations' elapsed_seconds
+
+
+def train_steps(run: Run, state: TrainState, ckpt: Checkpointer, batches: Prefetcher, report: Report,
+                stop: StopOnSignal, end: int) -> tuple[TrainState, dict]:
+    """Trains until step `end` or a stop request, logging, evaluating and saving on the config's
+    schedule; returns the state and the last evaluation.
+    """
+    t = run.config.train
+    last_eval: dict = {}
+    pending = None  # the previous step's metrics: read one step late so the host never stalls
+    for step in range(int(state.step), end):
+        inputs, targets = next(batches)
+        # The metrics stay on the device: reading them waits for the step to finish.
+        state, metrics = run.steps.train(state, run.steps.put(inputs), run.steps.put(targets))
+        done = step + 1
+        if pending is not None:
+            check_finite(*pending)
+        pending = (done, metrics)
+        stopping = stop.requested  # read once: a signal arriving mid-iteration waits a step
+        last = done == end or stopping
+        log_due = done % t.log_every == 0 or last
+        eval_due = done % t.eval_every == 0 or done == t.steps
+        save_due = done % t.checkpoint_every == 0 or last
+        if log_due or eval_due or save_due:
+            check_finite(*pending)  # never log, evaluate or save a diverged state
+        if log_due:
+            log_train_metrics(run, report, done, metrics)
+        if eval_due:
+            last_eval = timed(report, evaluate(run, state.params, done))
+            log_evaluation(report, last_eval)
+        if save_due:
+            last_eval = save_checkpoint(run, state, ckpt, report, last_eval)
+        report.bar.update(1)
+        if stopping:
+            break
+    return state, last_eval
+
+
+def log_train_metrics(run: Run, report: Report, step: int, metrics: dict) -> None:
+    """Writes the step's training metrics and the throughput since the last row; shows them on the bar."""
+    tps = report.throughput.tokens_per_sec(step)
+    row = {"step": step, **{k: float(v) for k, v in metrics.items()},
+           "tokens_per_sec": tps, "mfu": tps * run.flops_per_token / run.config.train.peak_flops}
+    report.writer.write(row)
+    muon_lr = {"muon_lr": f"{row['muon_learning_rate']:.2e}"} if "muon_learning_rate" in row else {}
+    report.bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['learning_rate']:.2e}", **muon_lr,
+                           tok_s=f"{tps:,.0f}", mfu=f"{row['mfu']:.2f}")
+    report.throughput.restart(step)  # after writing, so the next window times training only
+
+
+def evaluate(run: Run, params, step: int) -> dict:
+    """The validation loss of `params` (and its perplexity and bits per byte), and the enabled
+    evaluation metrics (eval_metrics.py) on the first validation batch."""
+    loss = float(np.mean([float(run.steps.eval(params, x, y)) for x, y in run.eval_set]))
+    row = {"step": step, "val_loss": loss, "val_perplexity": math.exp(min(loss, 50.0)),
+           "val_bits_per_byte": loss / math.log(2) / run.bytes_per_token}
+    for measure in run.steps.metrics.values():
+        row.update(measure(params, run.eval_set[0][0]))
+    return row
+
+
+def timed(report: Report, evaluation: dict) -> dict:
+    """The evaluation row with elapsed_seconds: the wall time from the run's start to the end of this
+    evaluation (set-up, compiling, earlier evaluations and checkpoints included), so the time taken
+    to reach a validation loss reads off metrics.jsonl."""
+    return {**evaluation, "elapsed_seconds": time.perf_counter() - report.started}
+
+
+def log_evaluation(report: Report, evaluation: dict) -> None:
+    """Writes an evaluation row and prints it above the progress bar."""
+    report.writer.write(evaluation)
+    report.bar.write(f"step {evaluation['step']}: val loss {evaluation['val_loss']:.4f} nats/token, "
+                     f"{evaluation['val_bits_per_byte']:.3f} bits/byte")
+
+
+def save_checkpoint(run: Run, state: TrainState, ckpt: Checkpointer, report: Report, last_eval: dict) -> dict:
+    """Saves the state as a checkpoint (asynchronously) with its validation loss; returns that
+    evaluation.
+
+    The checkpointer keeps the best checkpoint by validation loss, so each one needs an evaluation
+    of its own step: `last_eval` if it is this step's, else a new one (written, not printed).
+    """
+    step = int(state.step)
+    if last_eval.get("step") != step:
+        last_eval = timed(report, evaluate(run, state.params, step))
+        report.writer.write(last_eval)
+    ckpt.save(step, state, run.config.to_dict(), run.tokenizer, last_eval["val_loss"])
+    return last_eval
+
+
+def check_finite(step: int, metrics: dict) -> None:
+    """Stops the run if step `step`'s loss or updated parameters are NaN or infinite."""
+    for name in ("loss", "param_norm"):
+        value = float(metrics[name])
+        if not math.isfinite(value):
+            raise Diverged(
+                f"the training {name} became {value} at step {step}; stopped without saving, so the "
+                "last good checkpoint is intact. Lower optim.learning_rate or set optim.grad_clip, "
+                "then rerun"
+            )
+
+
+def print_summary(run: Run, step: int, steps: int, last_eval: dict, ckpt: Checkpointer, training_seconds: float,
+                  seconds: float) -> None:
+    """One line: the step reached, wall time (set-up and compiling included), training throughput
+    over this invocation's `steps`, the last validation loss, where the checkpoints are."""
+    tokens_per_sec = steps * run.config.train.batch_size * run.config.train.seq_len / max(training_seconds, 1e-9)
+    loss = (f"; val loss {last_eval['val_loss']:.4f} nats/token, {last_eval['val_bits_per_byte']:.3f} bits/byte"
+            if last_eval else "")
+    print(f"done: step {step} of {run.config.train.steps} in {seconds:.0f} s "
+          f"({run.steps.compile_seconds:.1f} s compiling; {tokens_per_sec:,.0f} tokens/s training){loss}; "
+          f"checkpoints in {ckpt.directory}")

@@ -1,0 +1,66 @@
+"""Stopping a run on SIGINT (Ctrl-C) or SIGTERM without losing it.
+
+During the set-up nothing is written yet, so a signal stops at once; once training has begun it
+stops at the next step, which saves a checkpoint (the loop asks `stop.requested` every step).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM stopped the run; the exit code is 128 + the signal's number."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+class StopOnSignal:
+    """While active, SIGTERM / SIGINT stop the run: during set-up at once, during training at the
+    next step, which saves a checkpoint.
+
+    During set-up nothing is written yet: the command line (`hard_exit`) ends the process there and
+    then, so no library is left half-way through an import or a compile; called from Python (a
+    notebook), set-up raises Interrupted instead. A context manager, so the previous handlers come
+    back afterwards (Ctrl-C in a notebook kernel works again once train() returns).
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, hard_exit: bool = False):
+        self.hard_exit = hard_exit
+        self.signum: int | None = None
+        self.training = False  # set once the loop may save: signals then wait for the next step
+        self.previous = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def __enter__(self) -> StopOnSignal:
+        for sig in self.SIGNALS:
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+        if self.training:
+            return
+        message = f"{signal.Signals(signum).name} during set-up: stopped; nothing was written to the workdir"
+        if self.hard_exit:
+            print(message, file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        raise Interrupted(signum, message)
+
+    def __exit__(self, *exc_info) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def stopped_after_saving(self, step: int) -> Interrupted:
+        """The error that ends a run stopped by a signal once its checkpoint at `step` is saved."""
+        return Interrupted(self.signum, f"{signal.Signals(self.signum).name}: stopped after saving the "
+                                        f"checkpoint at step {step}; rerun the same command to resume")

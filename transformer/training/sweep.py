@@ -1,0 +1,213 @@
+"""Sweeps: the variants of a config trained side by side, then tabulated and plotted
+(sweep_results.py). `python sweep.py --sweep FILE --workdir DIR` is the command line; notebooks
+call `run_sweep` or `plan` + `run_all` here.
+
+A sweep file's `get_config()` returns a dict (configs/sweeps/tiny.py is the smallest):
+
+    base       a config in configs/ by name ("shakespeare"), or a config file's path
+    overrides  {dotted field: value} for every run, e.g. {"train.steps": 400}
+    variants   {name: {dotted field: value}}, in table order; {} is the base itself
+    seeds      optional: each variant trains once per train.seed in the list
+
+(a dict, not a ConfigDict: a ConfigDict sorts its keys, losing the variants' order, and refuses
+dotted keys unless built with allow_dotted_keys=True; one is accepted all the same.)
+
+Each run is an ordinary training run in <workdir>/<variant> (with seeds: <variant>-seed<s>), trained
+by `loop.train` one after another in this process: the config stays a typed ConfigDict (no round
+trip through command-line strings), JAX starts once rather than once per run, and a failing run's
+error arrives as an exception that names its variant. Rerunning skips the finished runs (latest
+checkpoint at train.steps) and resumes the others from their latest checkpoint, so a killed sweep
+goes on where it stopped; raising train.steps continues every run. Then it writes
+<workdir>/results.md (one table row per run) and <workdir>/val_loss.png (validation loss by step).
+
+Before anything trains, every run's config is built and checked: an unknown field is an error naming
+the closest one, and a run folder trained under another config is an error naming what changed.
+A run that fails while training (its loss diverged, say) is reported in the table and the sweep goes
+on (exit code 1). Ctrl-C / SIGTERM: the current run saves a checkpoint and the sweep stops.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ml_collections import ConfigDict
+
+from transformer.data.atomic_files import write_atomically
+from transformer.model.config import ModelConfig
+from transformer.training.checkpoint import CheckpointError, latest_step
+from transformer.training.config_files import flat, load_config_file, set_fields
+from transformer.training.loop import Diverged, train
+from transformer.training.run_config import check_train_config, choose_execution, resolve
+from transformer.training.run_setup import DEFAULT_CACHE_DIR, REPO
+from transformer.training.signals import Interrupted
+from transformer.training.sweep_results import collect, plot, table
+
+CONFIGS = os.path.join(REPO, "configs")
+
+SWEEP_KEYS = ("base", "overrides", "variants", "seeds")
+# Fields a finished or started run may differ in from the sweep's config without being stale:
+# more train.steps continue a run; the others do not change what it learns.
+MAY_CHANGE = ("train.steps", "train.run_steps", "train.sample_tokens", "train.log_every", "train.eval_every",
+              "train.checkpoint_every", "train.keep_checkpoints", "train.peak_flops", "data.cache_dir",
+              "train.eval_attention_shares")
+FORMAT = ("dict(base='shakespeare', overrides={'train.steps': 300}, variants={'rmsnorm': {'model.norm': "
+          "'rmsnorm'}, ...}, seeds=[0, 1]), overrides and seeds optional")
+
+
+class SweepError(ValueError):
+    """The sweep file, or a run folder, cannot give the sweep it describes (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run of the sweep."""
+
+    name: str  # its folder under the sweep's workdir: the variant, with seeds "<variant>-seed<s>"
+    changes: dict  # the variant's overrides of the base
+    config: ConfigDict  # the run's full config
+    workdir: str
+
+
+def load_sweep(path: str) -> dict:
+    """The sweep file's get_config() as a dict, its keys checked."""
+    if not os.path.isfile(path):
+        raise SweepError(f"--sweep {path!r}: no such file (e.g. configs/sweeps/lecture.py)")
+    sweep = load_config_file(path)
+    sweep = sweep.to_dict() if isinstance(sweep, ConfigDict) else dict(sweep)
+    for key in sweep:
+        if key not in SWEEP_KEYS:
+            close = difflib.get_close_matches(key, SWEEP_KEYS, n=1)
+            raise SweepError(f"{path}: unknown key {key!r}" + (f"; did you mean {close[0]!r}?" if close else
+                                                               f"; a sweep has {', '.join(SWEEP_KEYS)}"))
+    variants, seeds = sweep.get("variants"), sweep.get("seeds") or []
+    if not (isinstance(sweep.get("base"), str) and isinstance(variants, Mapping) and variants
+            and all(isinstance(v, Mapping | None) for v in variants.values())
+            and isinstance(sweep.get("overrides") or {}, Mapping) and isinstance(seeds, list | tuple)
+            and all(isinstance(s, int) for s in seeds)):
+        raise SweepError(f"{path}: get_config() must return {FORMAT}")
+    return sweep
+
+
+def base_path(base: str) -> str:
+    """A config name ('shakespeare' -> configs/shakespeare.py) or a path to a config file."""
+    if base.endswith(".py"):
+        return base if os.path.isfile(base) else os.path.join(REPO, base)
+    path = os.path.join(CONFIGS, f"{base}.py")
+    if not os.path.isfile(path):
+        names = [f[:-3] for f in os.listdir(CONFIGS) if f.endswith(".py") and not f.startswith("_")]
+        close = difflib.get_close_matches(base, names, n=1)
+        raise SweepError(f"sweep base {base!r}: no config {path}" + (f"; did you mean {close[0]!r}?" if close else ""))
+    return path
+
+
+def override(config: ConfigDict, changes: Mapping, where: str) -> None:
+    """Sets each dotted field of `changes` in `config`; an unknown field names the closest one."""
+    set_fields(config, changes, where, error=SweepError)
+
+
+def plan(sweep: dict, sweep_path: str, workdir: str, extra: Mapping | None = None) -> list[Job]:
+    """Every run of the sweep (`load_sweep`'s dict), its config built and checked; nothing is trained
+    or written. extra: overrides for every run after the sweep's own (e.g. the tests' data.cache_dir).
+    """
+    path = base_path(sweep["base"])
+    seeds = sweep.get("seeds")
+    jobs = []
+    for seed in seeds if seeds else [None]:
+        for variant, changes in sweep["variants"].items():
+            name = variant if seed is None else f"{variant}-seed{seed}"
+            if not re.fullmatch(r"[\w.-]+", name):
+                raise SweepError(f"variant {variant!r}: name it with letters, digits, '_', '-' or '.' (a folder)")
+            config = load_config_file(path)  # afresh per run: overrides must not leak from one run to the next
+            override(config, sweep.get("overrides") or {}, f"{sweep_path}: overrides")
+            override(config, changes or {}, f"variant {variant!r}")
+            override(config, extra or {}, "extra overrides")
+            if seed is not None:
+                override(config, {"train.seed": seed}, f"{sweep_path}: seeds")
+            job = Job(name, dict(changes or {}), config, os.path.join(workdir, name))
+            try:
+                resolved = resolve(config, DEFAULT_CACHE_DIR)
+                check_train_config(resolved, ModelConfig.from_dict(resolved.model))
+            except ValueError as e:
+                raise SweepError(f"variant {variant!r}: {e}") from None
+            check_run_folder(job)
+            jobs.append(job)
+    return jobs
+
+
+def check_run_folder(job: Job) -> None:
+    """Raises if the run's folder holds a run of another config, or one past train.steps."""
+    saved_path = os.path.join(job.workdir, "config.json")
+    if not os.path.isfile(saved_path):
+        return
+    with open(saved_path) as f:
+        saved = flat(json.load(f))
+    # As train.py saves it: its 'auto' execution fields chosen for this backend.
+    now, _ = choose_execution(resolve(job.config, DEFAULT_CACHE_DIR))
+    now = flat(json.loads(json.dumps(now.to_dict())))
+    changed = [k for k in now if k in saved and k not in MAY_CHANGE and saved[k] != now[k]]
+    if changed:
+        what = "; ".join(f"{k}: {saved[k]!r} there, {now[k]!r} now" for k in changed[:4])
+        raise SweepError(f"{job.workdir} was trained with another config ({what}); delete that folder to "
+                         "train the variant afresh, or give the sweep another --workdir")
+    step = latest_step(job.workdir)
+    if step is not None and step > job.config.train.steps:
+        raise SweepError(f"{job.workdir} is at step {step}, past train.steps={job.config.train.steps}; raise "
+                         "train.steps in the sweep, or delete that folder")
+
+
+def run_all(jobs: list[Job]) -> dict[str, str]:
+    """Trains every unfinished run; returns {run name: error} for those that failed.
+
+    Ctrl-C / SIGTERM end the sweep (Interrupted) once the current run has saved.
+    """
+    failures = {}
+    for i, job in enumerate(jobs, 1):
+        steps, step = job.config.train.steps, latest_step(job.workdir)
+        changes = ", ".join(f"{k}={v!r}" for k, v in job.changes.items()) or "the base"
+        if step == steps:
+            print(f"[{i}/{len(jobs)}] {job.name}: skipped, finished at step {step} ({job.workdir})", flush=True)
+            continue
+        start = f"resuming at step {step} of {steps}" if step else f"{steps} steps"
+        print(f"\n[{i}/{len(jobs)}] {job.name} ({changes}): {start} in {job.workdir}", flush=True)
+        started = time.perf_counter()
+        try:
+            train(job.config, job.workdir, progress=False)
+        except Interrupted:
+            record_wall_time(job.workdir, time.perf_counter() - started)
+            raise
+        except (ValueError, FileNotFoundError, CheckpointError, Diverged) as e:
+            print(f"{job.name} failed: {e}", file=sys.stderr, flush=True)
+            failures[job.name] = str(e)
+            continue
+        record_wall_time(job.workdir, time.perf_counter() - started)
+    return failures
+
+
+def record_wall_time(workdir: str, seconds: float) -> None:
+    """Appends {"step", "wall_seconds"} to the run's metrics.jsonl: this invocation's wall time, set-up
+    and compiling included (a run resumed after a kill -9 lacks the killed invocation's)."""
+    if os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
+        with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps({"step": latest_step(workdir) or 0, "wall_seconds": seconds}) + "\n")
+
+
+def run_sweep(sweep_path: str, workdir: str, extra: Mapping | None = None) -> int:
+    """Plans, trains what is left, writes results.md and val_loss.png; returns the exit code."""
+    sweep = load_sweep(sweep_path)
+    jobs = plan(sweep, sweep_path, workdir, extra)
+    print(f"sweep {sweep_path}: {len(jobs)} run{'s' * (len(jobs) > 1)} in {workdir}", flush=True)
+    failures = run_all(jobs)
+    results = [collect(job, failures.get(job.name)) for job in jobs]
+    title = f"Sweep {sweep_path} (base: {sweep['base']})"
+    os.makedirs(workdir, exist_ok=True)
+    write_atomically(os.path.join(workdir, "results.md"), table(results, title))
+    plot(results, os.path.join(workdir, "val_loss.png"), title)
+    print(f"\nwrote {os.path.join(workdir, 'results.md')} and {os.path.join(workdir, 'val_loss.png')}")
+    return 1 if failures else 0

@@ -11,6 +11,7 @@ import numpy as np
 
 from transformer.model.config import ModelConfig
 from transformer.hf.mapping import Converter, check_export
+from transformer.hf.model_files import Tensors
 
 ARCH, MODEL_TYPE = "GPT2LMHeadModel", "gpt2"
 DEFAULTS = dict(
@@ -23,6 +24,21 @@ ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu"
 
 
 def import_config(hf: dict) -> tuple[ModelConfig, Converter]:
+    check_supported(hf)
+    d = hf["n_embd"]
+    cfg = ModelConfig(
+        vocab_size=hf["vocab_size"], max_seq_len=hf["n_positions"], d_model=d,
+        num_layers=hf["n_layer"], num_heads=hf["n_head"], mlp_dim=hf["n_inner"] or 4 * d,
+        activation=ACTIVATIONS[hf["activation_function"]], position="learned", norm="layernorm",
+        norm_eps=float(hf["layer_norm_epsilon"]), use_bias=True,
+        tie_embeddings=bool(hf["tie_word_embeddings"]),
+    )
+    return cfg, Converter(read_top, read_layer, ignored)
+
+
+def check_supported(hf: dict) -> None:
+    """Raises a ValueError for a GPT-2 variant the model does not compute: other attention scalings,
+    cross-attention, or an activation missing from ACTIVATIONS."""
     for key, want in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                       ("add_cross_attention", False)):
         if bool(hf[key]) != want:
@@ -33,55 +49,55 @@ def import_config(hf: dict) -> tuple[ModelConfig, Converter]:
             f"GPT-2 activation_function={act!r} is not supported; supported are "
             f"{', '.join(ACTIVATIONS)}"
         )
-    d = hf["n_embd"]
-    cfg = ModelConfig(
-        vocab_size=hf["vocab_size"], max_seq_len=hf["n_positions"], d_model=d,
-        num_layers=hf["n_layer"], num_heads=hf["n_head"], mlp_dim=hf["n_inner"] or 4 * d,
-        activation=ACTIVATIONS[act], position="learned", norm="layernorm",
-        norm_eps=float(hf["layer_norm_epsilon"]), use_bias=True,
-        tie_embeddings=bool(hf["tie_word_embeddings"]),
-    )
-    h, k, f = cfg.num_heads, cfg.head_dim, cfg.mlp_dim
 
-    def norm(t, name):
-        return {"scale": t.get(f"{name}.weight", (d,)), "bias": t.get(f"{name}.bias", (d,))}
 
-    def layer(t, cfg, i):
-        p = f"transformer.h.{i}."
-        # GPT-2's Conv1D stores [in, out]; our kernels are [out, in] (transformer/model/linear.py).
-        w = t.get(p + "attn.c_attn.weight", (d, 3 * d)).T  # [3D, D]: W_q, W_k, W_v stacked
-        b = t.get(p + "attn.c_attn.bias", (3 * d,))
-        attn = {
-            name: {"kernel": w[j * d:(j + 1) * d].reshape(h, k, d),
-                   "bias": b[j * d:(j + 1) * d].reshape(h, k)}
-            for j, name in enumerate(("q", "k", "v"))
-        }
-        attn["o"] = {"kernel": t.get(p + "attn.c_proj.weight", (d, d)).T.reshape(d, h, k),
-                     "bias": t.get(p + "attn.c_proj.bias", (d,))}
-        mlp = {
-            "fc_in": {"kernel": t.get(p + "mlp.c_fc.weight", (d, f)).T,
-                      "bias": t.get(p + "mlp.c_fc.bias", (f,))},
-            "fc_out": {"kernel": t.get(p + "mlp.c_proj.weight", (f, d)).T,
-                       "bias": t.get(p + "mlp.c_proj.bias", (d,))},
-        }
-        return {"attn_norm": norm(t, p + "ln_1"), "attn": attn, "mlp_norm": norm(t, p + "ln_2"), "mlp": mlp}
+def read_norm(t: Tensors, name: str, d: int) -> dict:
+    """The layer norm `name`'s gain and bias [D]."""
+    return {"scale": t.get(f"{name}.weight", (d,)), "bias": t.get(f"{name}.bias", (d,))}
 
-    def read_top(t, cfg):
-        params = {
-            "embed": {"embedding": t.get("transformer.wte.weight", (cfg.vocab_size, d))},
-            "pos_embed": t.get("transformer.wpe.weight", (cfg.max_seq_len, d)),
-            "final_norm": norm(t, "transformer.ln_f"),
-        }
-        if not cfg.tie_embeddings:
-            params["head"] = {"kernel": t.get("lm_head.weight", (cfg.vocab_size, d))}
-        return params
 
-    def ignored(cfg):
-        # The causal-mask buffers of old checkpoints; the head when it is tied to the embedding.
-        tied_head = ["lm_head.weight"] if cfg.tie_embeddings else []
-        return [r"transformer\.h\.\d+\.attn\.(bias|masked_bias)"] + tied_head
+def read_layer(t: Tensors, cfg: ModelConfig, i: int) -> dict:
+    """Layer i's params: ln_1, the fused c_attn split into q, k, v, c_proj as o, ln_2 and the MLP."""
+    d, h, k, f = cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.mlp_dim
+    p = f"transformer.h.{i}."
+    # GPT-2's Conv1D stores [in, out]; our kernels are [out, in] (transformer/model/linear.py).
+    w = t.get(p + "attn.c_attn.weight", (d, 3 * d)).T  # [3D, D]: W_q, W_k, W_v stacked
+    b = t.get(p + "attn.c_attn.bias", (3 * d,))
+    attn = {
+        name: {"kernel": w[j * d:(j + 1) * d].reshape(h, k, d),
+               "bias": b[j * d:(j + 1) * d].reshape(h, k)}
+        for j, name in enumerate(("q", "k", "v"))
+    }
+    attn["o"] = {"kernel": t.get(p + "attn.c_proj.weight", (d, d)).T.reshape(d, h, k),
+                 "bias": t.get(p + "attn.c_proj.bias", (d,))}
+    mlp = {
+        "fc_in": {"kernel": t.get(p + "mlp.c_fc.weight", (d, f)).T,
+                  "bias": t.get(p + "mlp.c_fc.bias", (f,))},
+        "fc_out": {"kernel": t.get(p + "mlp.c_proj.weight", (f, d)).T,
+                   "bias": t.get(p + "mlp.c_proj.bias", (d,))},
+    }
+    return {
+        "attn_norm": read_norm(t, p + "ln_1", d), "attn": attn, "mlp_norm": read_norm(t, p + "ln_2", d), "mlp": mlp,
+    }
 
-    return cfg, Converter(read_top, layer, ignored)
+
+def read_top(t: Tensors, cfg: ModelConfig) -> dict:
+    """embed, pos_embed, final_norm and (untied) head."""
+    d = cfg.d_model
+    params = {
+        "embed": {"embedding": t.get("transformer.wte.weight", (cfg.vocab_size, d))},
+        "pos_embed": t.get("transformer.wpe.weight", (cfg.max_seq_len, d)),
+        "final_norm": read_norm(t, "transformer.ln_f", d),
+    }
+    if not cfg.tie_embeddings:
+        params["head"] = {"kernel": t.get("lm_head.weight", (cfg.vocab_size, d))}
+    return params
+
+
+def ignored(cfg: ModelConfig) -> list[str]:
+    """The causal-mask buffers of old checkpoints; the head when it is tied to the embedding."""
+    tied_head = ["lm_head.weight"] if cfg.tie_embeddings else []
+    return [r"transformer\.h\.\d+\.attn\.(bias|masked_bias)"] + tied_head
 
 
 def export(cfg: ModelConfig, top: dict, layers: list[dict]) -> tuple[dict, dict]:

@@ -141,24 +141,8 @@ class LatentAttention(nn.Module):
         cfg = self.cfg
         h, k_nope, k_v, c_kv = cfg.num_heads, cfg.head_dim, cfg.v_head_dim, cfg.kv_latent_dim
         k_r = cfg.rope_head_dim or 0  # Kr, the rotary width (0 without RoPE)
-        dense = lambda features, name, bias=cfg.use_bias: Linear(  # noqa: E731
-            features, use_bias=bias, dtype=cfg.dtype, kernel_init=dense_init(cfg), name=name
-        )
-
-        if cfg.q_latent_dim:
-            q_latent = rms_norm_module(cfg, "q_norm")(dense(cfg.q_latent_dim, "q_down")(x))  # [B, T, Cq]
-            q = dense((h, k_nope + k_r), "q_up", bias=False)(q_latent)
-        else:
-            q = dense((h, k_nope + k_r), "q")(x)  # [B, T, H, K + Kr]
-        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))  # logical axes (sharding.py)
-        q_nope, q_rope = q[..., :k_nope], q[..., k_nope:]
-
-        kv = dense(c_kv + k_r, "kv_down")(x)  # [B, T, C + Kr]
-        latent = rms_norm_module(cfg, "kv_norm")(kv[..., :c_kv])
-        if k_r:
-            q_rope = ops.rope(q_rope, positions, cfg.rope_theta)
-            k_rope = ops.rope(kv[:, :, None, c_kv:], positions, cfg.rope_theta)[:, :, 0]
-            latent = jnp.concatenate([latent, k_rope], axis=-1)  # [B, T, C + Kr]
+        q_nope, q_rope = self._queries(x, positions)  # [B, T, H, K], [B, T, H, Kr]
+        latent = self._latent(x, positions)  # [B, T, C + Kr]: [c, k_rope]
 
         # W_UK [H, K, C] and W_UV [H, Kv, C], stored [out, in] as every projection (see linear.py).
         w_uk = self.param("k_up", dense_init(cfg), (h, k_nope, c_kv), jnp.float32).astype(cfg.dtype)
@@ -170,26 +154,101 @@ class LatentAttention(nn.Module):
         scale = (k_nope + k_r) ** -0.5  # the width of the original query/key dot product
         absorb = cached is not None if self.absorb is None else self.absorb
         if absorb:
-            # Scores against [c, k_rope] with the query [W_UK^T q_nope, q_rope]: one shared key
-            # head (G = 1) of width C + Kr, and the latent itself as the value.
-            q_abs = jnp.concatenate([jnp.einsum("bthk,hkc->bthc", q_nope, w_uk), q_rope], axis=-1)
-            ks = [s[:, :, None, :] for s in segments]  # [B, S, 1, C + Kr]
-            vs = [s[:, :, None, :c_kv] for s in segments]  # [B, S, 1, C]
-            out_c, weights = ops.dot_product_attention(
-                q_abs, ks, vs, masks, scale=scale, return_weights=return_weights, sink=sink
+            out, weights = absorbed_latent_attention(
+                q_nope, q_rope, segments, w_uk, w_uv, masks, scale=scale, sink=sink, return_weights=return_weights
             )
-            out = jnp.einsum("bthc,hkc->bthk", out_c, w_uv)  # [B, T, H, Kv]
         else:
-            ks, vs = [], []
-            for s in segments:  # up-project every token's key and value for every head
-                k_n = jnp.einsum("bsc,hkc->bshk", s[..., :c_kv], w_uk)
-                k_rot = jnp.broadcast_to(s[:, :, None, c_kv:], (*s.shape[:2], h, k_r))
-                ks.append(jnp.concatenate([k_n, k_rot], axis=-1))  # [B, S, H, K + Kr]
-                vs.append(jnp.einsum("bsc,hkc->bshk", s[..., :c_kv], w_uv))  # [B, S, H, Kv]
-            out, weights = ops.dot_product_attention(
-                jnp.concatenate([q_nope, q_rope], axis=-1), ks, vs, masks, scale=scale,
-                return_weights=return_weights, sink=sink,
+            out, weights = naive_latent_attention(
+                q_nope, q_rope, segments, w_uk, w_uv, masks, scale=scale, sink=sink, return_weights=return_weights,
                 implementation="reference" if cached is not None else cfg.attention_impl,
             )
-        out = output_projection(cfg, out, head_mask)
+        out = output_projection(cfg, out, head_mask)  # [B, T, H, Kv] -> [B, T, D]
         return out, LatentCache(latent=latent), weights
+
+    @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
+    def _dense(self, features: int | tuple[int, ...], name: str, bias: bool | None = None) -> Linear:
+        """A projection W [*features, D_in] of this module, named `name` (bias: cfg.use_bias by default)."""
+        cfg = self.cfg
+        bias = cfg.use_bias if bias is None else bias
+        return Linear(features, use_bias=bias, dtype=cfg.dtype, kernel_init=dense_init(cfg), name=name)
+
+    @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
+    def _queries(self, x: Array, positions: Array) -> tuple[Array, Array]:
+        """x [B, T, D] -> (q_nope [B, T, H, K], q_rope [B, T, H, Kr], rotated by `positions`).
+
+        q = W_q x, or with cfg.q_latent_dim a query latent: q = W_UQ RMSNorm(W_DQ x), of width Cq.
+        """
+        cfg = self.cfg
+        h, k_nope, k_r = cfg.num_heads, cfg.head_dim, cfg.rope_head_dim or 0
+        if cfg.q_latent_dim:
+            q_latent = rms_norm_module(cfg, "q_norm")(self._dense(cfg.q_latent_dim, "q_down")(x))  # [B, T, Cq]
+            q = self._dense((h, k_nope + k_r), "q_up", bias=False)(q_latent)
+        else:
+            q = self._dense((h, k_nope + k_r), "q")(x)  # [B, T, H, K + Kr]
+        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))  # logical axes (sharding.py)
+        q_nope, q_rope = q[..., :k_nope], q[..., k_nope:]
+        if k_r:
+            q_rope = ops.rope(q_rope, positions, cfg.rope_theta)
+        return q_nope, q_rope
+
+    @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
+    def _latent(self, x: Array, positions: Array) -> Array:
+        """x [B, T, D] -> the cached latent [B, T, C + Kr]: c = RMSNorm(W_DKV x) [B, T, C], then the
+        rotary key k_rope [B, T, Kr] shared by all heads, rotated by `positions` (none without RoPE)."""
+        cfg = self.cfg
+        c_kv, k_r = cfg.kv_latent_dim, cfg.rope_head_dim or 0
+        kv = self._dense(c_kv + k_r, "kv_down")(x)  # [B, T, C + Kr]
+        latent = rms_norm_module(cfg, "kv_norm")(kv[..., :c_kv])
+        if k_r:
+            k_rope = ops.rope(kv[:, :, None, c_kv:], positions, cfg.rope_theta)[:, :, 0]
+            latent = jnp.concatenate([latent, k_rope], axis=-1)  # [B, T, C + Kr]
+        return latent
+
+
+def absorbed_latent_attention(
+    q_nope: Array, q_rope: Array, segments: list[Array], w_uk: Array, w_uv: Array, masks: list[Array], *,
+    scale: float, sink: Array | None, return_weights: bool | str,
+) -> tuple[Array, Array | None]:
+    """MLA scored against the latent itself: q_h^T W_UK,h c = (W_UK,h^T q_h)^T c, and W_UV applied
+    after the weighted sum, so nothing is up-projected per cached token.
+
+    Args:
+      q_nope: [B, T, H, K]; q_rope: [B, T, H, Kr], rotated.
+      segments: latents [B, S, C + Kr] ([c, k_rope]; the cached slots, then this call's tokens).
+      w_uk: W_UK [H, K, C]; w_uv: W_UV [H, Kv, C].
+      masks: one per segment, as `cache_masks` gives them.
+    Returns:
+      (out [B, T, H, Kv], weights as `ops.dot_product_attention` returns them).
+    """
+    c_kv = w_uk.shape[-1]
+    # Scores against [c, k_rope] with the query [W_UK^T q_nope, q_rope]: one shared key
+    # head (G = 1) of width C + Kr, and the latent itself as the value.
+    q_abs = jnp.concatenate([jnp.einsum("bthk,hkc->bthc", q_nope, w_uk), q_rope], axis=-1)
+    ks = [s[:, :, None, :] for s in segments]  # [B, S, 1, C + Kr]
+    vs = [s[:, :, None, :c_kv] for s in segments]  # [B, S, 1, C]
+    out_c, weights = ops.dot_product_attention(
+        q_abs, ks, vs, masks, scale=scale, return_weights=return_weights, sink=sink
+    )
+    return jnp.einsum("bthc,hkc->bthk", out_c, w_uv), weights  # [B, T, H, Kv]
+
+
+def naive_latent_attention(
+    q_nope: Array, q_rope: Array, segments: list[Array], w_uk: Array, w_uv: Array, masks: list[Array], *,
+    scale: float, sink: Array | None, return_weights: bool | str, implementation: str,
+) -> tuple[Array, Array | None]:
+    """MLA as multi-head attention: every token's key [W_UK,h c, k_rope] and value W_UV,h c
+    up-projected for every head h, then attention with `implementation`.
+
+    Arguments as `absorbed_latent_attention`'s. Returns (out [B, T, H, Kv], weights).
+    """
+    h, c_kv, k_r = w_uk.shape[0], w_uk.shape[-1], q_rope.shape[-1]
+    ks, vs = [], []
+    for s in segments:  # up-project every token's key and value for every head
+        k_n = jnp.einsum("bsc,hkc->bshk", s[..., :c_kv], w_uk)
+        k_rot = jnp.broadcast_to(s[:, :, None, c_kv:], (*s.shape[:2], h, k_r))
+        ks.append(jnp.concatenate([k_n, k_rot], axis=-1))  # [B, S, H, K + Kr]
+        vs.append(jnp.einsum("bsc,hkc->bshk", s[..., :c_kv], w_uv))  # [B, S, H, Kv]
+    return ops.dot_product_attention(
+        jnp.concatenate([q_nope, q_rope], axis=-1), ks, vs, masks, scale=scale,
+        return_weights=return_weights, sink=sink, implementation=implementation,
+    )

@@ -112,15 +112,32 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "derived", frozenset(f for f in DERIVED_FIELDS if getattr(self, f) is None))
+        self._validate_choices()
+        for name in ("vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads"):
+            _positive(name, getattr(self, name))
+        self._fill_derived()
+        self._validate_heads()
+        self._validate_numbers()
+        self._validate_attention_impl()
+        self._validate_sinks()
+        self._validate_recipe()
+        if self.attention == "mla":
+            self._validate_mla()
+        else:
+            self._validate_mha()
+
+    def _validate_choices(self) -> None:
+        """Each field of CHOICES holds one of its choices."""
         for name, choices in CHOICES.items():
             if getattr(self, name) not in choices:
                 raise ValueError(
                     f"ModelConfig.{name}={getattr(self, name)!r} is not a known choice; "
                     f"use one of {', '.join(map(repr, choices))}"
                 )
-        for name in ("vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads"):
-            _positive(name, getattr(self, name))
-        # Fill the derived defaults (frozen, so through object.__setattr__).
+
+    def _fill_derived(self) -> None:
+        """G = H, K = D / H and F = 4 D where left None (frozen, so through object.__setattr__);
+        MLA's v_head_dim is filled by _validate_mla."""
         if self.num_kv_heads is None:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
         if self.head_dim is None:
@@ -132,6 +149,9 @@ class ModelConfig:
             object.__setattr__(self, "head_dim", self.d_model // self.num_heads)
         if self.mlp_dim is None:
             object.__setattr__(self, "mlp_dim", 4 * self.d_model)
+
+    def _validate_heads(self) -> None:
+        """G and K positive, F >= 0, and G dividing H (R = H / G query heads per key/value head)."""
         for name in ("num_kv_heads", "head_dim"):
             _positive(name, getattr(self, name))
         if not isinstance(self.mlp_dim, int) or isinstance(self.mlp_dim, bool) or self.mlp_dim < 0:
@@ -142,6 +162,9 @@ class ModelConfig:
                 f"num_kv_heads={self.num_kv_heads}; each key/value head serves the same number of "
                 "query heads, so choose num_kv_heads dividing num_heads"
             )
+
+    def _validate_numbers(self) -> None:
+        """dropout in [0, 1), norm_eps and rope_theta positive; sinusoidal positions need an even D."""
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"ModelConfig.dropout={self.dropout} must be in [0, 1)")
         if self.norm_eps <= 0:
@@ -152,27 +175,14 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig: sinusoidal positions need an even d_model, got {self.d_model}"
             )
+
+    def _validate_attention_impl(self) -> None:
+        """cuDNN's fused attention computes in a 16-bit dtype only."""
         if self.attention_impl == "cudnn" and self.dtype not in ("bfloat16", "float16", AUTO):
             raise ValueError(
                 f"ModelConfig: attention_impl='cudnn' (cuDNN's fused attention) runs in bfloat16 or "
                 f"float16, not {self.dtype}; set dtype='bfloat16', or attention_impl='xla' for {self.dtype}"
             )
-        self._validate_sinks()
-        self._validate_recipe()
-        if self.attention == "mla":
-            self._validate_mla()
-        else:
-            for name in ("kv_latent_dim", "q_latent_dim", "rope_head_dim", "v_head_dim"):
-                if getattr(self, name) is not None:
-                    raise ValueError(
-                        f"ModelConfig.{name} is only used with attention='mla'; remove it or set "
-                        "attention='mla'"
-                    )
-            if self.position == "rope" and self.head_dim % 2:
-                raise ValueError(
-                    f"ModelConfig: RoPE rotates pairs of features, so head_dim must be even; got "
-                    f"head_dim={self.head_dim}"
-                )
 
     def _validate_sinks(self) -> None:
         if not isinstance(self.attention_sink, bool):
@@ -208,6 +218,20 @@ class ModelConfig:
             raise ValueError(
                 "ModelConfig: zero_init_head=True needs an untied head (tie_embeddings=False): tied logits "
                 "use the token embedding matrix, which must not start at zero"
+            )
+
+    def _validate_mha(self) -> None:
+        """MHA / GQA / MQA: no MLA field is set, and RoPE rotates pairs of the K features of a head."""
+        for name in ("kv_latent_dim", "q_latent_dim", "rope_head_dim", "v_head_dim"):
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"ModelConfig.{name} is only used with attention='mla'; remove it or set "
+                    "attention='mla'"
+                )
+        if self.position == "rope" and self.head_dim % 2:
+            raise ValueError(
+                f"ModelConfig: RoPE rotates pairs of features, so head_dim must be even; got "
+                f"head_dim={self.head_dim}"
             )
 
     def _validate_mla(self) -> None:

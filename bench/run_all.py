@@ -4,7 +4,8 @@
     python bench/run_all.py --out bench/results.md --quick    # short runs of each
 
 Each benchmark (train.py, compile.py, memory.py, decode.py, op_profile.py for a train and a decode
-step, and time_to_quality.py, which also draws docs/figures/time_to_quality.png) runs as its own
+step, time_to_quality.py, which also draws docs/figures/time_to_quality.png, and layer_layout.py,
+nn.scan against a Python loop in training, compiling and decoding) runs as its own
 process, one after the other, so none shares the CPU or JAX's caches with another. Their Markdown
 output is collected under a header stating the date, the machine (CPU model, core count) and the
 library versions. A benchmark that fails leaves its error in the file and the others still run.
@@ -29,8 +30,9 @@ BENCHMARKS = (  # (title, script, its arguments; --quick is added in quick mode 
     ("Profile: the baby-GPT train step", "op_profile.py", ()),
     ("Profile: a GPT-2-small decode step", "op_profile.py", ("--decode", "--config", "gpt2")),
     ("Time to quality", "time_to_quality.py", ()),
+    ("The layer stack's two layouts", "layer_layout.py", ()),
 )
-HAS_QUICK = ("train.py", "compile.py", "memory.py", "decode.py", "time_to_quality.py")
+HAS_QUICK = ("train.py", "compile.py", "memory.py", "decode.py", "time_to_quality.py", "layer_layout.py")
 
 
 def cpu_model() -> str:

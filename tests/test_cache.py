@@ -10,7 +10,7 @@ import pytest
 
 from configs import gpt2
 from transformer import KVCache, LatentCache, ModelConfig, init_cache, kv_cache_bytes_per_token
-from transformer.model import kv_cache
+from transformer.model import kv_cache, param_tree
 from transformer.model.execution import resolve_auto
 
 BASE = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)  # K = 8
@@ -131,17 +131,23 @@ def test_cache_is_a_pytree_through_jit_and_scan(name):
 
 @pytest.mark.parametrize("name", ["gqa", "mla"])
 def test_layer_views_and_stacking(name):
-    """layer(i) is layer i's buffers; stacked / per_layer convert to and from [L, ...] arrays."""
+    """cache_layer(i) is layer i's buffers; stack_cache / unstack_cache convert to and from [L, ...]
+    arrays, and join_cache puts the layers' views back together (param_tree.py)."""
     cache = jax.tree.map(lambda x: x + jnp.arange(x.size, dtype=x.dtype).reshape(x.shape), init_cache(CFGS[name], 2, 6))
-    cache = kv_cache.per_layer(jax.tree.map(lambda x: x * jnp.arange(1, 3).reshape(2, *[1] * (x.ndim - 1)),
-                                            kv_cache.stacked(cache)))  # layer i's values times i + 1
-    stack = kv_cache.stacked(cache)
+    times = lambda x: x * jnp.arange(1, 3).reshape(2, *[1] * (x.ndim - 1))  # noqa: E731
+    cache = param_tree.unstack_cache(jax.tree.map(times, param_tree.stack_cache(cache)))  # layer i's values times i + 1
+    stack = param_tree.stack_cache(cache)
     for i in range(CFGS[name].num_layers):
-        view = kv_cache.layer(cache, i)
+        view = param_tree.cache_layer(cache, i)
         assert type(view) is type(cache) and view.max_len == 6
         for got, whole in zip(jax.tree.leaves(view), jax.tree.leaves(stack), strict=True):
             np.testing.assert_array_equal(got, whole[i])
-    assert jax.tree.structure(kv_cache.per_layer(stack)) == jax.tree.structure(cache)
+    assert jax.tree.structure(param_tree.unstack_cache(stack)) == jax.tree.structure(cache)
+    views = [param_tree.cache_layer(cache, i) for i in range(CFGS[name].num_layers)]
+    joined = param_tree.join_cache(views)
+    assert jax.tree.structure(joined) == jax.tree.structure(cache)
+    for got, want in zip(jax.tree.leaves(joined), jax.tree.leaves(cache), strict=True):
+        np.testing.assert_array_equal(got, want)
     assert not np.array_equal(*[np.asarray(x) for x in jax.tree.leaves(cache)[:2]])  # layers differ
 
 
@@ -150,15 +156,15 @@ def test_write_puts_each_row_at_its_own_positions():
     cache = init_cache(cfg, 2, 8)
     L, G, K = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
     new_k = jnp.arange(1.0, 1 + L * 2 * 3 * G * K).reshape(L, 2, 3, G, K)  # [L, B, T, G, K]
-    new = kv_cache.per_layer(KVCache(k=new_k, v=-new_k))
+    new = param_tree.unstack_cache(KVCache(k=new_k, v=-new_k))
     positions = jnp.array([[0, 1, 2], [4, 5, 6]])
-    out = kv_cache.stacked(kv_cache.write(cache, new, positions))
+    out = param_tree.stack_cache(kv_cache.write(cache, new, positions))
     k = np.moveaxis(np.asarray(out.k), 3, 2)  # [L, B, G, S, K] -> [L, B, S, G, K] to compare
     np.testing.assert_array_equal(k[:, 0, 0:3], new_k[:, 0])
     np.testing.assert_array_equal(k[:, 1, 4:7], new_k[:, 1])
     np.testing.assert_array_equal(np.moveaxis(np.asarray(out.v), 3, 2), -k)
     assert not np.any(k[:, 0, 3:]) and not np.any(k[:, 1, :4]) and not np.any(k[:, 1, 7:])
     # Out-of-range slots are dropped, not clipped onto the last slot.
-    first = kv_cache.per_layer(KVCache(k=new_k[:, :, :1], v=new_k[:, :, :1]))
+    first = param_tree.unstack_cache(KVCache(k=new_k[:, :, :1], v=new_k[:, :, :1]))
     dropped = kv_cache.write(cache, first, jnp.array([[8], [9]]))
     assert not any(np.any(np.asarray(x)) for x in jax.tree.leaves(dropped))

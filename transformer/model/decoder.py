@@ -24,6 +24,7 @@ import numpy as np
 
 from transformer.model import kv_cache
 from transformer.model import ops
+from transformer.model import param_tree
 from transformer.model.attention import Attention, LatentAttention
 from transformer.model.kv_cache import Cache
 from transformer.model.config import ModelConfig
@@ -241,18 +242,18 @@ class Decoder(nn.Module):
                 in_axes=(nn.broadcast, 0, 0),
                 length=cfg.num_layers,
             )(cfg, deterministic, return_attention, name="layers")
-            stack = None if cache is None else kv_cache.stacked(cache)  # the scan takes [L, ...] arrays
+            stack = None if cache is None else param_tree.stack_cache(cache)  # the scan takes [L, ...] arrays
             x, (new, weights) = layers(x, positions, stack, head_mask)
-            return x, None if cache is None else kv_cache.per_layer(new), weights
+            return x, None if cache is None else param_tree.unstack_cache(new), weights
         news, weights = [], []  # unscanned: a Python loop, each layer its own params and cache buffers
         for i in range(cfg.num_layers):
             x, (new_i, weights_i) = block(cfg, deterministic, return_attention, name=f"layers_{i}")(
-                x, positions, None if cache is None else kv_cache.layer(cache, i),
+                x, positions, None if cache is None else param_tree.cache_layer(cache, i),
                 None if head_mask is None else head_mask[i],
             )
             news.append(new_i)
             weights.append(weights_i)
-        new = None if cache is None else jax.tree.map(lambda *layers: layers, *news)  # tuples of L
+        new = None if cache is None else param_tree.join_cache(news)  # tuples of L
         return x, new, jnp.stack(weights) if return_attention else None
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile

@@ -10,8 +10,9 @@ multi-head attention scores them as they lie (`ops.dot_product_attention` heads_
 
 Why one buffer per layer rather than one stacked [L, B, G, S, K] array: XLA:CPU copied each layer's
 slice out of a stacked array before its attention dot, every step (docs/performance.md, "KV-cache
-layout"). A layer scan (`scan_layers` with a cache, e.g. a prefill of a scanned model) reads the
-buffers through `stacked`; decoding always runs unrolled layers.
+layout"). A Python loop over the layers reads layer i's view (`param_tree.cache_layer`); a layer
+scan (`scan_layers` with a cache, e.g. a prefill of a scanned model) reads the buffers stacked
+(`param_tree.stack_cache`); decoding always runs unrolled layers.
 
 Because slot = position, a row's slots below its current position are always filled: rows of a
 ragged batch may sit at different positions, and stale slots (e.g. padding written during a
@@ -114,21 +115,6 @@ def max_len(cache: Cache) -> int:
 
 def _is_layers(x) -> bool:
     return isinstance(x, tuple)
-
-
-def layer(cache: Cache, i: int) -> Cache:
-    """Layer i's view: the same kind of cache holding that layer's arrays."""
-    return jax.tree.map(lambda layers: layers[i], cache, is_leaf=_is_layers)
-
-
-def stacked(cache: Cache) -> Cache:
-    """The layers' arrays stacked on a leading L axis, as a layer scan (nn.scan) takes them."""
-    return jax.tree.map(jnp.stack, cache, is_leaf=_is_layers)
-
-
-def per_layer(stack: Cache) -> Cache:
-    """The inverse of `stacked`: arrays [L, ...] -> tuples of L arrays."""
-    return jax.tree.map(tuple, stack)
 
 
 def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None) -> Cache:

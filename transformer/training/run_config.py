@@ -221,3 +221,25 @@ def saved_data_fields(saved: dict) -> dict:
     if fields["path"]:
         fields["path"] = os.path.abspath(os.path.expanduser(fields["path"]))
     return fields
+
+
+CORPUS_RECORD = "corpus.json"  # in the workdir: [[path, SHA-256], ...] of the files the run trains on
+
+
+def check_corpus_kept(workdir: str, digests: list[list[str]]) -> None:
+    """Raises if the corpus files differ from the ones the run in `workdir` was trained on (its
+    corpus.json, `token_stream.file_digests`), naming what was removed, added or changed. A run saved
+    before the record existed is not checked."""
+    record = os.path.join(workdir, CORPUS_RECORD)
+    if not os.path.isfile(record):
+        return
+    with open(record) as f:
+        before = dict(json.load(f))
+    now = dict(digests)
+    what = ([f"removed {p}" for p in before if p not in now] + [f"added {p}" for p in now if p not in before]
+            + [f"changed {p}" for p in now if p in before and now[p] != before[p]])
+    if what:
+        more = f"; {len(what) - 3} more" if len(what) > 3 else ""
+        raise CheckpointError(f"the corpus changed since the checkpoints in {workdir} were written ({'; '.join(what[:3])}"
+                              f"{more}): the validation loss would mix two validation sets. Restore the corpus, or "
+                              "train on the new one in a new --workdir")

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -34,6 +35,7 @@ from transformer.model.param_tree import layout_differences, relayout_layers
 from transformer.data.tokenizer import Tokenizer, tokenizer_from_json, tokenizer_to_json
 
 CHECKPOINT_DIR = "checkpoints"
+KILL_IN_SAVE = "TRANSFORMER_TEST_KILL_IN_SAVE"  # a step: the tests' kill -9 inside that step's (asynchronous) save
 
 
 def latest_step(workdir: str) -> int | None:
@@ -100,9 +102,15 @@ class Checkpointer:
             metrics={"val_loss": float(val_loss)},
             force=True,
         )
+        if os.environ.get(KILL_IN_SAVE) == str(step):  # tests only: a kill -9 while the save is being written
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Waits for the saves in flight and stops orbax's background threads."""
+        self.manager.close()
 
     def _step_or_latest(self, step: int | None) -> int:
         steps = self.all_steps()

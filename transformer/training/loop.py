@@ -83,7 +83,7 @@ def train_and_report(run: Run, state: TrainState, ckpt: Checkpointer, workdir: s
     """The loop with its reporting around it: the metric writer, the progress bar, the prefetched
     batches; returns the state, the last evaluation and the seconds spent in the loop."""
     t, start = run.config.train, int(state.step)
-    writer = MetricWriter(workdir, enabled=run.host == 0)
+    writer = MetricWriter(workdir, enabled=run.host == 0, start_step=start)  # rows past `start` are redone
     writer.write({"step": start, "compile_seconds": run.steps.compile_seconds,
                   "elapsed_seconds": time.perf_counter() - started})  # the set-up's end
     batches = training_batches(run, start)

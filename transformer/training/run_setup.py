@@ -26,7 +26,7 @@ from transformer.model.decoder import count_params
 from transformer.model.execution import Resolved
 from transformer.model.kv_cache import kv_cache_bytes_per_token
 from transformer.training import steps as train_steps
-from transformer.training.checkpoint import Checkpointer
+from transformer.training.checkpoint import CHECKPOINT_DIR, Checkpointer, latest_step
 from transformer.training.eval_metrics import MetricFn, enabled_metrics
 from transformer.training.optimizer import learning_rates, make_optimizer
 from transformer.training.run_config import (check_corpus_kept, check_resume, check_tokenizer_left,
@@ -59,9 +59,17 @@ def check_run(config: ConfigDict, workdir: str) -> CheckedConfig:
     check_train_config(config, execution.cfg)
     task = data_task(config)
     check_workdir(workdir)
-    resuming = os.path.isdir(os.path.join(workdir, "checkpoints"))
-    ckpt = Checkpointer(workdir, keep=config.train.keep_checkpoints) if resuming else None
-    saved = check_resume(config, ckpt, workdir) if ckpt else None
+    ckpt = None
+    if latest_step(workdir) is not None:  # a complete checkpoint: resume from the latest
+        ckpt = Checkpointer(workdir, keep=config.train.keep_checkpoints)
+    elif os.path.isdir(os.path.join(workdir, CHECKPOINT_DIR)):  # killed during its first save
+        print(f"no complete checkpoint in {os.path.join(workdir, CHECKPOINT_DIR)} (the first save was cut "
+              "short): starting the run afresh, its metrics too")
+    try:
+        saved = check_resume(config, ckpt, workdir) if ckpt else None
+    except Exception:
+        ckpt.close()  # no orbax thread left running at exit
+        raise
     return CheckedConfig(config, execution, task, ckpt, saved)
 
 

@@ -128,7 +128,7 @@ def _tokenize_to_file(files: list[Path], bundled: bool, tokenizer: Tokenizer, ca
     time, never the whole corpus. Written to a temporary file then renamed, so a killed run leaves
     no half-written cache."""
     dtype = _token_dtype(tokenizer.vocab_size)
-    separator = tokenizer.encode(DOCUMENT_SEPARATOR).astype(dtype)
+    separator = tokenizer.encode_array(DOCUMENT_SEPARATOR).astype(dtype)
     raw_fd, raw = tempfile.mkstemp(dir=cache.parent, prefix=".tokens.", suffix=".bin")
     try:
         # Pass 1: append raw tokens; the total length is unknown until the end.
@@ -136,7 +136,7 @@ def _tokenize_to_file(files: list[Path], bundled: bool, tokenizer: Tokenizer, ca
             for i, file in enumerate(files):
                 if i:
                     separator.tofile(f)
-                tokenizer.encode(read_document(file, bundled)).astype(dtype).tofile(f)
+                tokenizer.encode_array(read_document(file, bundled)).astype(dtype).tofile(f)
         # Pass 2: wrap them in a .npy header (the OS pages the copy; no full array in memory).
         num_tokens = os.path.getsize(raw) // dtype.itemsize
         with atomic_path(cache) as npy:

@@ -43,7 +43,10 @@ class MetricWriter:
     def close(self) -> None:
         if self.enabled:
             self.file.close()
-            self.tb.close()
+            try:
+                self.tb.close()
+            except OSError:  # a full disk: the rows are in metrics.jsonl; the run's own error says why
+                pass
 
 
 def read_metrics(path: str) -> list[dict]:

@@ -106,7 +106,7 @@ def check_train_config(config: ConfigDict, cfg: ModelConfig) -> None:
             f"({jax.device_count()} / mesh.tensor={config.mesh.tensor}); change train.batch_size or train.grad_accum"
         )
     decay_steps = config.optim.decay_steps or t.steps
-    if decay_steps <= config.optim.warmup_steps:
+    if decay_steps == config.optim.warmup_steps:  # longer: make_optimizer refuses it (check_warmup)
         warn(f"the learning rate warms up for optim.warmup_steps={config.optim.warmup_steps} steps but decays "
              f"over {decay_steps}: it never decays; lower optim.warmup_steps or raise train.steps")
 
@@ -122,11 +122,19 @@ def check_workdir(workdir: str) -> None:
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         raise ValueError(f"--workdir {workdir!r} cannot be created: {existing} is a file")
+    check_writable(existing, f"--workdir {workdir!r} cannot be written", "choose a folder you can write to")
+    checkpoints = os.path.join(workdir, "checkpoints")
+    if os.path.isdir(checkpoints):  # a resume: its saves go there
+        check_writable(checkpoints, f"the checkpoints of {workdir!r} cannot be written",
+                       "make that folder writable (chmod u+w), then rerun")
+
+
+def check_writable(folder: str, what: str, fix: str) -> None:
+    """Raises ValueError('<what> (<reason> in <folder>); <fix>') unless a file can be made in `folder`."""
     try:  # the only sure test of writing is to write (and remove) something
-        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".write-test-"))
+        os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".write-test-"))
     except OSError as e:
-        raise ValueError(f"--workdir {workdir!r} cannot be written ({e.strerror} in {existing}); "
-                         "choose a folder you can write to") from None
+        raise ValueError(f"{what} ({e.strerror} in {folder}); {fix}") from None
 
 
 def warn(message: str) -> None:

@@ -19,8 +19,9 @@ from absl import app, flags, logging
 
 from transformer.model.kv_cache import kv_cache_bytes_per_token
 from transformer.load import load_model
-from transformer.training.checkpoint import CheckpointError, quiet_failed_reads
+from transformer.training.checkpoint import CheckpointError, quiet_checkpoint_failures
 from transformer.model.decoder import count_params
+from transformer.sampling.sampler import check_seed
 from transformer.sampling.text import print_samples
 
 FLAGS = flags.FLAGS
@@ -34,7 +35,7 @@ flags.DEFINE_integer("max_new_tokens", 200, "Tokens to generate per sample.", lo
 flags.DEFINE_float("temperature", 0.8, "Sampling temperature; 0 = greedy.", lower_bound=0.0)
 flags.DEFINE_integer("top_k", 40, "Keep only the k most likely tokens; 0 = all.", lower_bound=0)
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass in (0, 1]; 1 = all tokens.")
-flags.DEFINE_integer("seed", 0, "Seed of the sampling keys.")
+flags.DEFINE_integer("seed", 0, "Seed of the sampling keys, in [0, 2**63).")
 flags.DEFINE_integer("chunk_size", 16, "Tokens generated between two prints.", lower_bound=1)
 
 
@@ -59,9 +60,10 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; the prompt goes in --prompt")
     logging.set_verbosity(logging.ERROR)  # orbax logs every restore; the samples are the output
-    quiet_failed_reads()  # one-line errors for an unreadable checkpoint
+    quiet_checkpoint_failures()  # one-line errors for a checkpoint that cannot be read or written
     try:
         prompt = read_prompt(FLAGS.prompt, FLAGS.prompt_file)  # a bad file fails before any loading
+        check_seed(FLAGS.seed)  # and so does a bad seed
         cfg, params, tokenizer = load_model(FLAGS.workdir, FLAGS.hf_dir, FLAGS.step)
         print(f"model: {count_params(params):,} parameters, context {cfg.max_seq_len} tokens, KV cache "
               f"{kv_cache_bytes_per_token(cfg):,} bytes per token; dtype {cfg.dtype}, attention "

@@ -18,7 +18,7 @@ import sys
 
 from absl import logging
 
-from transformer.training.checkpoint import quiet_failed_reads
+from transformer.training.checkpoint import quiet_checkpoint_failures
 from transformer.training.signals import Interrupted
 from transformer.training.sweep import SweepError, run_sweep
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", required=True, help="the sweep's folder: one subfolder per run, and the results")
     args = p.parse_args(argv)
     logging.set_verbosity(logging.WARNING)  # the libraries' INFO lines (orbax logs ~45 per save), as train.py
-    quiet_failed_reads()  # one-line errors for an unreadable checkpoint
+    quiet_checkpoint_failures()  # one-line errors for a checkpoint that cannot be read or written
     try:
         return run_sweep(args.sweep, args.workdir)
     except SweepError as e:

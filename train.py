@@ -42,7 +42,7 @@ from ml_collections import config_flags
 
 from transformer.cli import config_flags_parser
 from transformer.sampling.text import sample_text
-from transformer.training.checkpoint import CheckpointError, quiet_failed_reads
+from transformer.training.checkpoint import CheckpointError, quiet_checkpoint_failures
 from transformer.training.loop import Diverged, train
 from transformer.training.run_setup import REPO, Run, init_distributed
 from transformer.training.signals import Interrupted
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; overrides take the form --config.train.steps=10")
     if not FLAGS["verbosity"].present:  # the libraries' INFO lines (orbax logs ~45 per save)
         logging.set_verbosity(logging.WARNING)
-    quiet_failed_reads()  # one-line errors for an unreadable checkpoint
+    quiet_checkpoint_failures()  # one-line errors for a checkpoint that cannot be read or written
     try:
         init_distributed()
         train(FLAGS.config, FLAGS.workdir, hard_exit=True, started=STARTED, on_complete=print_sample)

@@ -1,6 +1,8 @@
 """Checkpoint errors: missing, empty, corrupted and other-model checkpoints say what to do."""
 
+import logging
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -52,9 +54,45 @@ def test_corrupted_checkpoint_names_the_folder_to_delete(tmp_path):
         for name in files:
             with open(os.path.join(root, name), "wb") as f:
                 f.write(b"\x00garbage")
-    with pytest.raises(CheckpointError, match="is damaged.*delete the folder") as err:
+    with pytest.raises(CheckpointError, match="is damaged.*move it aside") as err:
         restore_for_inference(str(tmp_path))
-    assert str(tmp_path / "checkpoints" / "3") in str(err.value)
+    assert f"(mv {tmp_path / 'checkpoints' / '3'} " in str(err.value)
+    assert "no earlier checkpoint is left, so start a new --workdir" in str(err.value)
+
+
+def save_two(workdir):
+    """Checkpoints 3 and 5 of one model; returns the state saved."""
+    cfg = ModelConfig(**MODEL)
+    tx, _ = make_optimizer(OPTIM, 10)
+    state = training.create_state(cfg, tx, 0, make_mesh(devices=jax.devices()[:1]))
+    ckpt = Checkpointer(str(workdir))
+    for step in (3, 5):
+        ckpt.save(step, state, {"model": MODEL}, ByteTokenizer(), val_loss=1.0)
+    ckpt.wait()
+    return state
+
+
+@pytest.mark.parametrize("remove, named", [
+    (["state/ocdbt.process_0/d/*"], "missing state/ocdbt.process_0/d (the arrays' data)"),
+    (["state/_METADATA", "state/manifest.ocdbt"], "missing state/_METADATA, state/manifest.ocdbt"),
+    (["tokenizer"], "missing tokenizer/metadata"),
+])
+def test_a_checkpoint_missing_a_part_is_named_with_the_way_back(tmp_path, remove, named):
+    """Each damage once read 'not known to be damaged: keep them'; now the missing part is named
+    and moving the step aside falls back to the previous complete checkpoint."""
+    state = save_two(tmp_path)
+    step_dir = tmp_path / "checkpoints" / "5"
+    for pattern in remove:
+        for path in step_dir.glob(pattern):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    with pytest.raises(CheckpointError) as err:
+        restore_for_inference(str(tmp_path))
+    assert str(err.value) == (f"checkpoint step 5 in {tmp_path / 'checkpoints'} is damaged ({named}): move it aside "
+                              f"(mv {step_dir} {step_dir}.damaged); the same command then uses step 3, the previous "
+                              "complete checkpoint")
+    step_dir.rename(f"{step_dir}.damaged")
+    _, params, _ = restore_for_inference(str(tmp_path))
+    jax.tree.map(np.testing.assert_array_equal, params, state.params)
 
 
 def test_an_unreadable_checkpoint_is_reported_on_one_line(tmp_path):
@@ -164,3 +202,11 @@ def test_resume_converts_the_layer_stack_of_muon_and_adamw_state(tmp_path, saved
         moments = lambda state: state.opt_state[1].inner_states[part].inner_state[0]  # noqa: E731
         jax.tree.map(np.testing.assert_array_equal, moments(restored).mu, convert(moments(saved).mu, 3))
     assert jax.tree.structure(restored) == jax.tree.structure(fresh)
+
+
+def test_reading_a_writable_run_does_not_call_it_read_only(tmp_path, caplog):
+    """Orbax said 'Given directory is read only' (twice per restore) for any folder opened to read."""
+    save_one(tmp_path)
+    with caplog.at_level(logging.INFO, logger="absl"):
+        restore_for_inference(str(tmp_path))
+    assert caplog.records and not [r for r in caplog.records if "read only" in r.getMessage()]

@@ -74,6 +74,14 @@ def test_explain_flag_error_names_the_closest_field_or_the_error():
     assert explain_flag_error(path, argv, ValueError("")) == "ValueError"
 
 
+def test_explain_flag_error_on_a_config_file_that_returns_a_dict(tmp_path):
+    path = tmp_path / "dict_config.py"
+    path.write_text("def get_config():\n    return {'train': {'steps': 3}}\n")
+    assert explain_flag_error(str(path), ["train.py", "--config.train.steps=4"], KeyError("x")) == (
+        f"config file {path}: get_config() returned dict, not an ml_collections ConfigDict; "
+        "build it with configs/common.base_config")
+
+
 def test_explain_flag_error_on_a_broken_config_file(tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("def get_config():\n    return 1 / 0\n")

@@ -140,6 +140,32 @@ def test_bad_input_is_named(tmp_path):
         ex.save(tmp_path / "missing" / "x.html")
 
 
+def test_a_prompt_filling_the_context_is_explored_and_ids_the_tokenizer_lacks_are_shown_by_id():
+    """#31: a text prompt of exactly max_seq_len tokens was refused, "leaving no room for new tokens",
+    though the explorer generates none. A head larger than the tokenizer lists its extra ids as '#id'."""
+    cfg, _ = model("mha")
+    cfg = cfg.replace(vocab_size=300, max_seq_len=16)
+    params = random_params(Decoder(cfg))
+    ex = explore(params, "x" * 16, cfg=cfg, tokenizer=ByteTokenizer(), top_k=300, max_tokens=16)
+    assert ex.prompts[0].attention.shape[-2:] == (16, 16)
+    assert all(ex.labels[t] == f"#{t}" for t in range(256, 300))
+    with pytest.raises(ValueError, match="the prompt has 17 tokens but the model's context is max_seq_len=16; "):
+        explore(params, "x" * 17, cfg=cfg, tokenizer=ByteTokenizer(), max_tokens=32)
+
+
+def test_the_command_line_checks_out_before_loading(tmp_path, capsys):
+    """#31: --out naming a folder failed with IsADirectoryError after the model was loaded."""
+    from transformer.explore import main
+
+    for out, message in [(tmp_path, f"error: cannot save the explorer to {tmp_path}: it is a folder; name a file, "
+                                    f"e.g. {tmp_path / 'explorer.html'}"),
+                         (tmp_path / "no" / "p.html", "no folder")]:
+        with pytest.raises(SystemExit) as exit:
+            main(["--workdir", str(tmp_path / "never_read"), "--prompt", "x", "--out", str(out)])
+        err = capsys.readouterr().err
+        assert exit.value.code == 1 and len(err.splitlines()) == 1 and message in err
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_an_imported_hugging_face_model_shows_transformers_attention(family, tmp_path):
     torch = pytest.importorskip("torch")

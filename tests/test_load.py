@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import jax
@@ -11,6 +12,8 @@ import pytest
 
 import transformer
 from transformer import Decoder, config_from_file, count_params, load_run, model_config
+from transformer.load import load_model
+from transformer.training.config_files import load_config_file
 
 RUN = "tests/data/previous_layout_run"  # configs/tiny.py, 40 steps (tests/test_previous_layout.py)
 
@@ -45,6 +48,28 @@ def test_load_run_takes_a_run_folder_or_one_checkpoint(run):
     assert np.isfinite(np.asarray(logits[0] if isinstance(logits, tuple) else logits)).all()
     with pytest.raises(ValueError, match="not step 20"):
         load_run(str(run / "checkpoints" / "40"), step=20)
+
+
+def test_a_training_run_given_as_a_hugging_face_folder_says_use_workdir(run, tmp_path):
+    """#31: sample.py --hf_dir RUN said "cannot import the Hugging Face architecture 'None'"."""
+    with pytest.raises(ValueError, match=r"\(it holds checkpoints/\): this is a training run: use --workdir"):
+        load_model(None, str(run), None)
+    config_only = tmp_path / "config_only"  # a run's config.json without its checkpoints
+    config_only.mkdir()
+    shutil.copy(run / "config.json", config_only)
+    with pytest.raises(ValueError, match="'model' and 'train' sections\\): this is a training run: use --workdir"):
+        load_model(None, str(config_only), None)
+
+
+def test_a_config_file_must_build_a_config_dict(tmp_path):
+    """#31: a get_config() returning a dict failed later with an AttributeError."""
+    path = tmp_path / "dict_config.py"
+    path.write_text("def get_config():\n    return {'model': {'d_model': 64}}\n")
+    message = (f"config file {path}: get_config() returned dict, not an ml_collections ConfigDict; "
+               "build it with configs/common.base_config")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        config_from_file(str(path))
+    assert load_config_file(str(path)) == {"model": {"d_model": 64}}  # as sweep files return them
 
 
 def test_the_public_api_names_what_the_readme_shows():

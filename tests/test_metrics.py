@@ -53,12 +53,25 @@ def test_rows_go_to_metrics_jsonl_one_json_object_per_line(tmp_path):
 
 
 def test_a_second_writer_appends_as_a_resumed_run_does(tmp_path):
-    for rows in (ROWS[:1], ROWS[1:]):
-        writer = MetricWriter(str(tmp_path))
+    for rows, start in ((ROWS[:1], 0), (ROWS[1:], 1)):
+        writer = MetricWriter(str(tmp_path), start_step=start)
         for row in rows:
             writer.write(row)
         writer.close()
     assert read_metrics(str(tmp_path / "metrics.jsonl")) == ROWS
+
+
+def test_a_restart_drops_the_rows_past_its_start_step(tmp_path):
+    """Rows a killed run wrote after its last complete checkpoint are of steps that run again; a
+    run started afresh (step 0) keeps none."""
+    writer = MetricWriter(str(tmp_path))
+    for row in ROWS:
+        writer.write(row)
+    writer.close()
+    MetricWriter(str(tmp_path), start_step=1).close()
+    assert read_metrics(str(tmp_path / "metrics.jsonl")) == [r for r in ROWS if r["step"] <= 1]
+    MetricWriter(str(tmp_path), start_step=0).close()
+    assert read_metrics(str(tmp_path / "metrics.jsonl")) == []
 
 
 def test_scalars_go_to_tensorboard_event_files_by_step_without_the_step(tmp_path):

@@ -70,6 +70,19 @@ def test_unknown_optimizer_or_schedule_is_an_error_naming_the_field():
         make_optimizer(dict(OPTIM, schedule="linear"), 10)
 
 
+def test_a_warm_up_longer_than_the_run_is_an_error_naming_both_fields():
+    """#31: warmup_steps=100 with train.steps=4 was cut to 3 steps without a word (make_schedule clamps)."""
+    with pytest.raises(ValueError, match=r"optim.warmup_steps=100 is longer than train.steps=4: the warm-up would "
+                                         r"end early, at step 3; set --config.optim.warmup_steps=4 or fewer, or "
+                                         r"--config.train.steps=100 or more"):
+        make_optimizer(dict(OPTIM, warmup_steps=100), 4)
+    with pytest.raises(ValueError, match=r"longer than optim.decay_steps=4 \(train.steps=8\).*optim.decay_steps=100"):
+        make_optimizer(dict(MUON, warmup_steps=100, decay_steps=4), 8)
+    _, schedule = make_optimizer(dict(OPTIM, warmup_steps=4), 4)  # as long as the run: warns (run_config), runs
+    assert [float(schedule(s)) for s in range(4)] == pytest.approx([0, 1e-3 / 3, 2e-3 / 3, 1e-3])
+    make_schedule(dict(OPTIM, warmup_steps=100), 4)  # a saved run's schedule is still computed (resume checks)
+
+
 def test_adamw_is_todays_clipped_masked_adamw():
     """optim.name='adamw' (given or absent) updates exactly as optax's clip + AdamW chain with the cosine."""
     params = training.init_params(CFG, jax.random.key(0))

@@ -98,10 +98,10 @@ def test_micro_batches_must_split_over_the_devices(monkeypatch):
 
 
 def test_a_warm_up_as_long_as_the_decay_warns(capsys):
-    check_train_config(*config_and_model(**{"train.steps": 5}))  # warmup_steps = 5
+    check_train_config(*config_and_model(**{"train.steps": 5, "optim.warmup_steps": 5}))
     err = capsys.readouterr().err
     assert err.startswith("warning: ") and "optim.warmup_steps=5" in err and "never decays" in err
-    check_train_config(*config_and_model(**{"train.steps": 5, "optim.decay_steps": 6}))
+    check_train_config(*config_and_model(**{"train.steps": 5, "optim.warmup_steps": 5, "optim.decay_steps": 6}))
     assert capsys.readouterr().err == ""
 
 

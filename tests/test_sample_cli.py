@@ -85,6 +85,8 @@ def test_greedy_is_reproducible(workdir):
         (["--workdir", "{run}", "--prompt", "x" * 64], "the prompt has 64 tokens"),
         (["--workdir", "{run}", "--step", "7"], "no checkpoint at step 7"),
         ([], "give exactly one of --workdir"),
+        (["--workdir", "{run}", "--seed", "99999999999999999999"], "the seed must be a whole number in [0, 2**63 - 1"),
+        (["--workdir", "{run}", "--seed", "-1"], "the seed must be a whole number in [0, 2**63 - 1"),
     ],
 )
 def test_errors_are_clean_messages(workdir, tmp_path, args, message):

@@ -128,6 +128,35 @@ def test_apply_temperature_rejects_nan_and_inf():
             sampling.apply_temperature(jnp.zeros((1, 8)), temperature)
 
 
+def test_seed_keys_are_jaxs_below_2_32_and_distinct_above():
+    """#31: jax.random.key kept a seed's low 32 bits (--seed 4294967296 drew seed 0's sample) and
+    overflowed past 2**63; seed_key keeps every seed below 2**32 on its key."""
+    data = lambda seed: np.asarray(jax.random.key_data(sampling.seed_key(seed))).tolist()  # noqa: E731
+    for seed in (0, 3, 2**31, 2**32 - 1):
+        assert data(seed) == np.asarray(jax.random.key_data(jax.random.key(seed))).tolist()
+    assert len({str(data(s)) for s in (0, 2**32, 2**32 + 3, 3, 2**63 - 1)}) == 5
+    assert data(2**32 + 3) == [1, 3]
+    for seed in (-1, 2**63, 99999999999999999999, 1.5):
+        with pytest.raises(ValueError, match=r"the seed must be a whole number in \[0, 2\*\*63 - 1"):
+            sampling.seed_key(seed)
+
+
+class Chars:
+    """A tokenizer of one id per character (ord), enough for encode_prompt."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+
+def test_encode_prompt_leaves_room_for_the_new_tokens_asked():
+    cfg = ModelConfig(**TINY)  # max_seq_len 64
+    with pytest.raises(ValueError, match="has 64 tokens but the model's context is max_seq_len=64, leaving no room"):
+        sampling.encode_prompt(cfg, Chars(), "x" * 64)
+    assert sampling.encode_prompt(cfg, Chars(), "x" * 64, new_tokens=0) == [120] * 64  # a forward pass only
+    with pytest.raises(ValueError, match=r"has 65 tokens but the model's context is max_seq_len=64; shorten"):
+        sampling.encode_prompt(cfg, Chars(), "x" * 65, new_tokens=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # Generation
 # ---------------------------------------------------------------------------------------------

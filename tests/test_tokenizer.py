@@ -30,8 +30,7 @@ def test_bytes_round_trip_with_non_ascii():
     tok = ByteTokenizer()
     text = "Who's there? — héllo, 世界 🎭\n\tend"
     ids = tok.encode(text)
-    assert ids.dtype == np.int32
-    assert ids.tolist() == list(text.encode("utf-8"))
+    assert ids == list(text.encode("utf-8"))
     assert tok.decode(ids) == text
     assert tok.vocab_size == 256
 
@@ -47,8 +46,7 @@ def test_bytes_decode_replaces_cut_characters_and_rejects_foreign_ids():
 @given(text=st.text(max_size=200))
 def test_bpe_round_trips_any_text(bpe, text):
     ids = bpe.encode(text)
-    assert ids.dtype == np.int32
-    assert ids.size == 0 or (0 <= ids.min() and ids.max() < bpe.vocab_size)
+    assert all(0 <= i < bpe.vocab_size for i in ids)
     assert bpe.decode(ids) == text
 
 
@@ -111,12 +109,47 @@ def test_make_tokenizer():
         make_tokenizer("bpe", ["abc"], vocab_size=100)
 
 
+def test_a_bpe_larger_than_its_texts_give_is_refused_naming_the_size():
+    """#31: a 12-word corpus gives ~300 tokens; a 4096-token BPE of it left the ids above unused."""
+    texts = ["one two three four five six seven eight nine ten eleven twelve\n"]
+    reached = BPETokenizer.train(texts, 4096).vocab_size  # training stops when no pair is left to merge
+    assert 256 < reached < 4096
+    with pytest.raises(ValueError, match=rf"only {reached} tokens, not vocab_size=4096.*"
+                                         rf"--config.data.vocab_size={reached} --config.model.vocab_size={reached}"):
+        make_tokenizer("bpe", texts, vocab_size=4096)
+    assert make_tokenizer("bpe", texts, vocab_size=reached).vocab_size == reached
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bpe"])
+def test_decode_refuses_ids_the_tokenizer_does_not_have(bpe, kind):
+    """A model head larger than its tokenizer can draw such ids: they are named, not dropped."""
+    tok = bpe if kind == "bpe" else ByteTokenizer()
+    n = tok.vocab_size
+    assert tok.decode(tok.encode("ab")) == "ab"
+    for ids in ([97, n], [n + 7], [-1, 98]):
+        with pytest.raises(ValueError, match=rf"decode got ids .* outside \[0, {n - 1}\]"):
+            tok.decode(ids)
+    with pytest.raises(ValueError, match=str(n)):
+        tok.decode(np.array([97, n]))
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bpe"])
+def test_encode_returns_a_list_of_ints_and_encode_array_the_same_as_int32(bpe, kind):
+    """#31: encode gave a NumPy array, so ids + ids added elementwise; Hugging Face users expect a list."""
+    tok = bpe if kind == "bpe" else ByteTokenizer()
+    ids = tok.encode("To be, or not")
+    assert type(ids) is list and all(type(i) is int for i in ids)
+    assert len(ids + ids) == 2 * len(ids)  # concatenated, not added elementwise
+    array = tok.encode_array("To be, or not")
+    assert array.dtype == np.int32 and array.tolist() == ids
+
+
 def test_unknown_token_raises_naming_the_characters():
     """A non-byte-level tokenizer (as in some Hugging Face models) has an unknown token."""
     vocab = {"to": 0, "be": 1, "[UNK]": 2}
     hf = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
     hf.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     tok = BPETokenizer(hf)
-    assert tok.encode("to be").tolist() == [0, 1]
+    assert tok.encode("to be") == [0, 1]
     with pytest.raises(ValueError, match="'or'"):
         tok.encode("to be or")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -91,12 +92,36 @@ def test_a_failed_attempt_writes_nothing_and_the_corrected_run_uses_its_own_toke
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("To be, or not to be, that is the question.\n" * 300)
     ok = run(workdir, f"--config.data.path={corpus}", "--config.data.tokenizer=bpe",
-             "--config.model.vocab_size=300", *QUICK)
+             "--config.model.vocab_size=270", *QUICK)  # the text gives 280
     assert ok.returncode == 0, ok.stderr[-3000:]
-    assert f"training a 300-token BPE tokenizer on {corpus} ..." in ok.stdout  # a sign of the slow part
+    assert f"training a 270-token BPE tokenizer on {corpus} ..." in ok.stdout  # a sign of the slow part
     assert json.loads((workdir / "tokenizer" / "tokenizer_kind.json").read_text()) == {"kind": "bpe"}
     saved = json.loads((workdir / "config.json").read_text())
     assert saved["data"]["tokenizer"] == "bpe" and saved["data"]["path"] == str(corpus)  # absolute
+
+
+def test_a_bpe_larger_than_the_corpus_gives_is_refused_before_compiling(tmp_path):
+    """#31: a 12-word corpus gives a ~300-token BPE; vocab_size=4096 trained a 4096-way head whose ids above
+    ~300 no text encodes to (and that sample.py's decode dropped)."""
+    corpus = tmp_path / "twelve_words.txt"
+    corpus.write_text("one two three four five six seven eight nine ten eleven twelve\n")
+    out = run(tmp_path / "w", f"--config.data.path={corpus}", "--config.data.tokenizer=bpe",
+              "--config.model.vocab_size=4096", "--config.data.vocab_size=4096", *QUICK)
+    assert_one_line_error(out, "the corpus gives a BPE of only", "not vocab_size=4096")
+    size = int(re.search(r"--config.data.vocab_size=(\d+) --config.model.vocab_size=\1\b", out.stderr)[1])
+    assert 256 < size < 4096
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_config_file_whose_get_config_returns_a_dict_is_one_line(tmp_path):
+    """#31: ml_collections takes the dict; the run then failed with an AttributeError traceback."""
+    path = tmp_path / "dict_config.py"
+    path.write_text("def get_config():\n    return {'train': {'steps': 3}}\n")
+    for overrides in ((), ("--config.train.steps=4",)):
+        out = run(tmp_path / "w", *overrides, config=str(path))
+        assert_one_line_error(out, f"config file {path}: get_config() returned dict, not an ml_collections "
+                                   "ConfigDict; build it with configs/common.base_config", code=2)
+    assert not (tmp_path / "w").exists()
 
 
 def test_a_tokenizer_left_in_the_workdir_is_checked_against_the_config(tmp_path):
@@ -118,7 +143,7 @@ def test_resuming_on_other_data_is_refused_naming_the_field(tmp_path):
     small, other = tmp_path / "small.txt", tmp_path / "other.txt"
     small.write_text("To be, or not to be, that is the question.\n" * 300)
     other.write_text("Now is the winter of our discontent.\n" * 300)
-    bpe = ("--config.data.tokenizer=bpe", "--config.model.vocab_size=300")
+    bpe = ("--config.data.tokenizer=bpe", "--config.model.vocab_size=270")  # both texts give more
     assert run(workdir, f"--config.data.path={small}", *bpe, *QUICK).returncode == 0
     out = run(workdir, f"--config.data.path={other}", *bpe, *QUICK[1:], "--config.train.steps=4")
     assert_one_line_error(out, "other data", "data.path", str(small), str(other))
@@ -165,10 +190,17 @@ def test_a_three_step_run_is_quiet(tmp_path):
     assert loud.returncode == 0 and "checkpoint_manager.py" in loud.stderr
 
 
-def test_steps_within_warm_up_warn(tmp_path):
-    out = run(tmp_path / "w", *QUICK[:-1], "--config.optim.warmup_steps=5")
+def test_a_warm_up_as_long_as_the_run_warns_and_a_longer_one_is_refused(tmp_path):
+    """#31: warmup_steps=100 with train.steps=4 warned "never decays" and trained with a 3-step warm-up."""
+    out = run(tmp_path / "w", *QUICK[:-1], "--config.optim.warmup_steps=2")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "warning: the learning rate warms up for optim.warmup_steps=5 steps but decays over 2" in out.stderr
+    assert "warning: the learning rate warms up for optim.warmup_steps=2 steps but decays over 2" in out.stderr
+    out = run(tmp_path / "longer", *QUICK[:-1], "--config.optim.warmup_steps=100")
+    assert out.returncode == 1 and "Traceback" not in out.stderr and "model:" not in out.stdout
+    assert out.stderr.strip().splitlines()[-1] == (  # after run_config's warning line
+        "error: optim.warmup_steps=100 is longer than train.steps=2: the warm-up would end early, at step 1; "
+        "set --config.optim.warmup_steps=2 or fewer, or --config.train.steps=100 or more")
+    assert not (tmp_path / "longer").exists()
 
 
 def test_extending_a_finished_run_warns_unless_the_schedule_is_kept(tmp_path):

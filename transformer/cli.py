@@ -10,13 +10,14 @@ from collections.abc import Callable
 
 from absl import flags
 
-from transformer.training.config_files import closest_field, leaf_fields, load_config_file
+from transformer.training.config_files import check_config, closest_field, leaf_fields, load_config_file
 
 
 def config_flags_parser(default_config: str) -> Callable[[list[str]], list[str]]:
     """A flags parser for `app.run` (a `--config` config-file flag defined without a default):
-    absl's parsing, with a one-line error (exit 2) for a missing config file or an unknown or
-    ill-typed --config.* override, naming the closest valid field. No --config: `default_config`."""
+    absl's parsing, with a one-line error (exit 2) for a missing config file, one whose get_config()
+    is no ConfigDict, or an unknown or ill-typed --config.* override, naming the closest valid field.
+    No --config: `default_config`."""
 
     def parse(argv: list[str]) -> list[str]:
         path = config_path(argv)
@@ -29,9 +30,14 @@ def config_flags_parser(default_config: str) -> Callable[[list[str]], list[str]]
                 os.path.join(root, path)) else ""
             exit_usage(f"--config {path!r}: no such file (looked from {os.getcwd()}){hint}")
         try:
-            return flags.FLAGS(argv)
+            rest = flags.FLAGS(argv)
         except Exception as e:  # flags.Error, AttributeError, KeyError, ValueError, ...
             exit_usage(explain_flag_error(path, argv, e))
+        try:  # ml_collections takes any get_config() result, e.g. a dict
+            check_config(flags.FLAGS["config"].value, path)
+        except ValueError as e:
+            exit_usage(str(e))
+        return rest
 
     return parse
 
@@ -54,9 +60,13 @@ def config_path(argv: list[str]) -> str | None:
 def explain_flag_error(path: str, argv: list[str], error: Exception) -> str:
     """What went wrong on the command line, in one sentence with the fix."""
     try:
-        fields = leaf_fields(load_config_file(path))
+        config = load_config_file(path)
     except Exception as e:  # the config file itself is broken
         return f"the config file {path!r} failed to load: {type(e).__name__}: {e}"
+    try:
+        fields = leaf_fields(check_config(config, path))
+    except ValueError as e:
+        return str(e)
     for arg in argv[1:]:
         if arg.startswith("--config."):
             name = arg[len("--config."):].split("=", 1)[0]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from transformer.analysis.explore import explore
+from transformer.analysis.explore import check_page_path, explore
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,11 +26,12 @@ def main(argv: list[str] | None = None) -> None:
     from absl import logging
 
     from transformer.load import load_model
-    from transformer.training.checkpoint import CheckpointError, quiet_failed_reads
+    from transformer.training.checkpoint import CheckpointError, quiet_checkpoint_failures
 
     logging.set_verbosity(logging.ERROR)  # orbax logs every restore
-    quiet_failed_reads()  # one-line errors for an unreadable checkpoint
+    quiet_checkpoint_failures()  # one-line errors for a checkpoint that cannot be read or written
     try:
+        check_page_path(args.out)  # a bad --out fails before any loading
         cfg, params, tokenizer = load_model(args.workdir, args.hf_dir, args.step)
         ex = explore(params, args.prompt, cfg=cfg, tokenizer=tokenizer, top_k=args.top_k,
                      max_tokens=args.max_tokens)

@@ -19,13 +19,13 @@ from typing import Any
 
 from transformer.model.config import ModelConfig
 from transformer.model.execution import resolve_auto
-from transformer.training.config_files import load_config_file
+from transformer.training.config_files import load_config
 
 
 def config_from_file(path: str, **overrides: Any) -> ModelConfig:
     """The model of a config file (a configs/*.py with get_config()), as a ModelConfig whose
     'auto' fields are chosen for this process's backend. overrides: model fields to change."""
-    return model_config(load_config_file(path).model, **overrides)
+    return model_config(load_config(path).model, **overrides)
 
 
 def model_config(fields: Mapping[str, Any], **overrides: Any) -> ModelConfig:

@@ -112,7 +112,7 @@ def forward_all_reduces(cfg) -> list[str]:
     """The shapes of the all-reduces in the compiled eval step (forward and loss) on the 1x1x8 mesh;
     the scanned layer's body appears once in the program."""
     mesh = mesh_of("1x1x8")
-    state = jax.eval_shape(lambda: fresh(cfg, mesh, 1)[0])
+    state = jax.eval_shape(lambda: fresh(cfg, mesh, OPTIM["warmup_steps"])[0])  # no shorter than the warm-up
     batch = jax.ShapeDtypeStruct((BATCH, SEQ), np.int32, sharding=batch_sharding(mesh, make_rules(cfg, mesh)))
     hlo = training.make_eval_step(cfg, mesh, state).lower(state.params, batch, batch).compile().as_text()
     return re.findall(r"= (\w+\[[\d,]*\])\S* all-reduce(?:-start)?\(", hlo)

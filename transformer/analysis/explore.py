@@ -122,9 +122,7 @@ class Exploration:
 
     def save(self, path: str | os.PathLike) -> str:
         """Writes the page to `path` (UTF-8) and returns the path."""
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            raise FileNotFoundError(f"cannot save the explorer to {path}: no folder {folder}; create it first")
+        check_page_path(path)
         with open(path, "w", encoding="utf-8") as f:
             f.write(self.html())
         return os.fspath(path)
@@ -139,6 +137,17 @@ class Exploration:
         # another explorer's in the same notebook.
         return (f'<iframe srcdoc="{html.escape(self.html(), quote=True)}" sandbox="allow-scripts" '
                 'style="width: 100%; height: 900px; border: 1px solid #ddd"></iframe>')
+
+
+def check_page_path(path: str | os.PathLike) -> None:
+    """Raises ValueError if `path` is a folder, FileNotFoundError if its folder does not exist: the
+    page's file is checked before anything is computed (the command line's --out, before loading)."""
+    if os.path.isdir(path):
+        raise ValueError(f"cannot save the explorer to {path}: it is a folder; name a file, e.g. "
+                         f"{os.path.join(path, 'explorer.html')}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"cannot save the explorer to {path}: no folder {folder}; create it first")
 
 
 def explore(
@@ -278,7 +287,8 @@ def _encode(cfg: ModelConfig, prompt: str | Sequence[int], tokenizer: Any, max_t
             raise ValueError("a text prompt needs the model's tokenizer: pass tokenizer=..., or token ids")
         from transformer.sampling.sampler import encode_prompt
 
-        tokens, text = np.asarray(encode_prompt(cfg, tokenizer, prompt)), prompt
+        # new_tokens=0: one forward pass over the prompt, nothing generated, so it may fill the context.
+        tokens, text = np.asarray(encode_prompt(cfg, tokenizer, prompt, new_tokens=0)), prompt
     else:
         tokens = np.asarray(prompt, np.int64).reshape(-1)
         text = tokenizer.decode(tokens) if tokenizer is not None else " ".join(map(str, tokens))
@@ -304,9 +314,11 @@ def _forward(cfg: ModelConfig, params: Any, tokens: jax.Array, last: jax.Array, 
 
 
 def _label(tokenizer: Any, token: int) -> str:
-    """How token id `token` is shown: its text with whitespace made visible; '#id' without a tokenizer
-    or for a part of a character (a byte of a multi-byte UTF-8 character decodes to U+FFFD)."""
-    text = tokenizer.decode([token]) if tokenizer is not None else ""
+    """How token id `token` is shown: its text with whitespace made visible; '#id' without a tokenizer,
+    for an id the tokenizer lacks (a model head larger than its tokenizer) or for a part of a character
+    (a byte of a multi-byte UTF-8 character decodes to U+FFFD)."""
+    known = tokenizer is not None and 0 <= token < tokenizer.vocab_size
+    text = tokenizer.decode([token]) if known else ""
     return f"#{token}" if not text or "\ufffd" in text else token_label(text)
 
 

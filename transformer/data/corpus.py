@@ -162,13 +162,14 @@ def _folder_files(folder: Path) -> tuple[list[Path], list[Path]]:
 def _is_utf8_text(file: Path) -> bool:
     """No NUL byte in the first TEXT_SNIFF_BYTES, and the whole file decodes as UTF-8."""
     stat = file.stat()
-    return _is_utf8_text_cached(str(file), stat.st_size, stat.st_mtime_ns)
+    return _is_utf8_text_cached(str(file), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
-# Keyed by size and mtime, so an edited file is checked again; corpus_files runs more than once
-# per training start (tokenizer, corpus, skipped_files), and the check reads the whole file.
+# Keyed by size, mtime and ctime (set on every write, never restored), so an edited file is checked
+# again; corpus_files runs more than once per training start (tokenizer, corpus, skipped_files), and
+# the check reads the whole file.
 @functools.lru_cache(maxsize=1 << 16)
-def _is_utf8_text_cached(file: str, size: int, mtime_ns: int) -> bool:
+def _is_utf8_text_cached(file: str, size: int, mtime_ns: int, ctime_ns: int) -> bool:
     decoder = codecs.getincrementaldecoder("utf-8")()  # a character may straddle two chunks
     with open(file, "rb") as f:
         head = f.read(TEXT_SNIFF_BYTES)

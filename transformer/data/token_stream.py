@@ -6,7 +6,7 @@ The corpus's documents (`corpus.corpus_files(path)`) are joined by blank lines a
 one 1-D token array, written to `cache_dir/<key>.npy` and memory-mapped, so restarts skip
 tokenization and a corpus larger than memory works. `train` [N_train] and `val` [N_val] (uint16 when
 the vocabulary fits, else int32) are its head and its last `val_fraction`. The key hashes the corpus
-files (paths, sizes, modification times) and the tokenizer, so an edit re-tokenizes.
+files (paths and contents) and the tokenizer, so any edit re-tokenizes.
 `bytes_per_token`, UTF-8 bytes per validation token, turns a loss per token into bits per byte.
 """
 
@@ -27,7 +27,7 @@ from transformer.data.tokenizer import ByteTokenizer, Tokenizer
 
 DOCUMENT_SEPARATOR = "\n\n"  # a blank line between documents
 # Bump when corpus.markdown_to_play or the cache layout changes, so old caches are not reused.
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: keyed by the files' contents, not their sizes and times
 
 
 class TokenCorpus(NamedTuple):
@@ -46,8 +46,8 @@ def load_corpus(
 ) -> TokenCorpus:
     """Tokenizes the corpus at `path` (see `corpus_files`) once, caches it, and splits it.
 
-    The cache file is `cache_dir/<key>.npy`; the key hashes the corpus files (paths, sizes,
-    modification times) and the tokenizer, so editing a file or changing the tokenizer re-tokenizes.
+    The cache file is `cache_dir/<key>.npy`; the key hashes the corpus files (paths and contents,
+    `file_digests`) and the tokenizer, so any edit of a file or a new tokenizer re-tokenizes.
     Each document is encoded on its own, with the separator's tokens in between: identical to
     encoding the joined text for bytes, and for BPE no token spans two documents.
     """
@@ -59,7 +59,7 @@ def load_corpus(
     bundled = path is None
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    key = _cache_key(files, bundled, tokenizer)
+    key = _cache_key(files, bundled, tokenizer, cache_dir)
     cache = cache_dir / f"{key}.npy"
     if not cache.exists():
         _tokenize_to_file(files, bundled, tokenizer, cache)
@@ -77,17 +77,43 @@ def load_corpus(
     return TokenCorpus(train, val, val_bytes / num_val)
 
 
-def _cache_key(files: list[Path], bundled: bool, tokenizer: Tokenizer) -> str:
-    """A name for the token stream: changes when any input or the tokenizer changes."""
-    sources = []
+def file_digests(files: list[Path], cache_dir: Path) -> list[list[str]]:
+    """[[absolute path, SHA-256 of its bytes], ...] of the corpus files, in corpus order.
+
+    A file's hash is remembered in `cache_dir/file_digests.json` under its path, size, modification
+    time, inode and status-change time (ctime). The system sets the ctime on every write and it
+    cannot be set back (`touch -r`, `cp -p`, `rsync -t` and tar restore the mtime only), so a rewritten
+    file is read and hashed again while an untouched one costs a stat: a corpus of many GB is read
+    once, not at every start.
+    """
+    memo_path = cache_dir / "file_digests.json"
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}  # no memo yet, or a damaged one: hash again
+    digests, changed = [], False
     for f in files:
-        stat = f.stat()
-        sources.append([str(f.resolve()), stat.st_size, stat.st_mtime_ns])
+        st = f.stat()
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+        name = str(f.resolve())
+        if memo.get(name, {}).get("stamp") != stamp:
+            with open(f, "rb") as fh:
+                memo[name] = {"stamp": stamp, "sha256": hashlib.file_digest(fh, "sha256").hexdigest()}
+            changed = True
+        digests.append([name, memo[name]["sha256"]])
+    if changed:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        save_json(memo_path, memo)
+    return digests
+
+
+def _cache_key(files: list[Path], bundled: bool, tokenizer: Tokenizer, cache_dir: Path) -> str:
+    """A name for the token stream: changes when any input's content or the tokenizer changes."""
     identity = {
         "version": _CACHE_VERSION,
         "bundled": bundled,
         "separator": DOCUMENT_SEPARATOR,
-        "sources": sources,
+        "corpus": file_digests(files, cache_dir),
         "tokenizer": tokenizer.fingerprint,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
@@ -102,7 +128,7 @@ def _tokenize_to_file(files: list[Path], bundled: bool, tokenizer: Tokenizer, ca
     time, never the whole corpus. Written to a temporary file then renamed, so a killed run leaves
     no half-written cache."""
     dtype = _token_dtype(tokenizer.vocab_size)
-    separator = tokenizer.encode(DOCUMENT_SEPARATOR).astype(dtype)
+    separator = tokenizer.encode_array(DOCUMENT_SEPARATOR).astype(dtype)
     raw_fd, raw = tempfile.mkstemp(dir=cache.parent, prefix=".tokens.", suffix=".bin")
     try:
         # Pass 1: append raw tokens; the total length is unknown until the end.
@@ -110,7 +136,7 @@ def _tokenize_to_file(files: list[Path], bundled: bool, tokenizer: Tokenizer, ca
             for i, file in enumerate(files):
                 if i:
                     separator.tofile(f)
-                tokenizer.encode(read_document(file, bundled)).astype(dtype).tofile(f)
+                tokenizer.encode_array(read_document(file, bundled)).astype(dtype).tofile(f)
         # Pass 2: wrap them in a .npy header (the OS pages the copy; no full array in memory).
         num_tokens = os.path.getsize(raw) // dtype.itemsize
         with atomic_path(cache) as npy:

@@ -1,6 +1,8 @@
 """Tokenizers: raw UTF-8 bytes, or byte-level BPE trained here or imported from Hugging Face.
 
-A tokenizer turns text into a 1-D int32 array of token ids [N] and back. Two kinds:
+A tokenizer turns text into token ids [N], a Python list[int] (`encode`, as Hugging Face's
+tokenizers return them; `encode_array` gives them as an int32 array for bulk use), and back
+(`decode`, which refuses ids the tokenizer does not have rather than drop them). Two kinds:
 
 - `ByteTokenizer`: one token per UTF-8 byte, vocabulary 256, nothing to train. Every string encodes
   and loss per token is loss per byte.
@@ -42,19 +44,18 @@ class ByteTokenizer:
     # Names the tokenizer in cache keys: two tokenizers with equal fingerprints encode alike.
     fingerprint: str = "bytes"
 
-    def encode(self, text: str) -> np.ndarray:
-        """Text -> int32 ids [N], N = number of UTF-8 bytes of `text`."""
+    def encode(self, text: str) -> list[int]:
+        """Text -> ids [N], N = number of UTF-8 bytes of `text`."""
+        return list(_utf8(text))
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """`encode` as an int32 array [N], without a Python list in between (large documents)."""
         return np.frombuffer(_utf8(text), dtype=np.uint8).astype(np.int32)
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """Ids [N] -> text. Byte sequences that are not valid UTF-8 (a character cut in two by
-        sampling or slicing) become U+FFFD instead of raising."""
-        ids = np.asarray(ids)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            raise ValueError(
-                f"ByteTokenizer.decode got ids in [{ids.min()}, {ids.max()}], outside [0, 255]: "
-                "these ids were not produced by a byte tokenizer (wrong tokenizer for this model?)."
-            )
+        sampling or slicing) become U+FFFD instead of raising; an id outside [0, 255] raises."""
+        ids = _known_ids(ids, self)
         return ids.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
     def __repr__(self) -> str:
@@ -78,7 +79,8 @@ class BPETokenizer:
     def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
         """Trains a byte-level BPE of `vocab_size` tokens (256 bytes + merges) on `texts`, locally.
 
-        Training stops early, with fewer tokens, only when the texts hold no more pairs to merge.
+        Training stops early, with fewer tokens, only when the texts hold no more pairs to merge
+        (`make_tokenizer` refuses such a tokenizer).
         """
         if vocab_size < 256:
             raise ValueError(
@@ -126,8 +128,8 @@ class BPETokenizer:
             self._fingerprint = hashlib.sha256(self.hf.to_str().encode()).hexdigest()
         return self._fingerprint
 
-    def encode(self, text: str) -> np.ndarray:
-        """Text -> int32 ids [N].
+    def encode(self, text: str) -> list[int]:
+        """Text -> ids [N].
 
         Raises ValueError if the tokenizer cannot represent part of the text, i.e. the output holds
         its unknown token (possible with imported non-byte-level tokenizers only). Characters that
@@ -138,8 +140,8 @@ class BPETokenizer:
         except TypeError:  # HF raises "TextInputSequence must be str" for lone surrogates
             _utf8(text)  # raises the clear error
             raise
-        ids = np.asarray(encoding.ids, dtype=np.int32)
-        if self._unk_id is not None and np.any(ids == self._unk_id):
+        ids = encoding.ids
+        if self._unk_id is not None and self._unk_id in ids:
             unknown = sorted({text[a:b] for i, (a, b) in zip(encoding.ids, encoding.offsets)
                               if i == self._unk_id})
             raise ValueError(
@@ -149,9 +151,14 @@ class BPETokenizer:
             )
         return ids
 
+    def encode_array(self, text: str) -> np.ndarray:
+        """`encode` as an int32 array [N]."""
+        return np.asarray(self.encode(text), dtype=np.int32)
+
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        """Ids [N] -> text, special tokens kept."""
-        return self.hf.decode(np.asarray(ids, dtype=np.int64).tolist(), skip_special_tokens=False)
+        """Ids [N] -> text, special tokens kept; an id outside [0, vocab_size) raises (Hugging Face's
+        decode would drop it without a word)."""
+        return self.hf.decode(_known_ids(ids, self).tolist(), skip_special_tokens=False)
 
     def __repr__(self) -> str:
         return f"BPETokenizer(vocab_size={self.vocab_size})"
@@ -165,14 +172,24 @@ def make_tokenizer(
 ) -> Tokenizer:
     """Builds a tokenizer of `kind` ('bytes' or 'bpe'); 'bpe' trains on `texts` to `vocab_size`.
 
-    `texts` and `vocab_size` are ignored for 'bytes' (its vocabulary is always 256).
+    `texts` and `vocab_size` are ignored for 'bytes' (its vocabulary is always 256). A BPE that
+    stops short of `vocab_size` (the texts hold no more pairs to merge) raises ValueError naming the
+    size the texts give: a model sized for `vocab_size` would hold ids no text encodes to.
     """
     if kind == "bytes":
         return ByteTokenizer()
     if kind == "bpe":
         if vocab_size is None:
             raise ValueError("make_tokenizer('bpe', ...) needs vocab_size, e.g. vocab_size=4096.")
-        return BPETokenizer.train(texts, vocab_size)
+        tok = BPETokenizer.train(texts, vocab_size)
+        if tok.vocab_size < vocab_size:
+            n = tok.vocab_size
+            raise ValueError(
+                f"the corpus gives a BPE of only {n} tokens, not vocab_size={vocab_size} (it holds no more "
+                f"pairs to merge), so ids {n} to {vocab_size - 1} would never occur: set "
+                f"--config.data.vocab_size={n} --config.model.vocab_size={n}, or train on more text"
+            )
+        return tok
     raise ValueError(f"Unknown tokenizer kind {kind!r}; choose one of {list(KINDS)}.")
 
 
@@ -244,6 +261,21 @@ def _utf8(text: str) -> bytes:
             "UTF-16 surrogate, which has no UTF-8 form. Read files with encoding='utf-8' (not "
             "errors='surrogateescape') or replace these characters."
         ) from None
+
+
+def _known_ids(ids: Sequence[int] | np.ndarray, tok: Tokenizer) -> np.ndarray:
+    """Ids [N] as an int64 array, checked to be the tokenizer's, 0 <= id < tok.vocab_size; raises
+    ValueError naming the others (e.g. drawn from a model head larger than the tokenizer)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    foreign = ids[(ids < 0) | (ids >= tok.vocab_size)]
+    if foreign.size:
+        shown = sorted(set(foreign.tolist()))
+        raise ValueError(
+            f"{type(tok).__name__}.decode got ids {shown[:8]}{' ...' if len(shown) > 8 else ''} outside "
+            f"[0, {tok.vocab_size - 1}]: this tokenizer has no such tokens (a wrong tokenizer for this model, "
+            "or a model vocab_size larger than the tokenizer's)"
+        )
+    return ids
 
 
 def _unknown_token_id(tok: tokenizers.Tokenizer) -> int | None:

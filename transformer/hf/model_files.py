@@ -91,6 +91,8 @@ def _torch_to_numpy(tensor: Any) -> np.ndarray:
 
 def _open_directory(directory: str) -> tuple[dict, str | None, Callable[[], Tensors]]:
     config_path = os.path.join(directory, "config.json")
+    if os.path.isdir(os.path.join(directory, "checkpoints")):
+        _refuse_training_run(directory, "it holds checkpoints/")
     if not os.path.isfile(config_path):
         raise FileNotFoundError(
             f"{directory} holds no config.json; pass a folder written by save_pretrained (config.json "
@@ -98,7 +100,17 @@ def _open_directory(directory: str) -> tuple[dict, str | None, Callable[[], Tens
         )
     with open(config_path) as f:
         hf = json.load(f)
+    if isinstance(hf, dict) and {"model", "train"} <= set(hf):  # a run's config, not a Hugging Face one
+        _refuse_training_run(directory, "its config.json has 'model' and 'train' sections")
     return hf, (hf.get("architectures") or [None])[0], lambda: _directory_tensors(directory)
+
+
+def _refuse_training_run(directory: str, sign: str) -> None:
+    """A clear error for a training run's folder passed as a Hugging Face one (`sign`: how it shows)."""
+    raise ValueError(
+        f"{directory} is not a Hugging Face model folder ({sign}): this is a training run: use --workdir "
+        "(sample.py, python -m transformer.explore), or transformer.load_run in Python"
+    )
 
 
 def _directory_tensors(directory: str) -> Tensors:
@@ -136,9 +148,15 @@ def _directory_tensors(directory: str) -> Tensors:
 
 
 def _safe_open(path: str, framework: str):
-    from safetensors import safe_open
+    """The safetensors file at `path`, opened; ValueError naming it when it is damaged or truncated."""
+    from safetensors import SafetensorError, safe_open
 
-    return safe_open(path, framework=framework)
+    try:
+        return safe_open(path, framework=framework)
+    except SafetensorError as e:
+        raise ValueError(
+            f"{path} is damaged or truncated ({e}): download or export the model again"
+        ) from None
 
 
 def write_model(directory: str | os.PathLike, hf_config: dict, tensors: dict[str, np.ndarray]) -> None:

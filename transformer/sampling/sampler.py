@@ -178,17 +178,39 @@ def sample_token(
     return jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32)
 
 
-def encode_prompt(cfg: ModelConfig, tokenizer: Any, prompt: str) -> np.ndarray:
-    """Prompt text -> token ids [N], with clear errors for an empty or too long prompt."""
+def encode_prompt(cfg: ModelConfig, tokenizer: Any, prompt: str, new_tokens: int = 1) -> list[int]:
+    """Prompt text -> token ids [N], with clear errors for an empty prompt or one that leaves fewer
+    than `new_tokens` places in the context, N + new_tokens > max_seq_len (0: a forward pass only)."""
     ids = tokenizer.encode(prompt)  # raises ValueError for text the tokenizer cannot represent
     if len(ids) == 0:
         raise ValueError("the prompt is empty; pass --prompt with at least one character")
-    if len(ids) >= cfg.max_seq_len:
+    if len(ids) + new_tokens > cfg.max_seq_len:
+        room = ", leaving no room for new tokens" if len(ids) <= cfg.max_seq_len else ""
         raise ValueError(
-            f"the prompt has {len(ids)} tokens but the model's context is max_seq_len={cfg.max_seq_len}, "
-            "leaving no room for new tokens; shorten the prompt"
+            f"the prompt has {len(ids)} tokens but the model's context is max_seq_len={cfg.max_seq_len}"
+            f"{room}; shorten the prompt"
         )
     return ids
+
+
+# Seeds jax.random.key takes as 64-bit integers; without 64-bit mode JAX keeps their low 32 bits only.
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed: int) -> int:
+    """`seed` as an int, or a ValueError unless it is a whole number in [0, MAX_SEED]."""
+    if not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"the seed must be a whole number in [0, 2**63 - 1 = {MAX_SEED}], got {seed!r}")
+    return int(seed)
+
+
+def seed_key(seed: int) -> Array:
+    """The PRNG key of a seed in [0, 2**63): jax.random.key(seed) as JAX makes it with 64-bit
+    integers on, so seeds 2**32 apart get different keys and every seed below 2**32 its usual key
+    (threefry: the key data [seed // 2**32, seed % 2**32]). Raises ValueError for other seeds."""
+    seed = check_seed(seed)
+    with jax.enable_x64(True):
+        return jax.random.key(seed)
 
 
 def row_keys(key: Array, batch_size: int) -> Array:

@@ -11,11 +11,10 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import jax
 import numpy as np
 
 from transformer.model.config import ModelConfig
-from transformer.sampling.sampler import SamplingOptions, encode_prompt, generate, generate_stream, row_keys
+from transformer.sampling.sampler import SamplingOptions, encode_prompt, generate, generate_stream, row_keys, seed_key
 
 
 def stream_text(tokenizer: Any, chunks: Iterable[np.ndarray]) -> Iterator[str]:
@@ -42,15 +41,16 @@ def stream_text(tokenizer: Any, chunks: Iterable[np.ndarray]) -> Iterator[str]:
 def print_samples(cfg: ModelConfig, params: Any, tokenizer: Any, prompt: str, num_samples: int, max_new_tokens: int,
                   seed: int, chunk_size: int, **sampling: Any) -> None:
     """Prints `num_samples` continuations of the prompt, each as it is generated; sample i is row i
-    of a batch drawn with key `seed`. sampling: SamplingOptions' fields (temperature, top_k, top_p)."""
+    of a batch drawn with key `seed` (see seed_key). sampling: SamplingOptions' fields (temperature,
+    top_k, top_p)."""
     ids = encode_prompt(cfg, tokenizer, prompt)
     SamplingOptions(**sampling)  # a bad option fails here, before anything is printed
+    keys = row_keys(seed_key(seed), num_samples)  # and so does a bad seed
     # The model cannot see past its context: generate fewer tokens rather than fail.
     n = min(max_new_tokens, cfg.max_seq_len - len(ids))
     if n < max_new_tokens:
         print(f"note: generating {n} tokens, not {max_new_tokens}: the prompt has {len(ids)} tokens and the "
               f"model's context is {cfg.max_seq_len}", file=sys.stderr)
-    keys = row_keys(jax.random.key(seed), num_samples)
     for i in range(num_samples):
         print(f"--- sample {i + 1} of {num_samples} ---")
         print(prompt, end="", flush=True)
@@ -65,5 +65,5 @@ def sample_text(cfg: ModelConfig, params: Any, tokenizer: Any, num_tokens: int, 
     """One sample of up to `num_tokens` tokens after `prompt` (as many as the context leaves), as text."""
     ids = tokenizer.encode(prompt)
     n = min(num_tokens, cfg.max_seq_len - len(ids))
-    out = generate(params, cfg, [list(ids)], jax.random.key(seed), max_new_tokens=n, temperature=temperature)
+    out = generate(params, cfg, [ids], seed_key(seed), max_new_tokens=n, temperature=temperature)
     return tokenizer.decode(list(out.tokens[0][: int(out.lengths[0])]))

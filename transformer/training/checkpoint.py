@@ -17,10 +17,12 @@ the saved layer stack.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import signal
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -34,6 +36,7 @@ from transformer.model.param_tree import layout_differences, relayout_layers
 from transformer.data.tokenizer import Tokenizer, tokenizer_from_json, tokenizer_to_json
 
 CHECKPOINT_DIR = "checkpoints"
+KILL_IN_SAVE = "TRANSFORMER_TEST_KILL_IN_SAVE"  # a step: the tests' kill -9 inside that step's (asynchronous) save
 
 
 def latest_step(workdir: str) -> int | None:
@@ -46,6 +49,20 @@ def latest_step(workdir: str) -> int | None:
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, unreadable, or from a different model."""
+
+
+@contextlib.contextmanager
+def _without_read_only_note():
+    """Orbax logs 'Given directory is read only=<dir>' whenever a manager is opened for reading only,
+    whatever the folder's permissions: a misleading line for a writable run folder. Drops exactly
+    that record while the manager opens."""
+    logger = logging.getLogger("absl")
+    note = lambda record: not record.getMessage().startswith("Given directory is read only")  # noqa: E731
+    logger.addFilter(note)
+    try:
+        yield
+    finally:
+        logger.removeFilter(note)
 
 
 class Checkpointer:
@@ -65,7 +82,11 @@ class Checkpointer:
                 keep_checkpoints_without_metrics=False,
             ),
         ])
-        self.manager = ocp.CheckpointManager(
+        with _without_read_only_note():
+            self.manager = self._open(policy, read_only)
+
+    def _open(self, policy: Any, read_only: bool) -> ocp.CheckpointManager:
+        return ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
                 preservation_policy=policy, create=not read_only, read_only=read_only,
@@ -90,19 +111,42 @@ class Checkpointer:
     def save(self, step: int, state: Any, config: Mapping[str, Any], tokenizer: Tokenizer,
              val_loss: float) -> None:
         """Writes checkpoint `step` (asynchronously; `wait` blocks until it is on disk)."""
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                config=ocp.args.JsonSave(dict(config)),
-                tokenizer=ocp.args.JsonSave(tokenizer_to_json(tokenizer)),
-            ),
-            metrics={"val_loss": float(val_loss)},
-            force=True,
-        )
+        try:
+            self.manager.save(  # waits for the previous save, and raises if that one failed
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state),
+                    config=ocp.args.JsonSave(dict(config)),
+                    tokenizer=ocp.args.JsonSave(tokenizer_to_json(tokenizer)),
+                ),
+                metrics={"val_loss": float(val_loss)},
+                force=True,
+            )
+        except Exception as e:  # noqa: BLE001  (orbax's thread errors arrive as any type)
+            raise self._save_failed(e) from None
+        if os.environ.get(KILL_IN_SAVE) == str(step):  # tests only: a kill -9 while the save is being written
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Blocks until the saves in flight are on disk; raises CheckpointError if one failed."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001
+            raise self._save_failed(e) from None
+
+    def _save_failed(self, e: Exception) -> CheckpointError:
+        """One line for a save that could not be written (a full disk, a folder that cannot be written)."""
+        text = str(e).strip()
+        known = _STORAGE_FAULT.search(text)  # orbax's messages name the OS error last, after long paths
+        reason = known.group(0) if known else text.splitlines()[0][:300] if text else type(e).__name__
+        complete = latest_step(os.path.dirname(self.directory))
+        kept = f"the checkpoint of step {complete} is complete" if complete is not None else "no checkpoint is complete yet"
+        return CheckpointError(f"a checkpoint could not be written to {self.directory} ({reason}); {kept}. "
+                               "Free disk space or make the folder writable, then rerun the same command to resume")
+
+    def close(self) -> None:
+        """Waits for the saves in flight and stops orbax's background threads."""
+        self.manager.close()
 
     def _step_or_latest(self, step: int | None) -> int:
         steps = self.all_steps()
@@ -124,21 +168,40 @@ class Checkpointer:
             raise self._unreadable(step, e) from e
 
     def _unreadable(self, step: int, e: Exception) -> CheckpointError:
-        """The error for a checkpoint that failed to read; it advises deleting the checkpoint only
-        when its files are damaged (orbax reports a data-loss, decoding or missing-file error)."""
-        # The first line only: TensorStore's messages can carry a whole traceback after it.
+        """The error for a checkpoint that failed to read. Damaged files (a part of the checkpoint
+        missing, or orbax reporting a data-loss, decoding or missing-file error) are named, with the
+        way back to the previous complete checkpoint; otherwise the files are not blamed."""
+        # The first line only, without TensorStore's repr: its messages can carry a traceback after it.
         first_line = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
-        reason = f"{type(e).__name__}: {first_line[:300]}"
-        if not _is_damage(e):
+        reason = f"{type(e).__name__}: {first_line.split(' See full TensorStore details')[0][:300]}"
+        missing = self._missing_parts(step)
+        if not (missing or _is_damage(e)):
             return CheckpointError(
                 f"checkpoint step {step} in {self.directory} could not be restored ({reason}). Its files "
                 "are not known to be damaged: keep them, and report this error"
             )
-        return CheckpointError(
-            f"checkpoint step {step} in {self.directory} is damaged ({reason}): delete the folder "
-            f"{os.path.join(self.directory, str(step))} to fall back to an earlier checkpoint, "
-            "or start a new --workdir"
-        )
+        folder = os.path.join(self.directory, str(step))
+        earlier = [s for s in self.all_steps() if s < step]
+        back = (f"; the same command then uses step {max(earlier)}, the previous complete checkpoint" if earlier
+                else "; no earlier checkpoint is left, so start a new --workdir")
+        what = f"missing {', '.join(missing[:3])}" if missing else reason
+        return CheckpointError(f"checkpoint step {step} in {self.directory} is damaged ({what}): move it aside "
+                               f"(mv {folder} {folder}.damaged){back}")
+
+    def _missing_parts(self, step: int) -> list[str]:
+        """The parts of checkpoint `step` that a complete save leaves and that are not there (paths
+        relative to the step's folder): each item, the state's metadata, manifest and data files."""
+        folder = os.path.join(self.directory, str(step))
+        if not os.path.isdir(folder):
+            return []  # nothing on disk to judge by
+        parts = ["config/metadata", "tokenizer/metadata", "state/_METADATA", "state/manifest.ocdbt"]
+        missing = [p for p in parts if not os.path.isfile(os.path.join(folder, p))]
+        state = os.path.join(folder, "state")
+        for shard in sorted(os.listdir(state)) if os.path.isdir(state) else []:
+            data = os.path.join(state, shard, "d")
+            if shard.startswith("ocdbt.process_") and not (os.path.isdir(data) and os.listdir(data)):
+                missing.append(f"state/{shard}/d (the arrays' data)")
+        return missing
 
     def config(self, step: int | None = None) -> dict[str, Any]:
         """The resolved run config saved with checkpoint `step` (default: the latest)."""
@@ -248,6 +311,8 @@ def saved_model_config(saved: Mapping[str, Any]) -> ModelConfig:
     return resolve_auto(cfg.replace(**{name: AUTO for name in chosen})).cfg
 
 
+# The operating system's words for storage that cannot take a write.
+_STORAGE_FAULT = re.compile(r"No space left on device|Permission denied|Read-only file system|Disk quota exceeded")
 # What orbax and TensorStore say when a checkpoint's files are truncated, garbled or missing.
 _DAMAGE = re.compile(r"DATA_LOSS|OUT_OF_RANGE|NOT_FOUND|Error reading|No such file|corrupt", re.IGNORECASE)
 
@@ -258,13 +323,14 @@ def _is_damage(e: BaseException) -> bool:
     return isinstance(e, damaged_types) or bool(_DAMAGE.search(str(e)))
 
 
-def quiet_failed_reads() -> None:
+def quiet_checkpoint_failures() -> None:
     """Process-wide, for a command line, installed once at its start: when a checkpoint cannot be
-    read, orbax's other reads still in flight fail too and Python reports each (below), burying the
-    one-line error that CheckpointError already gives. Drops exactly those reports; a library user
-    (a notebook) calls it too if it wants the same quiet."""
+    read or written, orbax's other reads and writes in flight fail too and report each with a
+    traceback (below), burying the one-line error that CheckpointError already gives. Drops exactly
+    those reports; a library user (a notebook) calls it too if it wants the same quiet."""
     _ignore_closed_loop_callbacks()
     _ignore_unretrieved_reads()
+    _ignore_failed_save_threads()
 
 
 def _ignore_closed_loop_callbacks() -> None:
@@ -294,3 +360,14 @@ def _ignore_unretrieved_reads() -> None:
         never_retrieved.ignores_unretrieved = True
         logger.addFilter(never_retrieved)
 
+
+
+def _ignore_failed_save_threads() -> None:
+    """When a save fails (a full disk, a folder that cannot be written), each of orbax's writer and
+    commit threads logs the same error with its traceback; the next save or wait raises it, and
+    Checkpointer reports it in one line. Drop exactly orbax's error records that carry a traceback."""
+    logger = logging.getLogger("absl")
+    if not any(getattr(f, "ignores_save_threads", False) for f in logger.filters):
+        from_orbax_thread = lambda record: not (record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname)  # noqa: E731
+        from_orbax_thread.ignores_save_threads = True
+        logger.addFilter(from_orbax_thread)

@@ -27,6 +27,19 @@ def load_config_file(path: str) -> Any:
     return module.get_config()
 
 
+def load_config(path: str) -> ConfigDict:
+    """A config file's get_config(), which must be an ml_collections ConfigDict (`check_config`)."""
+    return check_config(load_config_file(path), path)
+
+
+def check_config(config: Any, path: str) -> ConfigDict:
+    """`config` (what the file at `path` built) if it is a ConfigDict, else a ValueError naming the file."""
+    if not isinstance(config, ConfigDict):
+        raise ValueError(f"config file {path}: get_config() returned {type(config).__name__}, not an "
+                         "ml_collections ConfigDict; build it with configs/common.base_config")
+    return config
+
+
 def leaf_fields(config: ConfigDict, prefix: str = "") -> list[str]:
     """Every field's dotted name ('train.steps', 'model.d_model', ...)."""
     names = []

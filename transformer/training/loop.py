@@ -12,6 +12,7 @@ Interrupted; a diverged loss raises Diverged without saving.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -27,11 +28,13 @@ from transformer.data.atomic_files import save_json
 from transformer.data.batches import with_start_token
 from transformer.data.prefetch import Prefetcher
 from transformer.data.tokenizer import save_tokenizer
-from transformer.training.checkpoint import Checkpointer
+from transformer.training.checkpoint import Checkpointer, latest_step
 from transformer.training.metrics import MetricWriter
+from transformer.training.run_config import CORPUS_RECORD
 from transformer.training.run_setup import Run, set_up_run
 from transformer.training.signals import StopOnSignal
 from transformer.training.steps import TrainState
+from transformer.training.workdir_lock import WorkdirBusy, WorkdirLock
 
 OnComplete = Callable[[Run, TrainState], None]  # called once a run reaches train.steps (e.g. to print a sample)
 
@@ -60,27 +63,14 @@ def train(config: ConfigDict, workdir: str, progress: bool = True, hard_exit: bo
             print(f"the run in {workdir} is already complete at step {start} (train.steps={t.steps}); "
                   "raise train.steps to continue it (docs/usage.md: 'Continuing a run')")
             return {}
-        ckpt = write_run_files(run, workdir, ckpt)
-        writer = MetricWriter(workdir, enabled=run.host == 0)
-        writer.write({"step": start, "compile_seconds": run.steps.compile_seconds,
-                      "elapsed_seconds": time.perf_counter() - started})  # the set-up's end
-        batches = training_batches(run, start)
-        bar = tqdm(total=t.steps, initial=start, disable=run.host != 0 or not progress, dynamic_ncols=True,
-                   file=sys.stdout)
-        report = Report(writer, Throughput(start, tokens_per_step=t.batch_size * t.seq_len), bar, started)
-        end = t.steps if t.run_steps <= 0 else min(t.steps, start + t.run_steps)  # run_steps: a part, then resume
-        looping = time.perf_counter()
-        try:
-            state, last_eval = train_steps(run, state, ckpt, batches, report, stop, end)
-        finally:
-            bar.close()
-            batches.close()
-            ckpt.wait()  # saves are asynchronous: the last one must be on disk before we return
-            writer.close()
+        # One run writes a workdir at a time (the first host of a multi-host run holds the lock).
+        with WorkdirLock(workdir) if run.host == 0 else contextlib.nullcontext():
+            check_unchanged(workdir, start if ckpt else None)
+            ckpt = write_run_files(run, workdir, ckpt)
+            state, last_eval, seconds = train_and_report(run, state, ckpt, workdir, stop, progress, started)
     done = int(state.step)
     if run.host == 0:
-        print_summary(run, done, done - start, last_eval, ckpt, time.perf_counter() - looping,
-                      time.perf_counter() - started)
+        print_summary(run, done, done - start, last_eval, ckpt, seconds, time.perf_counter() - started)
     if stop.requested:
         raise stop.stopped_after_saving(done)
     if done == t.steps and on_complete is not None:
@@ -88,15 +78,49 @@ def train(config: ConfigDict, workdir: str, progress: bool = True, hard_exit: bo
     return last_eval
 
 
+def train_and_report(run: Run, state: TrainState, ckpt: Checkpointer, workdir: str, stop: StopOnSignal,
+                     progress: bool, started: float) -> tuple[TrainState, dict, float]:
+    """The loop with its reporting around it: the metric writer, the progress bar, the prefetched
+    batches; returns the state, the last evaluation and the seconds spent in the loop."""
+    t, start = run.config.train, int(state.step)
+    writer = MetricWriter(workdir, enabled=run.host == 0, start_step=start)  # rows past `start` are redone
+    writer.write({"step": start, "compile_seconds": run.steps.compile_seconds,
+                  "elapsed_seconds": time.perf_counter() - started})  # the set-up's end
+    batches = training_batches(run, start)
+    bar = tqdm(total=t.steps, initial=start, disable=run.host != 0 or not progress, dynamic_ncols=True,
+               file=sys.stdout)
+    report = Report(writer, Throughput(start, tokens_per_step=t.batch_size * t.seq_len), bar, started)
+    end = t.steps if t.run_steps <= 0 else min(t.steps, start + t.run_steps)  # run_steps: a part, then resume
+    looping = time.perf_counter()
+    try:
+        state, last_eval = train_steps(run, state, ckpt, batches, report, stop, end)
+    finally:
+        bar.close()
+        batches.close()
+        ckpt.wait()  # saves are asynchronous: the last one must be on disk before we return
+        writer.close()
+    return state, last_eval, time.perf_counter() - looping
+
+
+def check_unchanged(workdir: str, step: int | None) -> None:
+    """Raises WorkdirBusy if the workdir's latest checkpoint is no longer the one the set-up saw
+    (`step`, None for none): another run wrote there while this one was setting up."""
+    now = latest_step(workdir)
+    if now != step:
+        raise WorkdirBusy(f"another run wrote the checkpoint of step {now} in {workdir} while this one was "
+                          "setting up; rerun the command to resume from it")
+
+
 def write_run_files(run: Run, workdir: str, ckpt: Checkpointer | None) -> Checkpointer:
-    """After a successful set-up: the workdir, its tokenizer and config.json (written by the first
-    host: the hosts share the workdir); the checkpointer (every host: each saves its shards)."""
+    """After a successful set-up: the workdir, its tokenizer, config.json and corpus.json (written by
+    the first host: the hosts share the workdir); the checkpointer (every host: each saves its shards)."""
     os.makedirs(workdir, exist_ok=True)
     tok_dir = os.path.join(workdir, "tokenizer")
     if run.host == 0 and not os.path.isdir(tok_dir):
         save_tokenizer(run.tokenizer, tok_dir)
     if run.host == 0:
         save_json(os.path.join(workdir, "config.json"), run.config.to_dict())
+        save_json(os.path.join(workdir, CORPUS_RECORD), run.corpus)  # what a resume checks the corpus against
     return ckpt or Checkpointer(workdir, keep=run.config.train.keep_checkpoints)
 
 

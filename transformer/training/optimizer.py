@@ -117,6 +117,9 @@ def make_schedule(optim: Mapping[str, Any], steps: int, peak: float | None = Non
     'wsd': constant at the peak, then a linear decay over the last optim.decay_fraction of the steps.
 
     A run extended past its decay (train.steps raised, decay_steps kept) continues at the final rate.
+    A warm-up as long as the decay ends one step early, so that the last step reaches the peak; a
+    longer one is cut the same way here (the schedules of runs saved before `check_warmup`), but
+    `make_optimizer` refuses it.
     """
     shape = schedule_name(optim)
     peak = optim["learning_rate"] if peak is None else peak
@@ -154,6 +157,7 @@ def make_optimizer(optim: Mapping[str, Any], steps: int) -> tuple[optax.Gradient
     Muon muon_learning_rate, muon_momentum, muon_weight_decay). Returns the transformation and the
     schedule of optim.learning_rate.
     """
+    check_warmup(optim, steps)
     rates = learning_rates(optim, steps)
     adamw = optax.adamw(
         rates["learning_rate"], b1=optim["b1"], b2=optim["b2"], eps=optim["eps"],
@@ -172,6 +176,23 @@ def make_optimizer(optim: Mapping[str, Any], steps: int) -> tuple[optax.Gradient
         update = adamw
     clip = optax.clip_by_global_norm(optim["grad_clip"]) if optim["grad_clip"] > 0 else optax.identity()
     return optax.chain(clip, update), rates["learning_rate"]
+
+
+def check_warmup(optim: Mapping[str, Any], steps: int) -> None:
+    """Raises ValueError when optim.warmup_steps is longer than the schedule's decay (optim.decay_steps,
+    0: all `steps` = train.steps): the learning rate could not warm up for as long as asked."""
+    warmup, decay_steps = optim["warmup_steps"], optim.get("decay_steps", 0) or steps
+    if warmup <= decay_steps:
+        return
+    if optim.get("decay_steps", 0):
+        span, fix = f"optim.decay_steps={decay_steps} (train.steps={steps})", "optim.decay_steps"
+    else:
+        span, fix = f"train.steps={steps}", "train.steps"
+    raise ValueError(
+        f"optim.warmup_steps={warmup} is longer than {span}: the warm-up would end early, at step "
+        f"{max(decay_steps - 1, 0)}; set --config.optim.warmup_steps={decay_steps} or fewer, or "
+        f"--config.{fix}={warmup} or more"
+    )
 
 
 def optimizer_name(optim: Mapping[str, Any]) -> str:

@@ -106,7 +106,7 @@ def check_train_config(config: ConfigDict, cfg: ModelConfig) -> None:
             f"({jax.device_count()} / mesh.tensor={config.mesh.tensor}); change train.batch_size or train.grad_accum"
         )
     decay_steps = config.optim.decay_steps or t.steps
-    if decay_steps <= config.optim.warmup_steps:
+    if decay_steps == config.optim.warmup_steps:  # longer: make_optimizer refuses it (check_warmup)
         warn(f"the learning rate warms up for optim.warmup_steps={config.optim.warmup_steps} steps but decays "
              f"over {decay_steps}: it never decays; lower optim.warmup_steps or raise train.steps")
 
@@ -122,11 +122,19 @@ def check_workdir(workdir: str) -> None:
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         raise ValueError(f"--workdir {workdir!r} cannot be created: {existing} is a file")
+    check_writable(existing, f"--workdir {workdir!r} cannot be written", "choose a folder you can write to")
+    checkpoints = os.path.join(workdir, "checkpoints")
+    if os.path.isdir(checkpoints):  # a resume: its saves go there
+        check_writable(checkpoints, f"the checkpoints of {workdir!r} cannot be written",
+                       "make that folder writable (chmod u+w), then rerun")
+
+
+def check_writable(folder: str, what: str, fix: str) -> None:
+    """Raises ValueError('<what> (<reason> in <folder>); <fix>') unless a file can be made in `folder`."""
     try:  # the only sure test of writing is to write (and remove) something
-        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".write-test-"))
+        os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".write-test-"))
     except OSError as e:
-        raise ValueError(f"--workdir {workdir!r} cannot be written ({e.strerror} in {existing}); "
-                         "choose a folder you can write to") from None
+        raise ValueError(f"{what} ({e.strerror} in {folder}); {fix}") from None
 
 
 def warn(message: str) -> None:
@@ -221,3 +229,25 @@ def saved_data_fields(saved: dict) -> dict:
     if fields["path"]:
         fields["path"] = os.path.abspath(os.path.expanduser(fields["path"]))
     return fields
+
+
+CORPUS_RECORD = "corpus.json"  # in the workdir: [[path, SHA-256], ...] of the files the run trains on
+
+
+def check_corpus_kept(workdir: str, digests: list[list[str]]) -> None:
+    """Raises if the corpus files differ from the ones the run in `workdir` was trained on (its
+    corpus.json, `token_stream.file_digests`), naming what was removed, added or changed. A run saved
+    before the record existed is not checked."""
+    record = os.path.join(workdir, CORPUS_RECORD)
+    if not os.path.isfile(record):
+        return
+    with open(record) as f:
+        before = dict(json.load(f))
+    now = dict(digests)
+    what = ([f"removed {p}" for p in before if p not in now] + [f"added {p}" for p in now if p not in before]
+            + [f"changed {p}" for p in now if p in before and now[p] != before[p]])
+    if what:
+        more = f"; {len(what) - 3} more" if len(what) > 3 else ""
+        raise CheckpointError(f"the corpus changed since the checkpoints in {workdir} were written ({'; '.join(what[:3])}"
+                              f"{more}): the validation loss would mix two validation sets. Restore the corpus, or "
+                              "train on the new one in a new --workdir")

@@ -10,26 +10,27 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import jax
 import numpy as np
 from ml_collections import ConfigDict
 
 from transformer.data.batches import with_start_token
-from transformer.data.corpus import load_texts, skipped_files
+from transformer.data.corpus import corpus_files, load_texts, skipped_files
 from transformer.data.tasks import DataTask, data_task
-from transformer.data.token_stream import load_corpus
+from transformer.data.token_stream import file_digests, load_corpus
 from transformer.data.tokenizer import Tokenizer, load_tokenizer, make_tokenizer
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import count_params
 from transformer.model.execution import Resolved
 from transformer.model.kv_cache import kv_cache_bytes_per_token
 from transformer.training import steps as train_steps
-from transformer.training.checkpoint import Checkpointer
+from transformer.training.checkpoint import CHECKPOINT_DIR, Checkpointer, latest_step
 from transformer.training.eval_metrics import MetricFn, enabled_metrics
 from transformer.training.optimizer import learning_rates, make_optimizer
-from transformer.training.run_config import (check_resume, check_tokenizer_left, check_train_config, check_workdir,
-                                             choose_execution, resolve)
+from transformer.training.run_config import (check_corpus_kept, check_resume, check_tokenizer_left,
+                                             check_train_config, check_workdir, choose_execution, resolve)
 from transformer.training.sharding import batch_sharding, make_mesh, make_rules
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
@@ -58,9 +59,17 @@ def check_run(config: ConfigDict, workdir: str) -> CheckedConfig:
     check_train_config(config, execution.cfg)
     task = data_task(config)
     check_workdir(workdir)
-    resuming = os.path.isdir(os.path.join(workdir, "checkpoints"))
-    ckpt = Checkpointer(workdir, keep=config.train.keep_checkpoints) if resuming else None
-    saved = check_resume(config, ckpt, workdir) if ckpt else None
+    ckpt = None
+    if latest_step(workdir) is not None:  # a complete checkpoint: resume from the latest
+        ckpt = Checkpointer(workdir, keep=config.train.keep_checkpoints)
+    elif os.path.isdir(os.path.join(workdir, CHECKPOINT_DIR)):  # killed during its first save
+        print(f"no complete checkpoint in {os.path.join(workdir, CHECKPOINT_DIR)} (the first save was cut "
+              "short): starting the run afresh, its metrics too")
+    try:
+        saved = check_resume(config, ckpt, workdir) if ckpt else None
+    except Exception:
+        ckpt.close()  # no orbax thread left running at exit
+        raise
     return CheckedConfig(config, execution, task, ckpt, saved)
 
 
@@ -85,6 +94,7 @@ class Run:
     tokenizer: Tokenizer
     steps: Steps
     task: DataTask
+    corpus: list[list[str]]  # [[path, SHA-256], ...] of the corpus files: the workdir's corpus.json
     train_tokens: np.ndarray  # [N] the training token stream, memory-mapped
     eval_set: list[tuple[jax.Array, jax.Array]]  # fixed validation batches, on the mesh
     bytes_per_token: float  # of the validation text: bits/byte = loss / ln 2 / this
@@ -103,6 +113,9 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, train_steps.Train
     train_tokens, val_tokens, bytes_per_token = load_corpus(
         config.data.path or None, tokenizer, config.data.cache_dir, config.data.val_fraction
     )
+    corpus = file_digests(corpus_files(config.data.path or None), Path(config.data.cache_dir))
+    if checked.saved:
+        check_corpus_kept(workdir, corpus)
     if host == 0 and (skipped := skipped_files(config.data.path or None)):
         print(f"data: left out {len(skipped)} files under {config.data.path} that are not UTF-8 text, "
               f"e.g. {skipped[0]}")
@@ -122,7 +135,7 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, train_steps.Train
         print(f"model: {num_params:,} parameters, {flops_per_token / 1e6:.1f} MFLOP per token (6N + 12 L T d), "
               f"KV cache {kv_cache_bytes_per_token(cfg):,} bytes per token; {len(jax.devices())} device(s), "
               f"mesh {dict(mesh.shape)}; {checked.execution.describe()}; compiled in {steps.compile_seconds:.1f} s")
-    run = Run(config=config, cfg=cfg, tokenizer=tokenizer, steps=steps, task=checked.task,
+    run = Run(config=config, cfg=cfg, tokenizer=tokenizer, steps=steps, task=checked.task, corpus=corpus,
               train_tokens=train_tokens, eval_set=eval_set, bytes_per_token=bytes_per_token,
               flops_per_token=flops_per_token, host=host, hosts=hosts)
     return run, state, checked.ckpt

@@ -1,0 +1,90 @@
+"""Storage that cannot take a checkpoint (a full disk, a folder that cannot be written): the run
+ends with one line naming the fault, the checkpoint already complete and the fix, never a hang;
+the same call resumes once the storage is back. Faults are injected into the save: tests and CI run
+as root, where chmod blocks nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import sys
+
+import orbax.checkpoint as ocp
+import pytest
+
+from configs import tiny
+from transformer.training import checkpoint
+from transformer.training.checkpoint import CheckpointError, latest_step
+from transformer.training.loop import train
+from transformer.training.run_config import check_workdir
+
+DISK_FULL = ("RESOURCE_EXHAUSTED: Error writing \"opt_state.0.mu/0\" in OCDBT database at local file \"/x/4.orbax-"
+             "checkpoint-tmp/state\": Failed to write 424389 bytes to file 11: No space left on device "
+             "[os_error_code='28']")
+
+
+def config(tmp_path):
+    c = tiny.get_config()
+    c.data.cache_dir = str(tmp_path / "tokens")
+    c.train.update(dict(steps=6, eval_every=2, checkpoint_every=2, log_every=1, sample_tokens=0))
+    return c
+
+
+def quiet_train(c, workdir):
+    with contextlib.redirect_stdout(io.StringIO()):
+        return train(c, str(workdir), progress=False)
+
+
+@pytest.mark.parametrize("where", ["save", "wait_until_finished"])  # the fault raised by the next save, or at the end
+def test_a_failed_save_is_one_line_and_the_run_resumes_once_the_disk_has_room(tmp_path, monkeypatch, where):
+    real, real_wait = getattr(ocp.CheckpointManager, where), ocp.CheckpointManager.wait_until_finished
+
+    def full_disk_at_step_4(manager, *args, **kwargs):
+        if (args[0] if where == "save" else manager.latest_step()) == 4:
+            real_wait(manager)  # orbax waits for the saves in flight before it raises their error
+            raise ValueError(DISK_FULL)
+        return real(manager, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, where, full_disk_at_step_4)
+    with pytest.raises(CheckpointError) as error:
+        quiet_train(config(tmp_path), tmp_path / "run")
+    message = str(error.value)
+    assert "\n" not in message
+    complete = latest_step(tmp_path / "run")  # 2; at the end (wait), step 4's files were on disk before the fault
+    assert complete == (2 if where == "save" else 4)
+    assert f"(No space left on device); the checkpoint of step {complete} is complete." in message
+    assert "Free disk space or make the folder writable, then rerun the same command to resume" in message
+    monkeypatch.setattr(ocp.CheckpointManager, where, real)  # room again
+    assert quiet_train(config(tmp_path), tmp_path / "run")["step"] == 6
+
+
+def test_orbax_thread_tracebacks_are_dropped_once_installed():
+    checkpoint.quiet_checkpoint_failures()
+    logger = logging.getLogger("absl")
+    try:
+        raise ValueError(DISK_FULL)
+    except ValueError:
+        exc_info = sys.exc_info()
+    thread = logger.makeRecord("absl", logging.ERROR, "/site-packages/orbax/checkpoint/future.py", 1, "failed",
+                               None, exc_info)
+    ours = logger.makeRecord("absl", logging.ERROR, "/repo/transformer/x.py", 1, "failed", None, exc_info)
+    plain = logger.makeRecord("absl", logging.ERROR, "/site-packages/orbax/checkpoint/future.py", 1, "note",
+                              None, None)
+    assert not logger.filter(thread)
+    assert logger.filter(ours) and logger.filter(plain)
+
+
+def test_a_checkpoints_folder_that_cannot_be_written_is_refused_before_training(tmp_path, monkeypatch):
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+
+    def refuse(dir, prefix):
+        if dir.endswith("checkpoints"):
+            raise PermissionError(13, "Permission denied")
+        return str(tmp_path)  # the workdir itself is writable
+
+    monkeypatch.setattr("tempfile.mkdtemp", refuse)
+    monkeypatch.setattr("os.rmdir", lambda path: None)
+    with pytest.raises(ValueError, match=r"the checkpoints of .* cannot be written \(Permission denied in .*checkpoints\); "
+                                         r"make that folder writable"):
+        check_workdir(str(tmp_path / "run"))

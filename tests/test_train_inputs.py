@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.helpers.cli import ROOT, TINY, learning_rates, losses, run, sample, train_cmd
+from tests.helpers.cli import ROOT, TINY, learning_rates, losses, run, sample
 from transformer.data.tokenizer import ByteTokenizer, save_tokenizer
 
 pytestmark = pytest.mark.slow

@@ -18,6 +18,7 @@ import jax
 from absl import app, flags, logging
 
 from transformer.model.kv_cache import kv_cache_bytes_per_token
+from transformer.cli import exit_with_error
 from transformer.load import load_model
 from transformer.training.checkpoint import CheckpointError, quiet_checkpoint_failures
 from transformer.model.decoder import count_params
@@ -72,8 +73,7 @@ def main(argv: list[str]) -> None:
                       FLAGS.chunk_size, temperature=FLAGS.temperature, top_k=FLAGS.top_k or None,
                       top_p=FLAGS.top_p if FLAGS.top_p != 1.0 else None)
     except (FileNotFoundError, CheckpointError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        exit_with_error(e)
 
 
 if __name__ == "__main__":

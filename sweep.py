@@ -18,6 +18,7 @@ import sys
 
 from absl import logging
 
+from transformer.cli import exit_with_error
 from transformer.training.checkpoint import quiet_checkpoint_failures
 from transformer.training.signals import Interrupted
 from transformer.training.sweep import SweepError, run_sweep
@@ -33,8 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_sweep(args.sweep, args.workdir)
     except SweepError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        exit_with_error(e, 2)
     except Interrupted as e:
         print(str(e), file=sys.stderr)  # "... rerun the same command to resume"
         return e.exit_code

@@ -40,7 +40,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer.cli import config_flags_parser
+from transformer.cli import config_flags_parser, exit_with_error
 from transformer.sampling.text import sample_text
 from transformer.training.checkpoint import CheckpointError, quiet_checkpoint_failures
 from transformer.training.loop import Diverged, train
@@ -83,8 +83,7 @@ def main(argv: list[str]) -> None:
         print(str(e), file=sys.stderr)
         sys.exit(e.exit_code)
     except (ValueError, FileNotFoundError, CheckpointError, Diverged) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        exit_with_error(e)
 
 
 if __name__ == "__main__":

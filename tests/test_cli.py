@@ -87,3 +87,16 @@ def test_explain_flag_error_on_a_broken_config_file(tmp_path):
     broken.write_text("def get_config():\n    return 1 / 0\n")
     assert explain_flag_error(str(broken), ["train.py"], KeyError("x")) == (
         f"the config file {str(broken)!r} failed to load: ZeroDivisionError: division by zero")
+
+
+def test_a_known_error_is_one_line_unless_the_traceback_is_asked_for(capsys, monkeypatch):
+    from transformer.cli import TRACEBACK, exit_with_error
+
+    monkeypatch.delenv(TRACEBACK, raising=False)
+    with pytest.raises(SystemExit) as code:
+        exit_with_error(ValueError("train.steps=0 must be a positive integer"), 2)
+    assert code.value.code == 2 and capsys.readouterr().err == "error: train.steps=0 must be a positive integer\n"
+    monkeypatch.setenv(TRACEBACK, "1")  # for a bug report: the error itself, with its traceback
+    with pytest.raises(ValueError, match="must be a positive integer"):
+        exit_with_error(ValueError("train.steps=0 must be a positive integer"))
+    assert capsys.readouterr().err == ""

@@ -76,3 +76,15 @@ def explain_flag_error(path: str, argv: list[str], error: Exception) -> str:
                 return f"unknown config field config.{name}{hint}"
     message = str(error).strip()
     return message.splitlines()[0] if message else type(error).__name__
+
+
+TRACEBACK = "TRANSFORMER_TRACEBACK"  # =1: an error the command lines report in one line raises instead
+
+
+def exit_with_error(error: Exception, code: int = 1) -> None:
+    """A command line's end on a known bad input: 'error: <message>' on stderr and exit `code`; with
+    TRANSFORMER_TRACEBACK=1 the full traceback instead, for a bug report."""
+    if os.environ.get(TRACEBACK, "") not in ("", "0"):
+        raise error
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(code)

@@ -7,7 +7,6 @@ prompts -> one self-contained HTML page (transformer/analysis/explore.py builds 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from transformer.analysis.explore import check_page_path, explore
 
@@ -25,6 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from absl import logging
 
+    from transformer.cli import exit_with_error
     from transformer.load import load_model
     from transformer.training.checkpoint import CheckpointError, quiet_checkpoint_failures
 
@@ -37,8 +37,7 @@ def main(argv: list[str] | None = None) -> None:
                      max_tokens=args.max_tokens)
         path = ex.save(args.out)
     except (FileNotFoundError, CheckpointError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        exit_with_error(e)
     print(f"wrote {path}: {len(ex.prompts)} prompt(s), {cfg.num_layers} layers x {cfg.num_heads} heads, "
           f"{len(ex.masks)} head masks precomputed")
 

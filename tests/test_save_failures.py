@@ -5,35 +5,20 @@ as root, where chmod blocks nothing."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import sys
 
 import orbax.checkpoint as ocp
 import pytest
 
-from configs import tiny
+from tests.helpers.runs import quiet_train, tiny_config
 from transformer.training import checkpoint
 from transformer.training.checkpoint import CheckpointError, latest_step
-from transformer.training.loop import train
 from transformer.training.run_config import check_workdir
 
 DISK_FULL = ("RESOURCE_EXHAUSTED: Error writing \"opt_state.0.mu/0\" in OCDBT database at local file \"/x/4.orbax-"
              "checkpoint-tmp/state\": Failed to write 424389 bytes to file 11: No space left on device "
              "[os_error_code='28']")
-
-
-def config(tmp_path):
-    c = tiny.get_config()
-    c.data.cache_dir = str(tmp_path / "tokens")
-    c.train.update(dict(steps=6, eval_every=2, checkpoint_every=2, log_every=1, sample_tokens=0))
-    return c
-
-
-def quiet_train(c, workdir):
-    with contextlib.redirect_stdout(io.StringIO()):
-        return train(c, str(workdir), progress=False)
 
 
 @pytest.mark.parametrize("where", ["save", "wait_until_finished"])  # the fault raised by the next save, or at the end
@@ -48,7 +33,7 @@ def test_a_failed_save_is_one_line_and_the_run_resumes_once_the_disk_has_room(tm
 
     monkeypatch.setattr(ocp.CheckpointManager, where, full_disk_at_step_4)
     with pytest.raises(CheckpointError) as error:
-        quiet_train(config(tmp_path), tmp_path / "run")
+        quiet_train(tiny_config(tmp_path), tmp_path / "run")
     message = str(error.value)
     assert "\n" not in message
     complete = latest_step(tmp_path / "run")  # 2; at the end (wait), step 4's files were on disk before the fault
@@ -56,7 +41,7 @@ def test_a_failed_save_is_one_line_and_the_run_resumes_once_the_disk_has_room(tm
     assert f"(No space left on device); the checkpoint of step {complete} is complete." in message
     assert "Free disk space or make the folder writable, then rerun the same command to resume" in message
     monkeypatch.setattr(ocp.CheckpointManager, where, real)  # room again
-    assert quiet_train(config(tmp_path), tmp_path / "run")["step"] == 6
+    assert quiet_train(tiny_config(tmp_path), tmp_path / "run")["step"] == 6
 
 
 def test_orbax_thread_tracebacks_are_dropped_once_installed():

@@ -4,18 +4,15 @@ noticed; and a run resumed on a changed corpus is refused, naming what changed."
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 
 import numpy as np
 import pytest
 
-from configs import tiny
+from tests.helpers.runs import quiet_train, tiny_config
 from transformer.data.token_stream import file_digests, load_corpus
 from transformer.data.tokenizer import ByteTokenizer
 from transformer.training.checkpoint import CheckpointError
-from transformer.training.loop import train
 
 TEXT = "To be, or not to be, that is the question. " * 40
 
@@ -48,20 +45,13 @@ def test_an_untouched_file_is_not_read_again(tmp_path, monkeypatch):
     assert file_digests([corpus], tmp_path / "cache") == first
 
 
-def quiet_train(config, workdir):
-    with contextlib.redirect_stdout(io.StringIO()):
-        return train(config, str(workdir), progress=False)
-
-
 def test_a_resume_on_a_changed_corpus_is_refused_naming_the_change(tmp_path):
     folder = tmp_path / "texts"
     folder.mkdir()
     for name in ("a.txt", "b.txt", "c.txt"):
         (folder / name).write_text(TEXT)
-    config = tiny.get_config()
+    config = tiny_config(tmp_path, steps=2)
     config.data.path = str(folder)
-    config.data.cache_dir = str(tmp_path / "cache")
-    config.train.update(dict(steps=2, eval_every=2, checkpoint_every=2, log_every=1, sample_tokens=0))
     quiet_train(config, tmp_path / "run")
     (folder / "b.txt").unlink()
     rewrite_keeping_size_and_mtime(folder / "c.txt", TEXT.upper())

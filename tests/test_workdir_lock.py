@@ -4,8 +4,6 @@ killed blocks nothing; a checkpoint written by another run during the set-up is 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import signal
 import subprocess
@@ -13,24 +11,12 @@ import sys
 
 import pytest
 
-from configs import tiny
-from transformer.training.loop import check_unchanged, train
+from tests.helpers.runs import quiet_train, tiny_config
+from transformer.training.loop import check_unchanged
 from transformer.training.workdir_lock import LOCK_FILE, WorkdirBusy, WorkdirLock
 
 HOLD = "import sys, time; from transformer.training.workdir_lock import WorkdirLock\n" \
        "with WorkdirLock(sys.argv[1]):\n    print('held', flush=True); time.sleep(120)\n"
-
-
-def config(tmp_path):
-    c = tiny.get_config()
-    c.data.cache_dir = str(tmp_path / "tokens")
-    c.train.update(dict(steps=2, eval_every=2, checkpoint_every=2, log_every=1, sample_tokens=0))
-    return c
-
-
-def quiet_train(c, workdir):
-    with contextlib.redirect_stdout(io.StringIO()):
-        return train(c, str(workdir), progress=False)
 
 
 def test_a_workdir_held_by_another_process_is_refused_until_that_process_dies(tmp_path):
@@ -39,13 +25,13 @@ def test_a_workdir_held_by_another_process_is_refused_until_that_process_dies(tm
     try:
         assert holder.stdout.readline() == "held\n"
         with pytest.raises(WorkdirBusy, match=rf"in use by another run \(process {holder.pid} on .* since "):
-            quiet_train(config(tmp_path), workdir)
+            quiet_train(tiny_config(tmp_path, steps=2), workdir)
         assert sorted(os.listdir(workdir)) == [LOCK_FILE]  # nothing of the refused run was written
     finally:
         holder.send_signal(signal.SIGKILL)  # as kill -9: the lock goes with the process, the file stays
         holder.wait()
     assert os.path.exists(workdir / LOCK_FILE)
-    assert quiet_train(config(tmp_path), workdir)["step"] == 2
+    assert quiet_train(tiny_config(tmp_path, steps=2), workdir)["step"] == 2
 
 
 def test_the_lock_excludes_a_second_holder_and_is_released_after_the_block(tmp_path):
@@ -57,7 +43,7 @@ def test_the_lock_excludes_a_second_holder_and_is_released_after_the_block(tmp_p
 
 
 def test_a_finished_run_lets_go_and_a_checkpoint_written_during_the_set_up_is_noticed(tmp_path):
-    quiet_train(config(tmp_path), tmp_path / "run")
+    quiet_train(tiny_config(tmp_path, steps=2), tmp_path / "run")
     with WorkdirLock(str(tmp_path / "run")):  # the finished run let go of it
         pass
     check_unchanged(str(tmp_path / "run"), 2)

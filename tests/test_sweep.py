@@ -177,3 +177,12 @@ def test_the_recipe_sweep_takes_out_one_piece_of_the_default_recipe_per_variant(
         assert getattr(models[name], field) == lecture.model[field], name
     assert configs["adamw"].optim.name == lecture.optim.name == "adamw"
     assert configs["cosine"].optim.schedule == lecture.optim.schedule
+
+
+def test_a_base_config_that_is_not_a_config_dict_is_a_sweep_error(tmp_path):
+    base = tmp_path / "base.py"
+    base.write_text("def get_config():\n    return {'train': {'steps': 3}}\n")
+    path = tmp_path / "sweep.py"
+    path.write_text(f"def get_config():\n    return dict(base={str(base)!r}, variants={{'a': {{}}}})\n")
+    with pytest.raises(sweep.SweepError, match=r"sweep base: config file .*base.py: get_config\(\) returned dict"):
+        sweep.plan(sweep.load_sweep(str(path)), str(path), str(tmp_path / "w"))

@@ -42,7 +42,7 @@ from ml_collections import ConfigDict
 from transformer.data.atomic_files import write_atomically
 from transformer.model.config import ModelConfig
 from transformer.training.checkpoint import CheckpointError, latest_step
-from transformer.training.config_files import flat, load_config_file, set_fields
+from transformer.training.config_files import flat, load_config, load_config_file, set_fields
 from transformer.training.loop import Diverged, train
 from transformer.training.run_config import check_train_config, choose_execution, resolve
 from transformer.training.run_setup import DEFAULT_CACHE_DIR, REPO
@@ -107,6 +107,14 @@ def base_path(base: str) -> str:
     return path
 
 
+def base_config(path: str) -> ConfigDict:
+    """The base config file's ConfigDict; a file that builds something else is a SweepError."""
+    try:
+        return load_config(path)
+    except ValueError as e:
+        raise SweepError(f"sweep base: {e}") from None
+
+
 def override(config: ConfigDict, changes: Mapping, where: str) -> None:
     """Sets each dotted field of `changes` in `config`; an unknown field names the closest one."""
     set_fields(config, changes, where, error=SweepError)
@@ -124,7 +132,7 @@ def plan(sweep: dict, sweep_path: str, workdir: str, extra: Mapping | None = Non
             name = variant if seed is None else f"{variant}-seed{seed}"
             if not re.fullmatch(r"[\w.-]+", name):
                 raise SweepError(f"variant {variant!r}: name it with letters, digits, '_', '-' or '.' (a folder)")
-            config = load_config_file(path)  # afresh per run: overrides must not leak from one run to the next
+            config = base_config(path)  # afresh per run: overrides must not leak from one run to the next
             override(config, sweep.get("overrides") or {}, f"{sweep_path}: overrides")
             override(config, changes or {}, f"variant {variant!r}")
             override(config, extra or {}, "extra overrides")

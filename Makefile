@@ -11,7 +11,7 @@ $(error JAX=$(JAX) is not a JAX build this Makefile knows; use JAX=cpu, JAX=cuda
 endif
 RUN_STAMP := .venv/.installed-run$(if $(filter-out cpu,$(JAX)),-$(JAX))
 
-.PHONY: setup train sample test bench notebooks figures tensorboard plot clean
+.PHONY: setup train sample test test-all bench notebooks figures tensorboard plot clean
 
 .venv/.created:
 	test -x $(PY) || python3 -m venv .venv
@@ -40,8 +40,16 @@ train: $(RUN_STAMP)
 sample: $(RUN_STAMP)
 	$(PY) sample.py --workdir $(RUN) --prompt "ROMEO:" --num_samples 2 --max_new_tokens 120
 
+# `make test`: the default set, without the tests marked slow but with the end-to-end tests that
+# tests/end_to_end.py keeps; `make test-all`: every test, then the mutation check.
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
+
 test: .venv/.installed-dev
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PYTEST) -m "not slow"
+
+test-all: .venv/.installed-dev
+	$(PYTEST)
+	$(PY) scripts/mutation_check.py
 
 bench: .venv/.installed-dev
 	$(PY) bench/run_all.py --out bench/results.md

@@ -61,6 +61,7 @@ def test_the_built_in_tasks_and_metric_register_themselves():
     assert "attention_shares" not in [m.name for m in enabled_metrics(config)]
 
 
+@pytest.mark.slow
 def test_a_registered_task_and_metric_train_and_log(tmp_path):
     """The loop trains on the task's batches (steps 0-5 asked for; "abcd" is learnt far faster than
     the text), and the metric's values land in the evaluation rows."""

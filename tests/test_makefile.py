@@ -26,12 +26,21 @@ def test_train_and_sample_install_the_package_alone():
 
 @pytest.mark.parametrize("target, extra, command", [
     ("test", "dev", "pytest"),
+    ("test-all", "dev", "pytest"),
     ("tensorboard", "tensorboard", "tensorboard --logdir runs"),
     ("notebooks", "notebooks", "jupyter lab"),
 ])
 def test_each_tool_installs_its_extra(target, extra, command):
     commands = dry_run(target)
     assert f"pip install -q -e '.[{extra}]'" in commands and command in commands
+
+
+def test_make_test_leaves_the_slow_tests_to_make_test_all_and_ci_runs_everything():
+    assert '-m "not slow"' in dry_run("test")
+    everything = dry_run("test-all")
+    assert "not slow" not in everything and "scripts/mutation_check.py" in everything
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        assert f.read().rstrip().endswith("make test-all")
 
 
 def test_training_needs_none_of_the_test_extras():

@@ -21,6 +21,7 @@ DISK_FULL = ("RESOURCE_EXHAUSTED: Error writing \"opt_state.0.mu/0\" in OCDBT da
              "[os_error_code='28']")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["save", "wait_until_finished"])  # the fault raised by the next save, or at the end
 def test_a_failed_save_is_one_line_and_the_run_resumes_once_the_disk_has_room(tmp_path, monkeypatch, where):
     real, real_wait = getattr(ocp.CheckpointManager, where), ocp.CheckpointManager.wait_until_finished

@@ -45,6 +45,7 @@ def test_an_untouched_file_is_not_read_again(tmp_path, monkeypatch):
     assert file_digests([corpus], tmp_path / "cache") == first
 
 
+@pytest.mark.slow
 def test_a_resume_on_a_changed_corpus_is_refused_naming_the_change(tmp_path):
     folder = tmp_path / "texts"
     folder.mkdir()

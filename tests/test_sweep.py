@@ -60,6 +60,7 @@ def swept(tmp_path_factory):
     return SimpleNamespace(workdir=workdir, extra=extra, first=first, second=second, metrics=metrics)
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_from_its_checkpoint(swept):
     code, out = swept.first
     assert code == 0, out
@@ -85,6 +86,7 @@ def test_the_table_has_every_run_and_the_figure_is_written(swept):
     assert read(swept.workdir / "val_loss.png")[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_a_rerun_skips_the_finished_runs(swept):
     code, out = swept.second
     assert code == 0, out
@@ -95,6 +97,7 @@ def test_a_rerun_skips_the_finished_runs(swept):
         assert read(swept.workdir / name / "metrics.jsonl") == before
 
 
+@pytest.mark.slow
 def test_a_run_folder_of_another_config_is_refused(swept):
     changed = {**swept.extra, "optim.learning_rate": 1e-4}
     with pytest.raises(sweep.SweepError, match=r"baseline was trained with another config \(optim.learning_rate"):

@@ -57,10 +57,12 @@ def wait_for_step(workdir, step, timeout=180):
 
 
 def test_kill_9_at_any_moment_then_resume(tmp_path):
-    """SIGKILL while training and saving (a checkpoint every step) loses nothing already saved."""
+    """SIGKILL while training and saving (a checkpoint every step) loses nothing already saved, and
+    every loss logged, by the killed runs and by the resumed one, equals an unbroken run's, bitwise."""
     workdir = tmp_path / "k"
     args = ["--config.train.steps=400", "--config.train.checkpoint_every=1", "--config.train.log_every=1",
             "--config.train.sample_tokens=0", "--config.train.keep_checkpoints=2"]
+    logged = []  # each killed run's {step: loss}, read before the next run trims the rows past its checkpoint
     for delay in (0.0, 0.13, 0.29):  # kill at different moments of the step/save cycle
         before = max(losses(workdir), default=0) if (workdir / "metrics.jsonl").exists() else 0
         proc = subprocess.Popen(train_cmd(workdir, *args), cwd=ROOT, stdout=subprocess.DEVNULL,
@@ -69,11 +71,20 @@ def test_kill_9_at_any_moment_then_resume(tmp_path):
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        logged.append(losses(workdir))
     complete = max(int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit())
     out = run(workdir, *args, "--config.train.run_steps=2")
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"resumed from the checkpoint at step {complete}" in out.stdout
-    assert complete + 2 in losses(workdir)
+    resumed = losses(workdir)
+    assert sorted(resumed) == list(range(1, complete + 3))  # each step once, the killed rows past `complete` redone
+    last = max(max(run_losses) for run_losses in logged)
+    unbroken = run(tmp_path / "u", *args, "--config.train.checkpoint_every=400",
+                   f"--config.train.run_steps={max(last, complete + 2)}")
+    assert unbroken.returncode == 0, unbroken.stderr[-3000:]
+    expected = losses(tmp_path / "u")
+    for run_losses in [*logged, resumed]:
+        assert run_losses == {s: expected[s] for s in run_losses}  # bitwise, every step
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])

@@ -19,6 +19,7 @@ HOLD = "import sys, time; from transformer.training.workdir_lock import WorkdirL
        "with WorkdirLock(sys.argv[1]):\n    print('held', flush=True); time.sleep(120)\n"
 
 
+@pytest.mark.slow
 def test_a_workdir_held_by_another_process_is_refused_until_that_process_dies(tmp_path):
     workdir = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(workdir)], stdout=subprocess.PIPE, text=True)
@@ -42,6 +43,7 @@ def test_the_lock_excludes_a_second_holder_and_is_released_after_the_block(tmp_p
         pass
 
 
+@pytest.mark.slow
 def test_a_finished_run_lets_go_and_a_checkpoint_written_during_the_set_up_is_noticed(tmp_path):
     quiet_train(tiny_config(tmp_path, steps=2), tmp_path / "run")
     with WorkdirLock(str(tmp_path / "run")):  # the finished run let go of it

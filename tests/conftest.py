@@ -1,0 +1,90 @@
+"""The suite's one rule about cost: a test that starts a subprocess or runs the training loop is
+marked `slow` (so `make test` leaves it to `make test-all`) or is one of the end-to-end tests that
+tests/end_to_end.py keeps in the default set.
+
+Both are watched while a test is set up and while it runs: `subprocess.Popen` (train.py,
+sample.py, notebook kernels, the browser) and the loop's `train_steps` (loop.train, quiet_train).
+A fixture seen doing either is remembered, so a later test that reuses its cached value is held to
+the rule too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+
+import pytest
+
+from tests.end_to_end import KEPT
+from transformer.training import loop
+
+_COSTLY_FIXTURES: dict[str, str] = {}  # fixture name -> what it was seen doing
+_SEEN = pytest.StashKey[list]()  # what a test's set-up was seen doing
+
+
+def cheap(args) -> bool:
+    """git, and make's dry runs (`make -n`): they load no JAX and take milliseconds."""
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+    program = os.path.basename(os.fsdecode(argv[0])) if argv else ""
+    return program == "git" or (program == "make" and "-n" in argv[1:])
+
+
+@contextlib.contextmanager
+def watching_cost(seen: list[str]):
+    """Appends to `seen` what the code inside starts: 'a subprocess' or 'the training loop'."""
+    execute_child, train_steps = subprocess.Popen._execute_child, loop.train_steps
+
+    def spawn(self, args, *rest, **kwargs):
+        if not cheap(args):
+            seen.append("a subprocess")
+        return execute_child(self, args, *rest, **kwargs)
+
+    def steps(*args, **kwargs):
+        seen.append("the training loop")
+        return train_steps(*args, **kwargs)
+
+    subprocess.Popen._execute_child, loop.train_steps = spawn, steps
+    try:
+        yield seen
+    finally:
+        subprocess.Popen._execute_child, loop.train_steps = execute_child, train_steps
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    with watching_cost([]) as seen:
+        result = yield
+    if seen:
+        _COSTLY_FIXTURES[fixturedef.argname] = seen[0]
+    return result
+
+
+def _exempt(item) -> bool:
+    return item.get_closest_marker("slow") is not None or item.nodeid in KEPT
+
+
+def _check_cost(item, seen: list[str]) -> None:
+    costly = [f"it starts {what}" for what in dict.fromkeys(seen)]
+    costly += [f"its fixture '{name}' starts {what}" for name, what in _COSTLY_FIXTURES.items()
+               if name in item.fixturenames]
+    if costly and not _exempt(item):
+        pytest.fail(f"{item.nodeid}: {costly[0]}, but it is not marked slow: mark it @pytest.mark.slow, or "
+                    "list it in tests/end_to_end.py as an end-to-end test the default set keeps", pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with watching_cost([]) as seen:
+        result = yield
+    item.stash[_SEEN] = seen
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with watching_cost(list(item.stash.get(_SEEN, []))) as seen:
+        result = yield
+    _check_cost(item, seen)
+    return result
+

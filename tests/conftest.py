@@ -6,6 +6,13 @@ Both are watched while a test is set up and while it runs: `subprocess.Popen` (t
 sample.py, notebook kernels, the browser) and the loop's `train_steps` (loop.train, quiet_train).
 A fixture seen doing either is remembered, so a later test that reuses its cached value is held to
 the rule too.
+
+Compiled programs are kept between runs in a persistent JAX compilation cache (.jax_cache/, or
+$JAX_COMPILATION_CACHE_DIR), for this process and the train.py / sample.py processes it starts: a
+second `make test` skips most of XLA's compiling (tests/test_model.py: 130 s, then 58 s), and within
+one run the command-line tests share the programs of configs/tiny.py. Entries are written under
+JAX's file lock (it takes one when the cache has a size limit), so the two pytest workers and their
+subprocesses never read a half-written entry.
 """
 
 from __future__ import annotations
@@ -14,10 +21,21 @@ import contextlib
 import os
 import subprocess
 
-import pytest
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = {"JAX_COMPILATION_CACHE_DIR": os.path.join(ROOT, ".jax_cache"),
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+         "JAX_COMPILATION_CACHE_MAX_SIZE": str(4 << 30)}
+for name, value in CACHE.items():  # before JAX is imported here, and inherited by the subprocesses
+    os.environ.setdefault(name, value)
 
-from tests.end_to_end import KEPT
-from transformer.training import loop
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+for name in CACHE:  # in case a plugin imported JAX before this file
+    jax.config.update(name.lower(), type(getattr(jax.config, name.lower()))(os.environ[name]))
+
+from tests.end_to_end import KEPT  # noqa: E402
+from transformer.training import loop  # noqa: E402
 
 _COSTLY_FIXTURES: dict[str, str] = {}  # fixture name -> what it was seen doing
 _SEEN = pytest.StashKey[list]()  # what a test's set-up was seen doing

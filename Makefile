@@ -11,7 +11,7 @@ $(error JAX=$(JAX) is not a JAX build this Makefile knows; use JAX=cpu, JAX=cuda
 endif
 RUN_STAMP := .venv/.installed-run$(if $(filter-out cpu,$(JAX)),-$(JAX))
 
-.PHONY: setup train sample test test-all bench notebooks figures tensorboard plot clean
+.PHONY: setup train sample test test-all mutation-check bench notebooks figures tensorboard plot clean
 
 .venv/.created:
 	test -x $(PY) || python3 -m venv .venv
@@ -49,6 +49,11 @@ test: .venv/.installed-dev
 
 test-all: .venv/.installed-dev
 	$(PYTEST)
+	$(PY) scripts/mutation_check.py
+
+# Breaks the causal mask, the 1/sqrt(d_h) scale and the KV-cache write position, one at a time, in a
+# scratch copy of the working tree, and requires the tests aimed at each to fail (part of test-all).
+mutation-check: .venv/.installed-dev
 	$(PY) scripts/mutation_check.py
 
 bench: .venv/.installed-dev

@@ -9,8 +9,8 @@ the rule too.
 
 Compiled programs are kept between runs in a persistent JAX compilation cache (.jax_cache/, or
 $JAX_COMPILATION_CACHE_DIR), for this process and the train.py / sample.py processes it starts: a
-second `make test` skips most of XLA's compiling (tests/test_model.py: 130 s, then 58 s), and within
-one run the command-line tests share the programs of configs/tiny.py. Entries are written under
+second `make test` skips most of XLA's compiling (docs/performance.md: "The test suite"), and
+within one run the command-line tests share the programs of configs/tiny.py. Entries are written under
 JAX's file lock (it takes one when the cache has a size limit), so the two pytest workers and their
 subprocesses never read a half-written entry.
 """

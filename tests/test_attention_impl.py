@@ -1,10 +1,17 @@
-"""attention_impl: the fused `jax.nn.dot_product_attention` paths against the reference einsum path.
+"""attention_impl and dtype: the model's attention paths against an independent float32 reference.
 
 ModelConfig.attention_impl picks how the cache-free forward (training, prefill without a cache)
 computes attention: 'reference' (ops.dot_product_attention's own einsums and float32 softmax),
 'xla' (jax.nn.dot_product_attention's XLA implementation) or 'cudnn' (its cuDNN kernel, GPU only).
-The first two must be the same function: same logits and same gradients, for multi-head,
-grouped-query and latent (MLA) attention, in float32 and, loosely, in bfloat16.
+Each is held to tests/helpers/reference.py, a decoder written from the lecture's formulas that
+shares no code with transformer/model (so a broken mask or scale in the model breaks one side
+only), at parameters drawn at std 0.25 where attention is far from uniform: in float32 tightly
+(logits and gradients), in bfloat16 at about twice its largest measured error, under a fifth of a
+broken model's (tests/helpers/reference.py has the figures). test_a_broken_mask_or_scale_fails_
+every_comparison breaks the mask and the scale and sees every comparison fail.
+
+Variants: MHA with sinusoidal positions and ReLU, GQA with RoPE, RMSNorm and SwiGLU, MQA post-norm
+with learned positions, MLA with a query latent and decoupled RoPE (tests/helpers/decoder.py).
 """
 
 from __future__ import annotations
@@ -16,77 +23,95 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import ModelConfig, init_cache
+from tests.helpers import reference
+from tests.helpers.decoder import BASE, T, TOL, jit, make_cfg, random_params
+from transformer import init_cache
+from transformer.model import ops
 from transformer.model.decoder import Decoder
-from transformer.training.loss import loss_fn
 
-BASE = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)
-ATTENTION = {
-    "mha": dict(position="learned"),
-    "gqa": dict(num_kv_heads=2, position="rope", norm="rmsnorm", norm_bias=False, activation="swiglu",
-                use_bias=False, tie_embeddings=False),
-    "mqa": dict(num_kv_heads=1, position="sinusoidal", prenorm=False),
-    "mla": dict(attention="mla", kv_latent_dim=16, q_latent_dim=24, rope_head_dim=4, v_head_dim=6,
-                position="rope", norm="rmsnorm", norm_bias=False, use_bias=False),
+VARIANTS = {  # name: (attention, position, prenorm) as tests/helpers/decoder.py spells them
+    "mha": ("mha", "sinusoidal", True),
+    "gqa": ("gqa", "rope", True),
+    "mqa": ("mqa", "learned", False),
+    "mla": ("mla_q_rope", "rope", True),
 }
-B, T = 2, 12
-TOL = dict(rtol=1e-5, atol=1e-5)
+B = 2
+TOKENS = np.random.default_rng(1).integers(0, BASE["vocab_size"], (B, T)).astype(np.int32)  # as build()'s
+TARGETS = np.roll(TOKENS, -1, axis=1)
+# Gradients: each leaf's largest error as a share of its largest |value|, measured 8e-7 .. 3e-6 in
+# float32 (the largest over a variant's leaves): ~10x.
+GRAD_TOL = 3e-5
 
 
-def make_cfg(attention: str, **extra) -> ModelConfig:
-    return ModelConfig(**{**BASE, **ATTENTION[attention], **extra})
+def variant(name: str, **extra):
+    """The variant's config and its parameters at std 0.25 (the same draw for every dtype / impl)."""
+    cfg = make_cfg(*VARIANTS[name], **extra)
+    return cfg, random_params(Decoder(cfg))
 
 
-def tokens(seed: int = 0, b: int = B, t: int = T) -> jax.Array:
-    return jax.random.randint(jax.random.key(seed), (b, t), 0, BASE["vocab_size"])
+def model_logits(params, cfg, tokens):
+    return Decoder(cfg).apply({"params": params}, tokens)[0]
 
 
-def init(cfg: ModelConfig, scale: float = 0.25):
-    """Parameters redrawn at std `scale` (norm gains kept at 1), so attention is far from uniform
-    and a wrong mask or a wrong softmax shows in the logits."""
-    params = Decoder(cfg).init(jax.random.key(1), tokens())["params"]
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-    keys = jax.random.split(jax.random.key(2), len(leaves))
-    redrawn = [
-        x if path[-1].key == "scale" else scale * jax.random.normal(k, x.shape, x.dtype)
-        for k, (path, x) in zip(keys, leaves)
-    ]
-    return jax.tree.unflatten(treedef, redrawn)
+def reference_logits(params, cfg, tokens):
+    return reference.logits(cfg, params, tokens)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def logits_of(cfg: ModelConfig, params, x: jax.Array) -> jax.Array:
-    return Decoder(cfg).apply({"params": params}, x)[0]
+def loss_logits_and_grads(logits_fn):
+    """A jitted (params, cfg) -> ((cross-entropy on TOKENS -> TARGETS, logits), gradients)."""
+    def loss(params, cfg):
+        logits = logits_fn(params, cfg, TOKENS)
+        return reference.cross_entropy(logits, TARGETS), logits
+
+    return jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def loss_and_grads(params, cfg: ModelConfig, x: jax.Array, y: jax.Array):
-    return jax.value_and_grad(loss_fn)(params, cfg, x, y, None)
+# Module-level, so it keeps its traces: never called under a breakage (that test traces its own).
+model_run = loss_logits_and_grads(model_logits)
 
 
-# Every attention variant with nn.scan over the layers (the default), and the unrolled loop once
-# for the Attention module and once for LatentAttention.
+@functools.lru_cache(maxsize=None)
+def reference_run(name: str, scan_layers: bool = True):
+    """((loss, logits), gradients) of the float32 reference decoder on the variant's parameters."""
+    cfg, params = variant(name, scan_layers=scan_layers)
+    return loss_logits_and_grads(reference_logits)(params, cfg)
+
+
+def make_forward(configs):
+    """A new jitted params -> [logits of each config on TOKENS]: traced on its first call, so it
+    computes the model as the code is then."""
+    return jit(lambda params: [model_logits(params, cfg, TOKENS) for cfg in configs])
+
+
+# ----------------------------------------------------------------------------- float32
+
+
+# Every variant with nn.scan over the layers (the default), and the unrolled loop once for the
+# Attention module and once for LatentAttention.
 @pytest.mark.parametrize(
-    "attention, scan_layers",
-    [(a, True) for a in ATTENTION] + [("mha", False), ("mla", False)],
-    ids=[f"{a}-scan" for a in ATTENTION] + ["mha-loop", "mla-loop"],
+    "name, scan_layers",
+    [(a, True) for a in VARIANTS] + [("mha", False), ("mla", False)],
+    ids=[f"{a}-scan" for a in VARIANTS] + ["mha-loop", "mla-loop"],
 )
-def test_xla_equals_reference_logits_and_gradients(attention, scan_layers):
-    ref = make_cfg(attention, scan_layers=scan_layers)
-    xla = ref.replace(attention_impl="xla")
-    params = init(ref)
-    x, y = tokens(0), tokens(1)
-
-    np.testing.assert_allclose(logits_of(xla, params, x), logits_of(ref, params, x), **TOL)
-
-    loss_ref, grads_ref = loss_and_grads(params, ref, x, y)
-    loss_xla, grads_xla = loss_and_grads(params, xla, x, y)
-    np.testing.assert_allclose(loss_xla, loss_ref, **TOL)
-    assert jax.tree.structure(grads_xla) == jax.tree.structure(grads_ref)
-    for path, g_ref in jax.tree_util.tree_leaves_with_path(grads_ref):
-        g_xla = _at(grads_xla, path)
-        assert np.abs(np.asarray(g_ref)).max() > 0, f"gradient {jax.tree_util.keystr(path)} is all zero"
-        np.testing.assert_allclose(g_xla, g_ref, **TOL, err_msg=jax.tree_util.keystr(path))
+def test_reference_and_xla_paths_give_the_float32_reference_logits_and_gradients(name, scan_layers):
+    """Independent: both attention_impl paths' logits, loss and every gradient leaf against the
+    reference decoder's (jax.grad of the same cross-entropy of its logits)."""
+    cfg, params = variant(name, scan_layers=scan_layers)
+    (want_loss, want_logits), want_grads = reference_run(name, scan_layers)
+    largest = max(float(np.abs(g).max()) for g in jax.tree.leaves(want_grads))
+    for impl in ("reference", "xla"):
+        (loss, logits), grads = model_run(params, cfg.replace(attention_impl=impl))
+        reference.assert_close(logits, want_logits, reference.FLOAT32_TOL, what=f"{impl} logits")
+        np.testing.assert_allclose(loss, want_loss, rtol=reference.FLOAT32_TOL)
+        assert jax.tree.structure(grads) == jax.tree.structure(want_grads)
+        for path, g in jax.tree_util.tree_leaves_with_path(grads):
+            g_want, where = _at(want_grads, path), f"{impl} gradient {jax.tree_util.keystr(path)}"
+            if [key.key for key in path[-2:]] == ["k", "bias"]:
+                # b_k adds q . b_k to every score of a query alike, which the softmax ignores: 0.
+                assert max(float(np.abs(a).max()) for a in (g, g_want)) < 1e-6 * largest, where
+                continue
+            assert np.abs(np.asarray(g_want)).max() > 1e-3 * largest, f"{where} is (nearly) zero"
+            reference.assert_close(g, g_want, GRAD_TOL, what=where)
 
 
 def _at(tree, path):
@@ -95,43 +120,101 @@ def _at(tree, path):
     return tree
 
 
-@pytest.mark.parametrize("attention", ["gqa", "mla"])
-def test_xla_prefill_into_a_cache_equals_reference(attention):
+@pytest.mark.parametrize("name", ["gqa", "mla"])
+def test_xla_prefill_into_a_cache_equals_reference(name):
     """With a cache, attention_impl='xla' falls back to the reference path (two key segments):
-    prefill and one decode step give the reference's logits and cache."""
-    ref = make_cfg(attention)
-    xla = ref.replace(attention_impl="xla")
-    params = init(ref)
-    x = tokens(0)
-    positions = jnp.broadcast_to(jnp.arange(T), (B, T))
+    prefill and one decode step give the reference path's logits and cache (the same code, so
+    this checks the fallback), and the prefill gives the float32 reference's logits (independent)."""
+    ref, params = variant(name)
+    positions = np.broadcast_to(np.arange(T), (B, T))
+
+    def prefill_and_step(params, cfg, cache):
+        logits, cache = Decoder(cfg).apply({"params": params}, TOKENS, positions, cache)
+        step, cache = Decoder(cfg).apply({"params": params}, TOKENS[:, :1], positions[:, -1:] + 1, cache)
+        return logits, step, cache
+
+    run = jit(prefill_and_step, static_argnums=1)
     outs = {}
-    for name, cfg in (("ref", ref), ("xla", xla)):
-        cache = init_cache(cfg, batch_size=B, max_len=T + 1)
-        logits, cache = Decoder(cfg).apply({"params": params}, x, positions, cache)
-        step, cache = Decoder(cfg).apply({"params": params}, x[:, :1], positions[:, -1:] + 1, cache)
-        outs[name] = (logits, step, cache)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **TOL), outs["xla"], outs["ref"])
+    for impl in ("reference", "xla"):
+        cfg = ref.replace(attention_impl=impl)
+        outs[impl] = run(params, cfg, init_cache(cfg, batch_size=B, max_len=T + 1))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **TOL), outs["xla"], outs["reference"])
+    (_, want), _ = reference_run(name)
+    reference.assert_close(outs["xla"][0], want, reference.FLOAT32_TOL, what="xla prefill")
 
 
-@pytest.mark.parametrize("attention", list(ATTENTION))
-def test_bfloat16_forward_runs_and_stays_close_to_float32(attention):
-    """bfloat16 compute (float32 parameters, float32 softmax and norms): finite logits within a
-    loose tolerance of float32's, at the initialiser's scale (std 0.02)."""
-    f32 = make_cfg(attention, attention_impl="xla")
-    bf16 = f32.replace(dtype="bfloat16")
-    params = Decoder(f32).init(jax.random.key(1), tokens())["params"]
-    x = tokens(0)
-    want = logits_of(f32, params, x)
-    got = logits_of(bf16, params, x)
-    assert got.dtype == jnp.float32  # logits are returned in float32 whatever the compute dtype
-    assert np.isfinite(np.asarray(got)).all()
-    # bfloat16 keeps 8 significant bits (~0.4% relative); over 2 layers the logits move by ~0.4% of
-    # their largest magnitude on this model: allow 2%.
-    scale = float(jnp.abs(want).max())
-    np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * scale)
-    # ... and the reference path agrees with it in bfloat16 as well.
-    other = logits_of(bf16.replace(attention_impl="reference"), params, x)
-    np.testing.assert_allclose(got, other, rtol=0, atol=0.01 * scale)
+# ----------------------------------------------------------------------------- bfloat16
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_bfloat16_logits_stay_close_to_the_float32_reference(name):
+    """Independent: bfloat16 compute (float32 parameters, float32 softmax and norms) on both paths
+    gives finite float32 logits within BFLOAT16_TOL of the float32 reference decoder's."""
+    cfg, params = variant(name, dtype="bfloat16")
+    (_, want), _ = reference_run(name)
+    impls = ("reference", "xla")
+    for impl, got in zip(impls, make_forward([cfg.replace(attention_impl=i) for i in impls])(params)):
+        assert got.dtype == jnp.float32  # logits are float32 whatever the compute dtype
+        reference.assert_close(got, want, reference.BFLOAT16_TOL, what=f"{impl} bfloat16 logits")
+
+
+# ----------------------------------------------------------------------------- the comparisons fail a broken model
+
+
+def _no_causal_mask(monkeypatch):
+    real = ops.causal_mask
+    monkeypatch.setattr(ops, "causal_mask", lambda *args, **kw: jnp.zeros_like(real(*args, **kw)))
+
+
+def _scale_by(monkeypatch, wrong):
+    """Scores scaled by wrong(s) for the right s = 1/sqrt(d_h) (MLA passes its 1/sqrt(K + Kr))."""
+    real = ops.dot_product_attention
+
+    def broken(q, k, v, mask=None, *, scale=None, **kw):
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        return real(q, k, v, mask, scale=wrong(scale), **kw)
+
+    monkeypatch.setattr(ops, "dot_product_attention", broken)
+
+
+BREAKAGES = {
+    "no-causal-mask": _no_causal_mask,  # every key visible to every query
+    "scale-1/d_h": lambda mp: _scale_by(mp, lambda s: s * s),
+    "no-scale": lambda mp: _scale_by(mp, lambda s: 1.0),
+}
+# The comparisons of the tests above, (dtype, attention_impl, tolerance); ("bfloat16", "reference")
+# on "gqa" is also tests/test_model.py::test_bfloat16_compute_keeps_float32_params's (same config,
+# parameters, tokens and tolerance).
+COMPARISONS = [
+    ("float32", "reference", reference.FLOAT32_TOL),
+    ("float32", "xla", reference.FLOAT32_TOL),
+    ("bfloat16", "reference", reference.BFLOAT16_TOL),
+    ("bfloat16", "xla", reference.BFLOAT16_TOL),
+]
+MARGIN = 3  # a broken model fails even at 3x each tolerance
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("breakage", list(BREAKAGES))
+def test_a_broken_mask_or_scale_fails_every_comparison(breakage, name, monkeypatch):
+    """With the causal mask or the score scale broken in transformer.model.ops, reference.assert_close
+    fails every comparison above (both dtypes and paths) even at MARGIN times its tolerance."""
+    BREAKAGES[breakage](monkeypatch)
+    cfg, params = variant(name)
+    (_, want), _ = reference_run(name)  # the reference shares no code with the broken model
+    configs = [cfg.replace(dtype=dtype, attention_impl=impl) for dtype, impl, _ in COMPARISONS]
+    passed = []
+    for (dtype, impl, tol), got in zip(COMPARISONS, make_forward(configs)(params)):  # a fresh trace
+        try:
+            err = reference.assert_close(got, want, MARGIN * tol)
+        except AssertionError as failure:
+            assert "off the float32 reference" in str(failure)  # failed on the numbers, not on NaNs
+        else:
+            passed.append(f"{dtype} {impl} (error {err:.2g}, tolerance {tol:.2g})")
+    assert not passed, f"{name} with {breakage} passes: {passed}"
+
+
+# ----------------------------------------------------------------------------- cuDNN
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the CPU behaviour; on a GPU cuDNN may run")
@@ -140,7 +223,7 @@ def test_cudnn_is_gpu_only_and_says_so_on_cpu():
     of the model), but off a GPU the first call names the problem and the fix, at trace time."""
     cfg = make_cfg("mha", attention_impl="cudnn", dtype="bfloat16")
     with pytest.raises(ValueError, match="needs an NVIDIA GPU.*attention_impl='xla'"):
-        Decoder(cfg).init(jax.random.key(0), tokens())
+        Decoder(cfg).init(jax.random.key(0), TOKENS)
 
 
 def test_cudnn_needs_half_precision():

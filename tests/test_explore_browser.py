@@ -1,9 +1,10 @@
 """The attention explorer's page in a real browser: Debian's chromium, headless, driven by Playwright
 (its Python package only: no browser of its own is downloaded).
 
-A page saved from a tiny random model is opened from its file; the test checks that the map is drawn
-(every visible cell coloured, every future cell grey), then clicks a layer, a head, a thumbnail and
-head toggles and reads the numbers the page shows back against those transformer/analysis/explore.py computed.
+A page saved from a tiny random model is opened from its file; the test checks that the map and the
+thumbnails are drawn from the weights (every future cell grey, every visible cell on the colour scale,
+lighter where the model's weight is higher), then clicks a layer, a head, a thumbnail and head toggles
+and reads the numbers the page shows back against those transformer/analysis/explore.py computed.
 
 Without chromium (`apt-get install chromium`) or playwright (the `dev` extra) the test is skipped,
 except in CI (CI=true), where .ci/run installs chromium and a skip would hide a broken page.
@@ -33,6 +34,12 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 PROMPTS = ["ROMEO:\nBut soft, what light", "JULIET:\nO Romeo"]
+MASKED, WHITE = [238, 238, 238], [255, 255, 255]  # the page's grey for a key after its query; the canvas's ground
+# Weights this far apart get colours at least a whole 8-bit step apart along the page's scale; closer ones
+# may share a colour, or swap by one rounding step of a channel (up to 0.004 apart, near weight 1).
+RESOLUTION = 0.01
+
+pytestmark = pytest.mark.slow  # each test starts chromium
 
 
 def browser_or_skip():
@@ -78,6 +85,8 @@ def fmt(x):
 
 
 def test_the_page_in_chromium(exploration, tmp_path):
+    """The page in chromium: maps coloured by the selected head's weights, the buttons, the pointer's
+    readout, the head toggles' next tokens, a second prompt; no errors and no network."""
     sync_playwright = browser_or_skip()
     ex, data = exploration, exploration.data()
     L, H = ex.masks.shape[1:]
@@ -94,11 +103,13 @@ def test_the_page_in_chromium(exploration, tmp_path):
         T = len(prompt["tokens"])
         assert page.locator("#grid canvas").count() == L * H
         assert page.locator("#layer-buttons button").count() == L and page.locator("#head-buttons button").count() == H
-        check_map_cells(page, T)
+        check_map(page, ex.prompts[0], 0, 0)
+        check_thumbnails(page, ex.prompts[0])
 
-        # A layer, then a head: the title and the statistics follow.
+        # A layer, then a head: the map, the title and the statistics follow.
         page.click(f"#layer-buttons button[data-layer='{L - 1}']")
         page.click(f"#head-buttons button[data-head='{H - 1}']")
+        check_map(page, ex.prompts[0], L - 1, H - 1)
         assert page.text_content("#map-title").startswith(f"layer {L}, head {H}:")
         assert page.text_content("#stat-share") == fmt(prompt["first_token_share"][L - 1][H - 1])
         assert page.text_content("#stat-entropy") == fmt(prompt["entropy"][L - 1][H - 1])
@@ -141,9 +152,10 @@ def test_the_page_in_chromium(exploration, tmp_path):
         assert page.text_content("#mask-status") == "heads: layer 1 off"
         assert read_top(page) == expected_top(ex, 0, mask)
 
-        # The second prompt: its own map and numbers (the layer stays off).
+        # The second prompt: its own maps and numbers (the layer stays off; the head the thumbnail selected).
         page.select_option("#prompt", "1")
-        check_map_cells(page, len(data["prompts"][1]["tokens"]))
+        check_map(page, ex.prompts[1], 0, 1)
+        check_thumbnails(page, ex.prompts[1])
         assert read_top(page) == expected_top(ex, 1, mask)
         page.click(".layer-toggle[data-layer='0']")  # the layer back on
 
@@ -165,7 +177,8 @@ def test_the_page_in_chromium(exploration, tmp_path):
 
 def test_sink_and_register_columns_render_and_read_under_the_pointer(tmp_path):
     """A model with an attention sink and 2 registers: columns [sink, reg 1, reg 2, tokens], all
-    three coloured for every query, labelled in the readout, and their shares in the head's statistics."""
+    three coloured by their weights for every query, labelled in the readout, and their shares in the
+    head's statistics."""
     sync_playwright = browser_or_skip()
     cfg = make_cfg("gqa", "rope", attention_sink=True, num_registers=2).replace(vocab_size=256, max_seq_len=32)
     ex = explore(random_params(Decoder(cfg)), ["ROMEO: hi"], cfg=cfg, tokenizer=ByteTokenizer(), top_k=4)
@@ -180,13 +193,7 @@ def test_sink_and_register_columns_render_and_read_under_the_pointer(tmp_path):
         assert page.text_content("#stat-sink") == fmt(prompt["sink_share"][0][H - 1])
         assert page.text_content("#stat-register") == fmt(prompt["register_share"][0][H - 1])
         assert page.text_content("#stat-share") == fmt(prompt["first_token_share"][0][H - 1])
-        colours = page.evaluate("""() => {
-            const c = document.getElementById("map"), d = c.dataset, ctx = c.getContext("2d"), out = [];
-            for (let t = 0; t < %d; t++) for (let s = 0; s < 3; s++) {
-              const px = ctx.getImageData(+d.left + (s + 0.5) * +d.cell, +d.top + (t + 0.5) * +d.cell, 1, 1).data;
-              out.push([px[0], px[1], px[2]]); }
-            return out; }""" % T)
-        assert all(c not in ([238, 238, 238], [255, 255, 255]) for c in colours)  # seen by every query, query 0 too
+        check_map(page, ex.prompts[0], 0, H - 1)  # the sink's and registers' columns: seen by query 0 too
         for s, name in [(0, "sink (attends to nothing)"), (2, "reg 2"), (3, 'key 0 "R"')]:
             for t in (0, T - 1):
                 point_at(page, t, s)
@@ -196,26 +203,72 @@ def test_sink_and_register_columns_render_and_read_under_the_pointer(tmp_path):
         assert errors == []
 
 
-def check_map_cells(page, T):
-    """Every visible cell of the main map is coloured, every cell after its query is the mask's grey."""
-    colours = page.evaluate("""() => {
-        const c = document.getElementById("map"), d = c.dataset, ctx = c.getContext("2d");
-        const cell = Number(d.cell), left = Number(d.left), top = Number(d.top), out = [];
-        const T = Math.round((c.height - top - 2) / cell);
-        for (let t = 0; t < T; t++) { const row = [];
-          for (let s = 0; s < T; s++) {
-            const px = ctx.getImageData(left + (s + 0.5) * cell, top + (t + 0.5) * cell, 1, 1).data;
-            row.push([px[0], px[1], px[2]]); }
-          out.push(row); }
-        return out; }""")
-    assert len(colours) == T
-    grey, white = [238, 238, 238], [255, 255, 255]
-    for t in range(T):
-        for s in range(T):
-            if s > t:
-                assert colours[t][s] == grey, (t, s)
-            else:
-                assert colours[t][s] not in (grey, white), (t, s)
+# A canvas's cells as drawn: the pixel at each cell's centre, for T query rows and S key columns. The main
+# map names its grid in its dataset (cell size, label margins); a thumbnail is one pixel per cell.
+CELLS = """function cells(c, T, S) {
+    const d = c.dataset, cell = +(d.cell || 1), left = +(d.left || 0), top = +(d.top || 0);
+    const px = c.getContext("2d").getImageData(0, 0, c.width, c.height).data, colours = [];
+    for (let t = 0; t < T; t++) for (let s = 0; s < S; s++) {
+      const o = 4 * (Math.floor(top + (t + 0.5) * cell) * c.width + Math.floor(left + (s + 0.5) * cell));
+      colours.push([px[o], px[o + 1], px[o + 2]]); }
+    return {shape: [Math.floor((c.height - top) / cell), Math.floor((c.width - left) / cell)], colours}; }"""
+
+
+def check_map(page, view, l, h):
+    """The main map draws head (l, h) of PromptView `view`."""
+    T, S = view.attention.shape[2:]
+    drawn = page.eval_on_selector("#map", f"(c, [T, S]) => {{ {CELLS}; return cells(c, T, S); }}", [T, S])
+    check_cells(drawn, view, l, h, "the map")
+
+
+def check_thumbnails(page, view):
+    """Every head's thumbnail draws that head of PromptView `view`."""
+    L, H, T, S = view.attention.shape
+    drawn = page.eval_on_selector_all(".thumb canvas", f"""(canvases, [T, S]) => {{ {CELLS};
+        return canvases.map((c) => [+c.parentElement.dataset.layer, +c.parentElement.dataset.head,
+                                    cells(c, T, S)]); }}""", [T, S])
+    assert sorted((l, h) for l, h, _ in drawn) == [(l, h) for l in range(L) for h in range(H)]
+    for l, h, cells in drawn:
+        check_cells(cells, view, l, h, "a thumbnail")
+
+
+def check_cells(drawn, view, l, h, what):
+    """`drawn` (CELLS' answer) is head (l, h) of `view`: a T x S grid, every key after its query the mask's
+    grey, every visible key a colour of the scale (neither grey nor unpainted), lighter where the weight is higher."""
+    where = f"{what} of layer {l + 1} head {h + 1}"
+    T, S = view.attention.shape[2:]
+    assert tuple(drawn["shape"]) == (T, S), where
+    colours = np.array(drawn["colours"]).reshape(T, S, 3)
+    positions = np.array([-1 if x is None else x for x in view.key_positions])  # None: a key every query sees
+    visible = positions[None, :] <= np.arange(T)[:, None]  # [T, S]
+    assert (colours[~visible] == MASKED).all(), (where, np.argwhere(~visible & (colours != MASKED).any(-1)))
+    shown = colours[visible].tolist()
+    assert MASKED not in shown and WHITE not in shown, where
+    cells = [tuple(ts) for ts in np.argwhere(visible).tolist()]  # (query, key) of each visible cell
+    assert_lighter_where_heavier(colours[visible], view.attention[l, h][visible], cells, where)
+
+
+def luminance(rgb):
+    """The relative luminance (sRGB, 0 black to 1 white) of 8-bit colours [..., 3]: the scale's dark end is
+    no weight, its light end all of it."""
+    c = np.asarray(rgb, np.float64) / 255
+    linear = np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+    return linear @ np.array([0.2126, 0.7152, 0.0722])
+
+
+def assert_lighter_where_heavier(rgb, weights, cells, where):
+    """Colours rgb [N, 3] order as weights [N] do: of any two cells whose weights differ by more than
+    RESOLUTION, the heavier is the lighter (a rank correlation of 1 on those pairs)."""
+    y, w = luminance(rgb), np.asarray(weights, np.float64)
+    heavier = w[:, None] - w[None, :] > RESOLUTION  # [N, N]: cell i's weight clearly above cell j's
+    assert heavier.any(), f"{where}: no two weights {RESOLUTION} apart, nothing to order"
+    swapped = heavier & ~(y[:, None] > y[None, :])
+    if swapped.any():
+        i, j = np.argwhere(swapped)[0]
+        pytest.fail(f"{where}: {swapped.sum()} of {heavier.sum()} pairs of cells out of order, e.g. (query, key) "
+                    f"{cells[i]} of weight {w[i]:.4f} drawn rgb{tuple(rgb[i].tolist())} (luminance {y[i]:.4f}), "
+                    f"no lighter than {cells[j]} of weight {w[j]:.4f} drawn rgb{tuple(rgb[j].tolist())} "
+                    f"(luminance {y[j]:.4f})")
 
 
 def point_at(page, t, s):

@@ -12,7 +12,6 @@ the same one it would get as row i of a batch, so a sample is reproducible from 
 
 from __future__ import annotations
 
-import os
 import sys
 import jax
 from absl import app, flags, logging
@@ -23,7 +22,7 @@ from transformer.load import load_model
 from transformer.training.checkpoint import CheckpointError, quiet_checkpoint_failures
 from transformer.model.decoder import count_params
 from transformer.sampling.sampler import check_seed
-from transformer.sampling.text import print_samples
+from transformer.sampling.text import print_samples, read_prompt
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A training run's folder (holding checkpoints/).")
@@ -38,23 +37,6 @@ flags.DEFINE_integer("top_k", 40, "Keep only the k most likely tokens; 0 = all."
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass in (0, 1]; 1 = all tokens.")
 flags.DEFINE_integer("seed", 0, "Seed of the sampling keys, in [0, 2**63).")
 flags.DEFINE_integer("chunk_size", 16, "Tokens generated between two prints.", lower_bound=1)
-
-
-def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
-    """The prompt text: the contents of `prompt_file` (UTF-8) if given, else `prompt` (default "\\n")."""
-    if prompt_file is None:
-        return "\n" if prompt is None else prompt
-    if prompt is not None:
-        raise ValueError("give either --prompt or --prompt_file, not both")
-    if not os.path.isfile(prompt_file):
-        what = "a folder" if os.path.isdir(prompt_file) else "not a file"
-        raise ValueError(f"--prompt_file {prompt_file!r} is {what}; pass a UTF-8 text file")
-    try:
-        with open(prompt_file, encoding="utf-8") as f:
-            return f.read()
-    except UnicodeDecodeError as e:
-        raise ValueError(f"--prompt_file {prompt_file!r} is not UTF-8 text ({e.reason} at byte {e.start}); "
-                         "convert it, e.g. iconv -f latin1 -t utf-8") from None
 
 
 def main(argv: list[str]) -> None:

@@ -78,6 +78,14 @@ def pytest_fixture_setup(fixturedef, request):
     return result
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects anything
+def pytest_collection_modifyitems(items):
+    kept_but_slow = [item.nodeid for item in items if item.nodeid in KEPT and item.get_closest_marker("slow")]
+    if kept_but_slow:
+        raise pytest.UsageError(f"{kept_but_slow[0]} is kept in the default set by tests/end_to_end.py but is marked "
+                                "slow, so `make test` would leave it out: remove its slow mark, or its entry there")
+
+
 def _exempt(item) -> bool:
     return item.get_closest_marker("slow") is not None or item.nodeid in KEPT
 

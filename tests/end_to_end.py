@@ -9,6 +9,8 @@ seen in minutes.
 
 KEPT = {
     "tests/test_train_cli.py::test_resume_is_exact[adamw]": "train.py trains, stops and resumes, bitwise",
+    "tests/test_sample_cli.py::test_greedy_from_a_prompt_file_past_the_context_is_the_argmax_decode":
+        "sample.py samples a run's checkpoint (greedy, from a prompt file)",
     "tests/test_sweep.py::test_the_table_has_every_run_and_the_figure_is_written":
         "a sweep trains its variants (in this process) and writes its table and figure",
     "tests/test_sweep.py::test_the_command_line_reports_a_bad_sweep_file_in_one_line_and_exits_2":

@@ -61,6 +61,16 @@ def test_unmarked_costly_tests_fail_and_the_rest_pass(pytester):
                                  "*test_uses_the_cached_fixture_later: its fixture 'spawned' starts a subprocess*"])
 
 
+def test_a_kept_test_marked_slow_is_refused(pytester, monkeypatch):
+    import tests.end_to_end
+    pytester.makepyfile(test_kept='import pytest\n\n@pytest.mark.slow\ndef test_kept():\n    pass\n')
+    monkeypatch.setitem(tests.end_to_end.KEPT, "test_kept.py::test_kept", "why")
+    result = pytester.runpytest_inprocess("-p", "tests.conftest", "-p", "no:cacheprovider", "-m", "not slow")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_kept.py::test_kept is kept in the default set by tests/end_to_end.py but "
+                                 "is marked slow, so `make test` would leave it out*"])
+
+
 def test_the_kept_end_to_end_tests_exist_and_say_why():
     """Each entry of tests/end_to_end.py names a test pytest collects (a renamed test would otherwise
     drop out of the default set unseen)."""

@@ -39,7 +39,6 @@ MASKED, WHITE = [238, 238, 238], [255, 255, 255]  # the page's grey for a key af
 # may share a colour, or swap by one rounding step of a channel (up to 0.004 apart, near weight 1).
 RESOLUTION = 0.01
 
-pytestmark = pytest.mark.slow  # each test starts chromium
 
 
 def browser_or_skip():
@@ -175,6 +174,7 @@ def test_the_page_in_chromium(exploration, tmp_path):
         assert all(url.startswith("file://") for url in requests), requests  # nothing from a network
 
 
+@pytest.mark.slow
 def test_sink_and_register_columns_render_and_read_under_the_pointer(tmp_path):
     """A model with an attention sink and 2 registers: columns [sink, reg 1, reg 2, tokens], all
     three coloured by their weights for every query, labelled in the readout, and their shares in the
@@ -288,6 +288,7 @@ def expected_top(ex, prompt, mask):
     return [[t, round(p, 6), fmt(round(p, 6))] for t, p in ex.top_tokens(prompt, mask)]
 
 
+@pytest.mark.slow
 def test_the_inline_view_runs_in_its_iframe(exploration, tmp_path):
     """What Jupyter shows (`_repr_html_`: the page in a sandboxed iframe) draws the same page."""
     sync_playwright = browser_or_skip()

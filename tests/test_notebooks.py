@@ -337,10 +337,10 @@ def needle_model(tmp_path_factory):
 
 # Every notebook on the user's run, but retrieval_heads, which needs a model trained on the needle task and
 # trains its own; those that load a model also on the notebooks' own.
-@pytest.mark.slow
-@pytest.mark.parametrize("name,model", [(n, "own_run") for n in NOTEBOOKS if n != "retrieval_heads"]
-                         + [(n, "notebook_model") for n in NOTEBOOKS if uses_a_model(n)]
-                         + [("retrieval_heads", "needle_model")])
+@pytest.mark.parametrize("name,model", [  # one kept in `make test` (tests/end_to_end.py), the others slow
+    pytest.param(name, model, marks=() if (name, model) == ("head_ablation", "notebook_model") else pytest.mark.slow)
+    for name, model in [(n, "own_run") for n in NOTEBOOKS if n != "retrieval_heads"]
+    + [(n, "notebook_model") for n in NOTEBOOKS if uses_a_model(n)] + [("retrieval_heads", "needle_model")]])
 def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
     work = tmp_path / "notebooks"
     shutil.copytree(os.path.join(ROOT, "notebooks"), work, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))

@@ -11,9 +11,9 @@ import pytest
 from tests.helpers.cli import ROOT, losses, run, train_cmd
 from transformer.training.metrics import read_metrics
 
-pytestmark = pytest.mark.slow
 
 
+@pytest.mark.slow
 def test_loss_goes_down_and_run_leaves_checkpoints_and_sample(tmp_path):
     out = run(tmp_path / "run", "--config.train.log_every=1", "--config.train.steps=40")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -30,7 +30,7 @@ def test_loss_goes_down_and_run_leaves_checkpoints_and_sample(tmp_path):
     assert "--- sample ---" in out.stdout
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.parametrize("optimizer", ["adamw", pytest.param("muon", marks=pytest.mark.slow)])
 def test_resume_is_exact(tmp_path, optimizer):
     """20 steps straight == 10 steps, stop, resume, 10 more (bitwise on CPU), with either optimizer."""
     common = ["--config.train.log_every=1", "--config.train.steps=20", "--config.train.checkpoint_every=10",
@@ -56,6 +56,7 @@ def wait_for_step(workdir, step, timeout=180):
     raise AssertionError(f"training did not reach step {step} in {timeout} s")
 
 
+@pytest.mark.slow
 def test_kill_9_at_any_moment_then_resume(tmp_path):
     """SIGKILL while training and saving (a checkpoint every step) loses nothing already saved, and
     every loss logged, by the killed runs and by the resumed one, equals an unbroken run's, bitwise."""
@@ -87,6 +88,7 @@ def test_kill_9_at_any_moment_then_resume(tmp_path):
         assert run_losses == {s: expected[s] for s in run_losses}  # bitwise, every step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_saves_then_exits_non_zero(tmp_path, sig, code):
     """SIGTERM / Ctrl-C while training: a checkpoint is saved, and the exit code says the run was
@@ -107,6 +109,7 @@ def test_a_signal_saves_then_exits_non_zero(tmp_path, sig, code):
     assert "Traceback" not in stderr
 
 
+@pytest.mark.slow
 def test_a_signal_during_set_up_ends_cleanly_and_writes_nothing(tmp_path):
     """Ctrl-C at any moment of the set-up (imports, tokenizing, init, compiling) exits 130, cleanly."""
     for i, delay in enumerate((0.3, 1.0, 2.5, 4.0, 6.0)):
@@ -123,6 +126,7 @@ def test_a_signal_during_set_up_ends_cleanly_and_writes_nothing(tmp_path):
         assert not workdir.exists()
 
 
+@pytest.mark.slow
 def test_bad_override_fails_clearly(tmp_path):
     out = run(tmp_path / "bad", "--config.model.num_heads=5")
     assert out.returncode != 0
@@ -132,6 +136,7 @@ def test_bad_override_fails_clearly(tmp_path):
     assert out.returncode != 0 and "stpes" in out.stderr
 
 
+@pytest.mark.slow
 def test_diverged_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     workdir = tmp_path / "nan"
     ok = run(workdir, "--config.train.steps=4", "--config.train.checkpoint_every=4", "--config.train.sample_tokens=0")
@@ -142,6 +147,7 @@ def test_diverged_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     assert os.listdir(workdir / "checkpoints") == ["4"]
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_model_is_refused(tmp_path):
     workdir = tmp_path / "other"
     ok = run(workdir, "--config.train.steps=2", "--config.train.sample_tokens=0")
@@ -151,6 +157,7 @@ def test_checkpoint_of_another_model_is_refused(tmp_path):
     assert "d_model: checkpoint 64, config 32" in out.stderr and "--workdir" in out.stderr
 
 
+@pytest.mark.slow
 def test_bpe_run_saves_its_tokenizer(tmp_path):
     workdir = tmp_path / "bpe"
     corpus = tmp_path / "corpus.txt"

@@ -1,5 +1,6 @@
-"""Text out of the sampler: samples printed as they are generated (sample.py), and the short sample
-a training run prints when it ends (train.py).
+"""Text in and out of the sampler: the prompt of sample.py (--prompt or --prompt_file), samples
+printed as they are generated (sample.py), and the short sample a training run prints when it ends
+(train.py).
 
 The tokens of a stream arrive in chunks; `stream_text` turns them into printable pieces without
 cutting a multi-byte character in two.
@@ -7,6 +8,7 @@ cutting a multi-byte character in two.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -67,3 +69,20 @@ def sample_text(cfg: ModelConfig, params: Any, tokenizer: Any, num_tokens: int, 
     n = min(num_tokens, cfg.max_seq_len - len(ids))
     out = generate(params, cfg, [ids], seed_key(seed), max_new_tokens=n, temperature=temperature)
     return tokenizer.decode(list(out.tokens[0][: int(out.lengths[0])]))
+
+
+def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+    """The prompt text: the contents of `prompt_file` (UTF-8) if given, else `prompt` (default "\\n")."""
+    if prompt_file is None:
+        return "\n" if prompt is None else prompt
+    if prompt is not None:
+        raise ValueError("give either --prompt or --prompt_file, not both")
+    if not os.path.isfile(prompt_file):
+        what = "a folder" if os.path.isdir(prompt_file) else "not a file"
+        raise ValueError(f"--prompt_file {prompt_file!r} is {what}; pass a UTF-8 text file")
+    try:
+        with open(prompt_file, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--prompt_file {prompt_file!r} is not UTF-8 text ({e.reason} at byte {e.start}); "
+                         "convert it, e.g. iconv -f latin1 -t utf-8") from None

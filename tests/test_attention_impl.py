@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.helpers.marks import first_fast
 from tests.helpers import reference
 from tests.helpers.decoder import BASE, T, TOL, jit, make_cfg, random_params
 from transformer import init_cache
@@ -89,9 +90,9 @@ def make_forward(configs):
 # Every variant with nn.scan over the layers (the default), and the unrolled loop once for the
 # Attention module and once for LatentAttention.
 @pytest.mark.parametrize(
-    "name, scan_layers",
-    [(a, True) for a in VARIANTS] + [("mha", False), ("mla", False)],
-    ids=[f"{a}-scan" for a in VARIANTS] + ["mha-loop", "mla-loop"],
+    "name, scan_layers",  # make test: GQA scanned (the default layout); the other variants in test-all
+    first_fast([("gqa", True)] + [(a, True) for a in VARIANTS if a != "gqa"] + [("mha", False), ("mla", False)],
+               ids=["gqa-scan"] + [f"{a}-scan" for a in VARIANTS if a != "gqa"] + ["mha-loop", "mla-loop"]),
 )
 def test_reference_and_xla_paths_give_the_float32_reference_logits_and_gradients(name, scan_layers):
     """Independent: both attention_impl paths' logits, loss and every gradient leaf against the

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.cli import losses, run
+from tests.helpers.marks import first_fast
 from transformer import ModelConfig, count_params, init_cache
 from transformer.training.checkpoint import restore_for_inference
 from transformer.hf import from_hf, to_hf
@@ -63,7 +64,7 @@ def test_blocks_have_no_mlp_or_mlp_norm(prenorm, scan):
     assert count_params(params) == count_params(shapes(full)) - layers * mlp_and_norm
 
 
-@pytest.mark.parametrize("prenorm, scan", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("prenorm, scan", first_fast(LAYOUTS, LAYOUT_IDS))
 def test_prefill_and_decoding_equal_the_forward(prenorm, scan):
     cfg = ModelConfig(**BASE, prenorm=prenorm, scan_layers=scan, mlp_dim=0, position="rope")
     apply = jax.jit(Decoder(cfg).apply)

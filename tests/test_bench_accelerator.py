@@ -15,6 +15,7 @@ def test_importing_it_leaves_the_device_count_alone():
     assert "device_count=8" not in os.environ.get("XLA_FLAGS", "")
 
 
+@pytest.mark.slow  # runs a benchmark or many training steps: make test-all
 def test_tiny_run_prints_one_row_per_model_with_measured_figures(capsys):
     accelerator.main(["--tiny"])
     out = capsys.readouterr().out
@@ -57,6 +58,7 @@ def test_largest_batch_doubles_up_halves_down_and_stops_at_the_cap():
     assert accelerator.largest_batch(lambda b: False, 8, cap=1024) == 0
 
 
+@pytest.mark.slow  # runs a benchmark or many training steps: make test-all
 def test_the_step_memory_grows_with_the_batch_and_bounds_the_search():
     plan = accelerator.plans(tiny=True)[0]
     peaks = {b: accelerator.step_peak_bytes(plan, b) for b in (2, 4, 8)}

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.helpers.marks import first_fast
 from transformer import training
 from transformer.training.checkpoint import CheckpointError, Checkpointer, check_same_model, restore_for_inference
 from transformer.model.config import ModelConfig
@@ -149,7 +150,7 @@ def test_init_changes_are_returned_not_refused_and_recipe_options_are_refused():
         check_same_model(MODEL, dict(MODEL, qk_norm=True, logit_softcap=30.0), "runs/x")
 
 
-@pytest.mark.parametrize("saved_scan", [True, False])
+@pytest.mark.parametrize("saved_scan", first_fast([True, False]))
 def test_resume_converts_the_layer_stack_of_params_and_adam_moments(tmp_path, saved_scan):
     """A checkpoint saved with scan_layers=saved_scan restores into the other layout, the AdamW
     moments included, each array equal to its saved counterpart."""
@@ -177,7 +178,7 @@ def test_resume_converts_the_layer_stack_of_params_and_adam_moments(tmp_path, sa
     assert all(a.sharding == b.sharding for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(fresh)))
 
 
-@pytest.mark.parametrize("saved_scan", [True, False])
+@pytest.mark.parametrize("saved_scan", first_fast([False, True]))  # the other direction than above
 def test_resume_converts_the_layer_stack_of_muon_and_adamw_state(tmp_path, saved_scan):
     """optim.name='muon': Muon's momentum and AdamW's moments (each over its own parameters) move
     to the other layout of the layer stack, each array equal to its saved counterpart."""

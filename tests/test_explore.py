@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.helpers.marks import first_fast
 from tests.helpers.decoder import jit, make_cfg, random_params
 from transformer.analysis.explore import explore, head_masks, mask_key, token_label
 from transformer.model.decoder import Decoder
@@ -230,7 +231,7 @@ def test_the_page_ships_with_the_package_and_its_tools_are_extras():
     assert any(d.startswith("treescope") for d in extras["notebooks"]) and any(d.startswith("treescope") for d in extras["dev"])
 
 
-@pytest.mark.parametrize("attention", ["mha", "mla_q_rope"])
+@pytest.mark.parametrize("attention", first_fast(["mha", "mla_q_rope"]))
 def test_a_sink_and_registers_are_labelled_columns_and_their_shares_are_sinks(attention):
     """With attention_sink and 2 registers: the page's columns are [sink, reg 1, reg 2, tokens], the
     Decoder's weights reordered; the shares are transformer/analysis/sinks.py's; masked top-k is the model's."""

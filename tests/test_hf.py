@@ -19,6 +19,7 @@ import pytest
 import tokenizers
 import torch
 from safetensors.numpy import load_file, save_file
+from tests.helpers.marks import first_fast
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -176,7 +177,7 @@ def test_unscanned_layout_and_sharded_bfloat16_folder(tmp_path):
     assert_trees_equal(jax.tree.map(np.asarray, params_bf16), rounded)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama_gqa_untied", "deepseek_q_latent"])
+@pytest.mark.parametrize("name", first_fast(["llama_gqa_untied", "gpt2", "deepseek_q_latent"]))
 def test_cached_greedy_decoding_equals_transformers_generate(name):
     model = hf_model(name)
     cfg, params = from_hf(model)

@@ -182,6 +182,7 @@ def test_muon_orthogonalises_each_layer_of_a_scanned_stack_on_its_own():
         assert np.all((s > 0.6) & (s < 1.3)), (layer, s)
 
 
+@pytest.mark.slow  # runs a benchmark or many training steps: make test-all
 def test_a_short_muon_run_lowers_the_loss_and_logs_both_rates():
     mesh = make_mesh(devices=jax.devices()[:1])
     optim = dict(MUON, warmup_steps=0, learning_rate=1e-2)

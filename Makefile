@@ -42,7 +42,7 @@ sample: $(RUN_STAMP)
 
 # `make test`: the default set, without the tests marked slow but with the end-to-end tests that
 # tests/end_to_end.py keeps; `make test-all`: every test, then the mutation check.
-PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile --durations=30
 
 test: .venv/.installed-dev
 	$(PYTEST) -m "not slow"

@@ -14,6 +14,8 @@ from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
 from transformer.model.param_tree import unrolled
 from transformer.model.ops import MASK_VALUE
+from transformer.data.tokenizer import ByteTokenizer
+from transformer.sampling.text import print_samples, sample_text
 
 # ---------------------------------------------------------------------------------------------
 # Filters
@@ -359,3 +361,25 @@ def test_decode_updates_the_cache_in_place():
     updates = sum(c.count(f"{buffer} dynamic-update-slice(") for c in loop_computations)
     copies = sum(c.count(f"{buffer} {op}(") for c in loop_computations for op in ("copy", "slice"))
     assert updates == 2 * cfg.num_layers and copies == 0
+
+
+def test_a_head_larger_than_the_tokenizer_never_draws_an_id_the_tokenizer_lacks(capsys):
+    """A 300-way head on the byte tokenizer (256 ids) whose logits favour ids 256-299: with
+    vocab_limit=256 (what sample.py and a run's end-of-training sample pass) greedy and sampled
+    tokens are all bytes and decode; without it, the same model draws the ids past the tokenizer."""
+    cfg = ModelConfig(vocab_size=300, max_seq_len=16, d_model=32, num_layers=1, num_heads=2, tie_embeddings=False)
+    params = Decoder(cfg).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    head = params["head"]["kernel"]  # [V, D]: logits of ids < 256 are 0, of the others +-10 |h|
+    params = {**params, "head": {"kernel": head.at[:256].set(0.0).at[256:].multiply(500.0)}}
+    prompt = [[72, 105]]
+    for temperature in (0.0, 1.0):
+        free = sampling.generate(params, cfg, prompt, jax.random.key(1), max_new_tokens=8, temperature=temperature)
+        assert (np.asarray(free.tokens) >= 256).all()  # the model prefers the ids past the tokenizer
+        bound = sampling.generate(params, cfg, prompt, jax.random.key(1), max_new_tokens=8, temperature=temperature,
+                         vocab_limit=256)
+        assert (np.asarray(bound.tokens) < 256).all()
+    print_samples(cfg, params, ByteTokenizer(), "Hi", 1, 8, seed=0, chunk_size=4, temperature=1.0, top_k=40)
+    assert capsys.readouterr().out.startswith("--- sample 1 of 1 ---\nHi")
+    assert len(sample_text(cfg, params, ByteTokenizer(), 8, seed=0).encode()) >= 1
+    with pytest.raises(ValueError, match="vocab_limit must be at least 1, got 0; use None"):
+        sampling.generate(params, cfg, prompt, jax.random.key(1), max_new_tokens=2, vocab_limit=0)

@@ -114,6 +114,8 @@ class SamplingOptions:
     temperature: 0 = greedy (argmax), otherwise the logits are divided by it.
     top_k: keep only the k most likely tokens (None: all). top_p: nucleus mass (None: all).
     stop_tokens: a row that draws one of these is done. pad_id: written after a row is done.
+    vocab_limit: draw only ids below it (None: every id of the head); the tokenizer's size, when the
+    model's head is larger (a vocabulary padded to a round number), so no id the tokenizer lacks is drawn.
     """
 
     temperature: float = 1.0
@@ -121,6 +123,7 @@ class SamplingOptions:
     top_p: float | None = None
     stop_tokens: Sequence[int] = ()
     pad_id: int = 0
+    vocab_limit: int | None = None
 
     def __post_init__(self) -> None:
         # Each check reads "not (valid)": every comparison with NaN is False, so NaN fails it.
@@ -139,6 +142,9 @@ class SamplingOptions:
         set_field("top_p", None if self.top_p is None else float(self.top_p))
         set_field("stop_tokens", tuple(_whole("stop_tokens", t) for t in self.stop_tokens))
         set_field("pad_id", _whole("pad_id", self.pad_id))
+        set_field("vocab_limit", None if self.vocab_limit is None else _whole("vocab_limit", self.vocab_limit))
+        if self.vocab_limit is not None and self.vocab_limit < 1:
+            raise ValueError(f"vocab_limit must be at least 1, got {self.vocab_limit}; use None to draw every id")
 
 
 def _whole(option: str, value: int | float) -> int:
@@ -230,6 +236,8 @@ def _draw(logits: Array, keys: Array, step: Array | int, options: SamplingOption
     """[B, V] logits -> [B] int32 tokens: the step-th new token of each row, drawn with that row's
     key folded with the step, fold_in(keys[b], step)."""
     step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
+    if options.vocab_limit is not None and options.vocab_limit < logits.shape[-1]:
+        logits = jnp.where(jnp.arange(logits.shape[-1]) < options.vocab_limit, logits, -jnp.inf)
     return sample_token(logits, step_keys, options.temperature, options.top_k, options.top_p)
 
 
@@ -384,7 +392,8 @@ def generate(
       head_mask: [L, H] or None: each head's output is scaled by it (0 switches a head off), as in
         the Decoder; for ablations.
       **sampling: the fields of `SamplingOptions`: temperature (1.0; 0 = greedy), top_k, top_p,
-        stop_tokens (ids that end a row), pad_id (written after a row's stop token).
+        stop_tokens (ids that end a row), pad_id (written after a row's stop token), vocab_limit
+        (draw only ids below it: the tokenizer's size when the head is larger).
     Returns:
       GenerateOutput(tokens [B, N] int32, lengths [B] int32).
     """

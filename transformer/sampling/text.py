@@ -44,8 +44,9 @@ def print_samples(cfg: ModelConfig, params: Any, tokenizer: Any, prompt: str, nu
                   seed: int, chunk_size: int, **sampling: Any) -> None:
     """Prints `num_samples` continuations of the prompt, each as it is generated; sample i is row i
     of a batch drawn with key `seed` (see seed_key). sampling: SamplingOptions' fields (temperature,
-    top_k, top_p)."""
+    top_k, top_p); only ids the tokenizer has are drawn, whatever the size of the model's head."""
     ids = encode_prompt(cfg, tokenizer, prompt)
+    sampling = {"vocab_limit": tokenizer.vocab_size, **sampling}  # never an id the tokenizer cannot decode
     SamplingOptions(**sampling)  # a bad option fails here, before anything is printed
     keys = row_keys(seed_key(seed), num_samples)  # and so does a bad seed
     # The model cannot see past its context: generate fewer tokens rather than fail.
@@ -67,7 +68,8 @@ def sample_text(cfg: ModelConfig, params: Any, tokenizer: Any, num_tokens: int, 
     """One sample of up to `num_tokens` tokens after `prompt` (as many as the context leaves), as text."""
     ids = tokenizer.encode(prompt)
     n = min(num_tokens, cfg.max_seq_len - len(ids))
-    out = generate(params, cfg, [ids], seed_key(seed), max_new_tokens=n, temperature=temperature)
+    out = generate(params, cfg, [ids], seed_key(seed), max_new_tokens=n, temperature=temperature,
+                   vocab_limit=tokenizer.vocab_size)
     return tokenizer.decode(list(out.tokens[0][: int(out.lengths[0])]))
 
 

@@ -78,8 +78,19 @@ def pytest_fixture_setup(fixturedef, request):
     return result
 
 
+# The files that take longest in `make test` or `make test-all` (docs/performance.md: "The test
+# suite"), run first: `--dist loadfile` hands files to the two workers in collection order, so
+# the long ones started last would leave one worker idle at the end.
+LONGEST_FIRST = ("test_train_cli.py", "test_sharding.py", "test_notebooks.py", "test_train_inputs.py",
+                 "test_sinks.py", "test_sweep.py", "test_model.py", "test_checkpoint.py", "test_sampling.py",
+                 "test_ops.py", "test_explore.py", "test_optim.py", "test_hf.py", "test_recipe.py",
+                 "test_attention_impl.py", "test_training.py", "test_kill_in_save.py", "test_backend.py")
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects anything
 def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's order is kept
     kept_but_slow = [item.nodeid for item in items if item.nodeid in KEPT and item.get_closest_marker("slow")]
     if kept_but_slow:
         raise pytest.UsageError(f"{kept_but_slow[0]} is kept in the default set by tests/end_to_end.py but is marked "

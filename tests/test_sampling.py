@@ -15,7 +15,7 @@ from transformer.model.decoder import Decoder
 from transformer.model.param_tree import unrolled
 from transformer.model.ops import MASK_VALUE
 from transformer.data.tokenizer import ByteTokenizer
-from transformer.sampling.text import print_samples, sample_text
+from transformer.sampling.text import print_samples
 
 # ---------------------------------------------------------------------------------------------
 # Filters
@@ -364,22 +364,22 @@ def test_decode_updates_the_cache_in_place():
 
 
 def test_a_head_larger_than_the_tokenizer_never_draws_an_id_the_tokenizer_lacks(capsys):
-    """A 300-way head on the byte tokenizer (256 ids) whose logits favour ids 256-299: with
-    vocab_limit=256 (what sample.py and a run's end-of-training sample pass) greedy and sampled
-    tokens are all bytes and decode; without it, the same model draws the ids past the tokenizer."""
-    cfg = ModelConfig(vocab_size=300, max_seq_len=16, d_model=32, num_layers=1, num_heads=2, tie_embeddings=False)
-    params = Decoder(cfg).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
-    head = params["head"]["kernel"]  # [V, D]: logits of ids < 256 are 0, of the others +-10 |h|
-    params = {**params, "head": {"kernel": head.at[:256].set(0.0).at[256:].multiply(500.0)}}
-    prompt = [[72, 105]]
+    """Logits over 300 ids that favour ids 256-299: with vocab_limit=256 greedy and sampled draws
+    are all bytes; without it they are the ids past the byte tokenizer. sample.py's print_samples
+    passes the tokenizer's size: a model with such a head prints decodable text."""
+    logits = jnp.concatenate([jnp.zeros((4, 256)), jnp.full((4, 44), 20.0)], axis=1)  # [B, V]
+    keys = sampling.row_keys(jax.random.key(1), 4)
     for temperature in (0.0, 1.0):
-        free = sampling.generate(params, cfg, prompt, jax.random.key(1), max_new_tokens=8, temperature=temperature)
-        assert (np.asarray(free.tokens) >= 256).all()  # the model prefers the ids past the tokenizer
-        bound = sampling.generate(params, cfg, prompt, jax.random.key(1), max_new_tokens=8, temperature=temperature,
-                         vocab_limit=256)
-        assert (np.asarray(bound.tokens) < 256).all()
-    print_samples(cfg, params, ByteTokenizer(), "Hi", 1, 8, seed=0, chunk_size=4, temperature=1.0, top_k=40)
-    assert capsys.readouterr().out.startswith("--- sample 1 of 1 ---\nHi")
-    assert len(sample_text(cfg, params, ByteTokenizer(), 8, seed=0).encode()) >= 1
+        free = sampling.SamplingOptions(temperature=temperature)
+        bound = sampling.SamplingOptions(temperature=temperature, vocab_limit=256)
+        assert (np.asarray(sampling.sampler._draw(logits, keys, 0, free)) >= 256).all()
+        assert (np.asarray(sampling.sampler._draw(logits, keys, 0, bound)) < 256).all()
     with pytest.raises(ValueError, match="vocab_limit must be at least 1, got 0; use None"):
-        sampling.generate(params, cfg, prompt, jax.random.key(1), max_new_tokens=2, vocab_limit=0)
+        sampling.SamplingOptions(vocab_limit=0)
+
+    cfg = ModelConfig(vocab_size=300, max_seq_len=8, d_model=16, num_layers=1, num_heads=2, tie_embeddings=False)
+    params = jax.jit(Decoder(cfg).init)(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    head = params["head"]["kernel"]  # [V, D]: logits of ids < 256 are 0, of the others +-500 |h|
+    params = {**params, "head": {"kernel": head.at[:256].set(0.0).at[256:].multiply(500.0)}}
+    print_samples(cfg, params, ByteTokenizer(), "Hi", 1, 6, seed=0, chunk_size=6, temperature=0.0)
+    assert capsys.readouterr().out.startswith("--- sample 1 of 1 ---\nHi")  # decode raises on an id >= 256

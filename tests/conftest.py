@@ -35,7 +35,11 @@ for name in CACHE:  # in case a plugin imported JAX before this file
     jax.config.update(name.lower(), type(getattr(jax.config, name.lower()))(os.environ[name]))
 
 from tests.end_to_end import KEPT  # noqa: E402
+from tests.helpers import shared_runs  # noqa: E402
 from transformer.training import loop  # noqa: E402
+
+# Fixtures every test file may use: one finished run, trained once per worker and copied per test.
+shared_finished_run, finished_run = shared_runs.shared_finished_run, shared_runs.finished_run
 
 _COSTLY_FIXTURES: dict[str, str] = {}  # fixture name -> what it was seen doing
 _SEEN = pytest.StashKey[list]()  # what a test's set-up was seen doing

@@ -137,22 +137,17 @@ def test_bad_override_fails_clearly(tmp_path):
 
 
 @pytest.mark.slow
-def test_diverged_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
-    workdir = tmp_path / "nan"
-    ok = run(workdir, "--config.train.steps=4", "--config.train.checkpoint_every=4", "--config.train.sample_tokens=0")
-    assert ok.returncode == 0, ok.stderr[-3000:]
-    bad = run(workdir, "--config.train.steps=8", "--config.optim.learning_rate=1e38")
+def test_diverged_loss_stops_and_keeps_last_good_checkpoint(finished_run):
+    """Resumed at step 4 with a learning rate that overflows: the run stops at step 5, saving nothing."""
+    bad = run(finished_run, "--config.train.steps=8", "--config.optim.learning_rate=1e38")
     assert bad.returncode == 1
     assert "became" in bad.stderr and "at step 5" in bad.stderr and "Traceback" not in bad.stderr
-    assert os.listdir(workdir / "checkpoints") == ["4"]
+    assert sorted(os.listdir(finished_run / "checkpoints")) == ["2", "4"]
 
 
 @pytest.mark.slow
-def test_checkpoint_of_another_model_is_refused(tmp_path):
-    workdir = tmp_path / "other"
-    ok = run(workdir, "--config.train.steps=2", "--config.train.sample_tokens=0")
-    assert ok.returncode == 0, ok.stderr[-3000:]
-    out = run(workdir, "--config.train.steps=4", "--config.model.d_model=32")
+def test_checkpoint_of_another_model_is_refused(finished_run):
+    out = run(finished_run, "--config.train.steps=6", "--config.model.d_model=32")
     assert out.returncode == 1
     assert "d_model: checkpoint 64, config 32" in out.stderr and "--workdir" in out.stderr
 

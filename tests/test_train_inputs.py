@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -264,11 +265,10 @@ def test_resuming_on_other_data_is_refused_naming_the_field(tmp_path):
 
 
 @pytest.mark.slow
-def test_steps_below_the_checkpoint_is_refused_and_equal_does_nothing(tmp_path, capsys):
+def test_steps_below_the_checkpoint_is_refused_and_equal_does_nothing(finished_run, tmp_path, capsys):
     """After 4 steps: train.steps=2 is refused by check_run with the fix; train.steps=4 trains
     nothing and rewrites nothing."""
-    workdir = tmp_path / "w"
-    quiet_train(tiny_config(tmp_path, steps=4), workdir)
+    workdir = finished_run
     config_json = (workdir / "config.json").read_text()
     assert refused(lambda: check_run(tiny_config(tmp_path, steps=2), str(workdir))) == (
         f"train.steps=2 is below the checkpoint's step 4 in {workdir}; set train.steps >= 4, or start a new --workdir")
@@ -303,14 +303,12 @@ def test_a_three_step_run_is_quiet(tmp_path):
 
 
 @pytest.mark.slow
-def test_extending_a_finished_run_warns_unless_the_schedule_is_kept(tmp_path):
+def test_extending_a_finished_run_warns_unless_the_schedule_is_kept(finished_run, tmp_path):
     """Raising train.steps re-spans the cosine (the learning rate jumps back up): a warning says so
     and names optim.decay_steps, which extends the finished schedule at its final rate."""
-    workdir, kept = tmp_path / "w", tmp_path / "kept"
+    workdir, kept = finished_run, shutil.copytree(finished_run, tmp_path / "kept")
     base = ("--config.train.eval_every=4", "--config.train.checkpoint_every=4", "--config.train.sample_tokens=0",
             "--config.optim.warmup_steps=1", "--config.train.log_every=1")
-    for w in (workdir, kept):
-        assert run(w, *base, "--config.train.steps=4").returncode == 0
     respanned = run(workdir, *base, "--config.train.steps=8")
     assert respanned.returncode == 0
     assert "changes the learning rate schedule" in respanned.stderr
@@ -350,18 +348,17 @@ def test_resuming_accepts_execution_changes_and_converts_the_layer_stack(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_damaged_checkpoint_gives_one_clear_error(tmp_path):
+def test_a_damaged_checkpoint_gives_one_clear_error(finished_run):
     """The error names the damaged folder, without 'Event loop is closed' tracebacks around it."""
-    workdir = tmp_path / "w"
-    assert run(workdir, *QUICK).returncode == 0
-    for root, _, files in os.walk(workdir / "checkpoints" / "2" / "state"):
+    workdir = finished_run
+    for root, _, files in os.walk(workdir / "checkpoints" / "4" / "state"):
         for name in files:
             if os.sep + "d" in root:  # the array data, not the metadata
                 with open(os.path.join(root, name), "r+b") as f:
                     f.truncate(8)
     for _ in range(3):  # the noise came from a race: try a few times
-        out = run(workdir, *QUICK[1:], "--config.train.steps=4")
-        assert_one_line_error(out, "is damaged", str(workdir / "checkpoints" / "2"))
+        out = run(workdir, *QUICK[1:], "--config.train.steps=6", "--config.optim.decay_steps=4")  # no schedule warning
+        assert_one_line_error(out, "is damaged", str(workdir / "checkpoints" / "4"))
         out = sample("--workdir", str(workdir), "--max_new_tokens", "3")
         assert out.returncode == 1 and "Event loop" not in out.stderr and "is damaged" in out.stderr
 

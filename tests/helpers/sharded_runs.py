@@ -1,10 +1,10 @@
 """Run in its own process with 8 simulated CPU devices (XLA_FLAGS is set before JAX is imported):
 training, checkpointing and decoding of tiny models on several meshes, for tests/test_sharding.py.
 
-    python tests/helpers/sharded_runs.py losses       # each variant on each mesh: losses, shardings
+    python tests/helpers/sharded_runs.py losses '{"mha": ["2x2x2"]}'  # each variant on its meshes: losses, shardings
     python tests/helpers/sharded_runs.py checkpoint   # save on one mesh, resume on another
     python tests/helpers/sharded_runs.py decode       # greedy tokens on 1 device and on 2x2x2
-    python tests/helpers/sharded_runs.py muon         # optim.name='muon': losses and Muon's momentum layout
+    python tests/helpers/sharded_runs.py muon '["2x2x2"]'  # optim.name='muon': losses and Muon's momentum layout
 
 Prints one JSON line; the test asserts on it.
 """
@@ -118,14 +118,16 @@ def forward_all_reduces(cfg) -> list[str]:
     return re.findall(r"= (\w+\[[\d,]*\])\S* all-reduce(?:-start)?\(", hlo)
 
 
-def losses(steps: int = 3) -> dict:
+def losses(meshes: dict[str, list[str]], steps: int = 3) -> dict:
+    """Each variant on one device and on its meshes ({variant: [mesh name]}): losses and layouts; and
+    the all-reduces of its forward on 1x1x8."""
     result = {}
-    for variant, fields in VARIANTS.items():
-        cfg = ModelConfig(**BASE, **fields)
+    for variant, names in meshes.items():
+        cfg = ModelConfig(**BASE, **VARIANTS[variant])
         result[f"{variant}/all_reduces"] = forward_all_reduces(cfg)
         if variant == "mha":  # the L = 2 layers unrolled: each its own collectives
             result["mha/all_reduces/unscanned"] = forward_all_reduces(cfg.replace(scan_layers=False))
-        for name in ("1", *MESHES):
+        for name in ("1", *names):
             mesh = mesh_of(name)
             state, tx, schedule = fresh(cfg, mesh, steps)
             state, out = run_steps(cfg, mesh, state, tx, schedule, 0, steps)
@@ -159,13 +161,13 @@ def checkpoint(steps: int = 2) -> dict:
     return result
 
 
-def muon(steps: int = 3) -> dict:
-    """GQA with optim.name='muon' on one device and on meshes with data, fsdp and tensor axes: the
-    losses, and the specs of W_q and of its Muon momentum."""
+def muon(meshes: list[str], steps: int = 3) -> dict:
+    """GQA with optim.name='muon' on one device and on `meshes`: the losses, and the specs of W_q and
+    of its Muon momentum."""
     optim = dict(OPTIM, name="muon", muon_learning_rate=0.02, muon_momentum=0.95, muon_weight_decay=0.0)
     cfg = ModelConfig(**BASE, **VARIANTS["gqa"])
     result = {}
-    for name in ("1", "8x1x1", "1x8x1", "2x2x2"):
+    for name in ("1", *meshes):
         state, tx, schedule = fresh(cfg, mesh_of(name), steps, optim)
         state, out = run_steps(cfg, mesh_of(name), state, tx, schedule, 0, steps)
         momentum = state.opt_state[1].inner_states["muon"].inner_state[0].mu
@@ -208,4 +210,5 @@ def decode() -> dict:
 
 if __name__ == "__main__":
     assert jax.device_count() == 8, jax.devices()
-    print(json.dumps({"losses": losses, "checkpoint": checkpoint, "decode": decode, "muon": muon}[sys.argv[1]]()))
+    what = {"losses": losses, "checkpoint": checkpoint, "decode": decode, "muon": muon}[sys.argv[1]]
+    print(json.dumps(what(*map(json.loads, sys.argv[2:]))))  # the arguments, if any, as JSON

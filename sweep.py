@@ -18,7 +18,7 @@ import sys
 
 from absl import logging
 
-from transformer.cli import exit_with_error
+from transformer.cli import exit_on_storage_error, exit_with_error
 from transformer.training.checkpoint import quiet_checkpoint_failures
 from transformer.training.signals import Interrupted
 from transformer.training.sweep import SweepError, run_sweep
@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as e:
         print(str(e), file=sys.stderr)  # "... rerun the same command to resume"
         return e.exit_code
+    except OSError as e:  # a full disk: one line (the runs so far are kept); any other: raised
+        exit_on_storage_error(e)
 
 
 if __name__ == "__main__":

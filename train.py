@@ -40,7 +40,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer.cli import config_flags_parser, exit_with_error
+from transformer.cli import config_flags_parser, exit_on_storage_error, exit_with_error
 from transformer.sampling.text import sample_text
 from transformer.training.checkpoint import CheckpointError, quiet_checkpoint_failures
 from transformer.training.loop import Diverged, train
@@ -84,6 +84,8 @@ def main(argv: list[str]) -> None:
         sys.exit(e.exit_code)
     except (ValueError, FileNotFoundError, CheckpointError, Diverged) as e:
         exit_with_error(e)
+    except OSError as e:  # a full disk while tokenizing or writing metrics: one line; any other: raised
+        exit_on_storage_error(e)
 
 
 if __name__ == "__main__":

@@ -380,8 +380,8 @@ def kv_cache_variants(smoke: bool = SMOKE) -> dict:
 # --- attention_sinks.ipynb: the sink experiment's runs (built here so that the test can rebuild them) ---
 
 SINKS_SWEEP = os.path.join(ROOT, "configs", "sweeps", "sinks.py")
-# Smoke mode: the sweep's three variants on a tiny model, a few steps.
-SINKS_SMOKE = {"model.d_model": 32, "model.num_layers": 2, "model.max_seq_len": 32, "train.seq_len": 32,
+# Smoke mode: the sweep's four variants on a one-layer model (each compiles its own programs), a few steps.
+SINKS_SMOKE = {"model.d_model": 32, "model.num_layers": 1, "model.max_seq_len": 32, "train.seq_len": 32,
                "train.batch_size": 4, "train.steps": 6, "train.log_every": 3, "train.eval_every": 3,
                "train.checkpoint_every": 6, "optim.warmup_steps": 2}
 

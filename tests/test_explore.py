@@ -155,14 +155,21 @@ def test_a_prompt_filling_the_context_is_explored_and_ids_the_tokenizer_lacks_ar
 
 
 def test_the_command_line_checks_out_before_loading(tmp_path, capsys):
-    """#31: --out naming a folder failed with IsADirectoryError after the model was loaded."""
+    """#31: --out naming a folder failed with IsADirectoryError after the model was loaded; numbers out of
+    range are named before loading too."""
     from transformer.explore import main
 
-    for out, message in [(tmp_path, f"error: cannot save the explorer to {tmp_path}: it is a folder; name a file, "
-                                    f"e.g. {tmp_path / 'explorer.html'}"),
-                         (tmp_path / "no" / "p.html", "no folder")]:
+    page = str(tmp_path / "p.html")
+    for flags, message in [(["--out", str(tmp_path)], f"error: cannot save the explorer to {tmp_path}: it is a "
+                                                      f"folder; name a file, e.g. {tmp_path / 'explorer.html'}"),
+                           (["--out", str(tmp_path / "no" / "p.html")], "no folder"),
+                           (["--out", page, "--top_k", "0"], "error: --top_k 0 must be at least 1 (the default is 10)"),
+                           (["--out", page, "--max_tokens", "-3"],
+                            "error: --max_tokens -3 must be at least 1 (the default is 96)"),
+                           (["--out", page, "--step", "-1"],
+                            "error: --step -1: checkpoint steps are >= 0; leave --step out for the latest")]:
         with pytest.raises(SystemExit) as exit:
-            main(["--workdir", str(tmp_path / "never_read"), "--prompt", "x", "--out", str(out)])
+            main(["--workdir", str(tmp_path / "never_read"), "--prompt", "x", *flags])
         err = capsys.readouterr().err
         assert exit.value.code == 1 and len(err.splitlines()) == 1 and message in err
 

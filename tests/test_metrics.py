@@ -74,6 +74,30 @@ def test_a_restart_drops_the_rows_past_its_start_step(tmp_path):
     assert read_metrics(str(tmp_path / "metrics.jsonl")) == []
 
 
+def test_tensorboard_holds_each_step_once_after_a_resume(tmp_path):
+    """#31: the TensorBoard files kept the killed invocation's rows past the checkpoint, so its curves
+    drew steps 2 (killed) and 2 (resumed) side by side. A writer started at step 1 holds step 1 and the
+    resumed run's rows, once each, as an unbroken run's do; started afresh, only the new run's."""
+    writer = MetricWriter(str(tmp_path))
+    for row in ROWS:
+        writer.write(row)
+    writer.close()
+    resumed = [{"step": 2, "loss": 4.0, "learning_rate": 3e-4}, {"step": 3, "loss": 3.5, "learning_rate": 4e-4}]
+    writer = MetricWriter(str(tmp_path), start_step=1)
+    for row in resumed:
+        writer.write(row)
+    writer.close()
+    scalars = tensorboard_scalars(tmp_path / "tb")
+    assert scalars["loss"] == [(1, 4.5), (2, 4.0), (3, 3.5)]
+    assert set(scalars) == {"loss", "learning_rate"}  # the killed run's val_loss at step 2 is gone
+    assert read_metrics(str(tmp_path / "metrics.jsonl")) == [ROWS[0], *resumed]
+
+    writer = MetricWriter(str(tmp_path), start_step=0)
+    writer.write({"step": 1, "loss": 5.0})
+    writer.close()
+    assert tensorboard_scalars(tmp_path / "tb") == {"loss": [(1, 5.0)]}
+
+
 def test_scalars_go_to_tensorboard_event_files_by_step_without_the_step(tmp_path):
     writer = MetricWriter(str(tmp_path))
     for row in ROWS:

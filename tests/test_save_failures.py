@@ -1,19 +1,28 @@
 """Storage that cannot take a checkpoint (a full disk, a folder that cannot be written): the run
 ends with one line naming the fault, the checkpoint already complete and the fix, never a hang;
-the same call resumes once the storage is back. Faults are injected into the save: tests and CI run
+the same call resumes once the storage is back. A full disk while tokenizing or writing metrics:
+an OSError naming the file, one line on the command line. Faults are injected into the save: tests and CI run
 as root, where chmod blocks nothing."""
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import shutil
 import sys
 
+import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+import sweep as sweep_cli
 from tests.helpers.runs import quiet_train, tiny_config
+from transformer.data.token_stream import load_corpus
+from transformer.data.tokenizer import ByteTokenizer
 from transformer.training import checkpoint
 from transformer.training.checkpoint import CheckpointError, latest_step
+from transformer.training.metrics import MetricWriter
 from transformer.training.run_config import check_workdir
 
 DISK_FULL = ("RESOURCE_EXHAUSTED: Error writing \"opt_state.0.mu/0\" in OCDBT database at local file \"/x/4.orbax-"
@@ -74,3 +83,63 @@ def test_a_checkpoints_folder_that_cannot_be_written_is_refused_before_training(
     with pytest.raises(ValueError, match=r"the checkpoints of .* cannot be written \(Permission denied in .*checkpoints\); "
                                          r"make that folder writable"):
         check_workdir(str(tmp_path / "run"))
+
+
+# --- A full disk elsewhere: the token cache, metrics.jsonl (#31) -----------------------------------
+
+NO_SPACE = OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_while_tokenizing_names_the_cache_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("To be, or not to be, that is the question.\n" * 50)
+    cache = tmp_path / "tokens"
+
+    def full(*args, **kwargs):
+        raise NO_SPACE
+
+    monkeypatch.setattr(shutil, "copyfileobj", full)
+    with pytest.raises(OSError) as error:
+        load_corpus(str(corpus), ByteTokenizer(), cache)
+    assert error.value.errno == errno.ENOSPC and error.value.filename.startswith(str(cache / ""))
+    assert error.value.filename.endswith(".npy")
+    assert not [f for f in os.listdir(cache) if f.endswith((".npy", ".tmp", ".bin"))]  # nothing half-written
+    monkeypatch.undo()  # room again
+    tokens = load_corpus(str(corpus), ByteTokenizer(), cache)
+    assert bytes(np.concatenate([tokens.train, tokens.val]).astype(np.uint8)) == corpus.read_bytes()
+
+
+def test_a_full_disk_while_writing_metrics_names_the_file(tmp_path):
+    writer = MetricWriter(str(tmp_path))
+
+    class FullFile:
+        def write(self, text):
+            raise NO_SPACE
+
+        def close(self):
+            pass
+
+    writer.file = FullFile()
+    with pytest.raises(OSError) as error:
+        writer.write({"step": 1, "loss": 2.0})
+    assert error.value.errno == errno.ENOSPC and error.value.filename == str(tmp_path / "metrics.jsonl")
+    writer.close()
+
+
+def test_a_command_line_ends_a_full_disk_with_one_line_and_raises_any_other_os_error(tmp_path, monkeypatch, capsys):
+    """sweep.py (in this process) as train.py: `exit_on_storage_error` in `except OSError`."""
+    full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "w" / "metrics.jsonl"))
+    monkeypatch.setattr(sweep_cli, "run_sweep", lambda *args: (_ for _ in ()).throw(full))
+    with pytest.raises(SystemExit) as exit:
+        sweep_cli.main(["--sweep", "s.py", "--workdir", str(tmp_path)])
+    assert exit.value.code == 1
+    assert capsys.readouterr().err == (
+        f"error: No space left on device writing {tmp_path / 'w' / 'metrics.jsonl'}: free space on that disk (or give "
+        "the run a folder on another one: --workdir, --config.data.cache_dir) and rerun the same command; it resumes "
+        "from the last complete checkpoint\n")
+
+    bug = OSError(errno.EBADF, "Bad file descriptor")
+    monkeypatch.setattr(sweep_cli, "run_sweep", lambda *args: (_ for _ in ()).throw(bug))
+    with pytest.raises(OSError) as raised:
+        sweep_cli.main(["--sweep", "s.py", "--workdir", str(tmp_path)])
+    assert raised.value is bug

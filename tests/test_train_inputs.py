@@ -175,6 +175,33 @@ def test_a_tokenizer_left_in_the_workdir_is_checked_against_the_config(tmp_path)
         "(the run saved no checkpoint) or choose another --workdir")
 
 
+def test_a_damaged_tokenizer_left_in_the_workdir_names_the_fix_and_a_cut_short_one_is_made_again(tmp_path):
+    """#31: a run with no checkpoint left workdir/tokenizer. Damaged (a truncated tokenizer.json): one
+    line naming the folder and the fix, not the tokenizers library's traceback. Cut short by a kill (the
+    kind file, written last, missing): made again from the config, as if it were not there."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("To be, or not to be, that is the question.\n" * 300)
+    config = config_with(tmp_path, **{"data.path": str(corpus), "data.tokenizer": "bpe", "model.vocab_size": 270,
+                                      "data.vocab_size": 270})
+    workdir = tmp_path / "w"
+    made = run_tokenizer(check_run(config, str(workdir)), str(workdir))
+    save_tokenizer(made, workdir / "tokenizer")
+    saved = config.to_dict()
+    saved["data"]["path"] = str(corpus)
+    (workdir / "config.json").write_text(json.dumps(saved))
+    hf_file = workdir / "tokenizer" / "tokenizer.json"
+    text = hf_file.read_text()
+    hf_file.write_text(text[: len(text) // 2])  # truncated
+    message = refused(lambda: run_tokenizer(check_run(config, str(workdir)), str(workdir)))
+    assert message.startswith(f"{workdir / 'tokenizer'} is damaged ({hf_file} is not a valid Hugging Face tokenizer.json")
+    assert message.endswith("the run saved no checkpoint, so nothing was trained with it: delete that folder and "
+                            "rerun the same command to make it again")
+
+    (workdir / "tokenizer" / "tokenizer_kind.json").unlink()  # a kill between the two files of save_tokenizer
+    again = run_tokenizer(check_run(config, str(workdir)), str(workdir))
+    assert again.encode("To be, or not") == made.encode("To be, or not") and again.vocab_size == made.vocab_size
+
+
 def test_a_warm_up_as_long_as_the_run_warns_and_a_longer_one_is_refused(tmp_path, capsys):
     """#31: warmup_steps=100 with train.steps=4 warned "never decays" and trained with a 3-step warm-up.
     As long as the run: a warning from check_run, and the optimizer is made; longer: refused."""

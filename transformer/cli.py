@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable
@@ -79,6 +80,22 @@ def explain_flag_error(path: str, argv: list[str], error: Exception) -> str:
 
 
 TRACEBACK = "TRANSFORMER_TRACEBACK"  # =1: an error the command lines report in one line raises instead
+
+
+# OSError numbers of storage that is full or read-only: nothing is wrong with the run, and the same
+# command resumes it once there is room.
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def exit_on_storage_error(e: OSError) -> None:
+    """In an `except OSError`: exit_with_error for storage that is full or read-only, one line naming
+    the file and the fix; any other OSError (a bug, to be seen with its traceback) is raised again."""
+    if e.errno not in STORAGE_ERRNOS:
+        raise e
+    where = f" writing {e.filename}" if e.filename else ""
+    exit_with_error(ValueError(
+        f"{e.strerror}{where}: free space on that disk (or give the run a folder on another one: --workdir, "
+        "--config.data.cache_dir) and rerun the same command; it resumes from the last complete checkpoint"))
 
 
 def exit_with_error(error: Exception, code: int = 1) -> None:

@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.set_verbosity(logging.ERROR)  # orbax logs every restore
     quiet_checkpoint_failures()  # one-line errors for a checkpoint that cannot be read or written
     try:
-        check_page_path(args.out)  # a bad --out fails before any loading
+        check_page_path(args.out)  # a bad --out or number fails before any loading
+        check_numbers(args, parser)
         cfg, params, tokenizer = load_model(args.workdir, args.hf_dir, args.step)
         ex = explore(params, args.prompt, cfg=cfg, tokenizer=tokenizer, top_k=args.top_k,
                      max_tokens=args.max_tokens)
@@ -40,6 +41,16 @@ def main(argv: list[str] | None = None) -> None:
         exit_with_error(e)
     print(f"wrote {path}: {len(ex.prompts)} prompt(s), {cfg.num_layers} layers x {cfg.num_heads} heads, "
           f"{len(ex.masks)} head masks precomputed")
+
+
+def check_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Raises ValueError naming a number flag out of its range and the fix."""
+    for name in ("top_k", "max_tokens"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} {getattr(args, name)} must be at least 1 "
+                             f"(the default is {parser.get_default(name)})")
+    if args.step is not None and args.step < 0:
+        raise ValueError(f"--step {args.step}: checkpoint steps are >= 0; leave --step out for the latest")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import NamedTuple
@@ -126,7 +127,8 @@ def _token_dtype(vocab_size: int) -> np.dtype:
 def _tokenize_to_file(files: list[Path], bundled: bool, tokenizer: Tokenizer, cache: Path) -> None:
     """Encodes the documents one at a time into `cache` (.npy): memory holds one document at a
     time, never the whole corpus. Written to a temporary file then renamed, so a killed run leaves
-    no half-written cache."""
+    no half-written cache. A full disk raises OSError naming `cache` (plain writes, not a memory map,
+    whose writes to a full disk end the process with SIGBUS)."""
     dtype = _token_dtype(tokenizer.vocab_size)
     separator = tokenizer.encode_array(DOCUMENT_SEPARATOR).astype(dtype)
     raw_fd, raw = tempfile.mkstemp(dir=cache.parent, prefix=".tokens.", suffix=".bin")
@@ -137,14 +139,14 @@ def _tokenize_to_file(files: list[Path], bundled: bool, tokenizer: Tokenizer, ca
                 if i:
                     separator.tofile(f)
                 tokenizer.encode_array(read_document(file, bundled)).astype(dtype).tofile(f)
-        # Pass 2: wrap them in a .npy header (the OS pages the copy; no full array in memory).
+        # Pass 2: a .npy header, then the raw tokens copied after it in chunks.
         num_tokens = os.path.getsize(raw) // dtype.itemsize
-        with atomic_path(cache) as npy:
-            out = np.lib.format.open_memmap(npy, mode="w+", dtype=dtype, shape=(num_tokens,))
-            if num_tokens:
-                out[:] = np.memmap(raw, dtype=dtype, mode="r", shape=(num_tokens,))
-            out.flush()
-            del out
+        header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (num_tokens,)}
+        with atomic_path(cache) as npy, open(npy, "xb") as out, open(raw, "rb") as tokens:
+            np.lib.format.write_array_header_1_0(out, header)
+            shutil.copyfileobj(tokens, out, 1 << 24)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, e.filename or str(cache)) from e
     finally:
         Path(raw).unlink(missing_ok=True)
 

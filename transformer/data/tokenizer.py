@@ -210,6 +210,11 @@ def save_tokenizer(tok: Tokenizer, directory: str | os.PathLike) -> None:
     write_atomically(directory / KIND_FILE, json.dumps({"kind": kind}) + "\n")
 
 
+def is_saved(directory: str | os.PathLike) -> bool:
+    """Whether `save_tokenizer` finished writing `directory` (its kind file, written last, is there)."""
+    return (Path(directory) / KIND_FILE).is_file()
+
+
 def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     """Reads a tokenizer written by `save_tokenizer`, or a folder holding an HF tokenizer.json."""
     directory = Path(directory)

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from transformer.data.atomic_files import save_json
 from transformer.data.batches import with_start_token
 from transformer.data.prefetch import Prefetcher
-from transformer.data.tokenizer import save_tokenizer
+from transformer.data.tokenizer import is_saved, save_tokenizer
 from transformer.training.checkpoint import Checkpointer, latest_step
 from transformer.training.metrics import MetricWriter
 from transformer.training.run_config import CORPUS_RECORD
@@ -116,7 +116,7 @@ def write_run_files(run: Run, workdir: str, ckpt: Checkpointer | None) -> Checkp
     the first host: the hosts share the workdir); the checkpointer (every host: each saves its shards)."""
     os.makedirs(workdir, exist_ok=True)
     tok_dir = os.path.join(workdir, "tokenizer")
-    if run.host == 0 and not os.path.isdir(tok_dir):
+    if run.host == 0 and not is_saved(tok_dir):  # kept once complete: a resume reads it
         save_tokenizer(run.tokenizer, tok_dir)
     if run.host == 0:
         save_json(os.path.join(workdir, "config.json"), run.config.to_dict())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Mapping
 
 from transformer.data.atomic_files import write_atomically
@@ -15,7 +16,9 @@ class MetricWriter:
     Rows carry their own "step". Disabled writers (hosts other than 0) write nothing. A run that
     (re)starts at `start_step` keeps only the rows of steps up to it (none at step 0): the rows a
     killed invocation wrote past its last complete checkpoint are of steps that run again, so the
-    file holds each step once, as an unbroken run writes it.
+    file holds each step once, as an unbroken run writes it. The TensorBoard files hold the same
+    rows: they are written afresh from the kept ones, as TensorBoard would otherwise draw the
+    killed invocation's steps beside the resumed run's.
     """
 
     def __init__(self, workdir: str, enabled: bool = True, start_step: int = 0):
@@ -25,16 +28,27 @@ class MetricWriter:
         from tensorboardX import SummaryWriter
 
         self.path = os.path.join(workdir, "metrics.jsonl")
+        kept = []
         if os.path.exists(self.path):
             kept = [r for r in read_metrics(self.path) if start_step and r["step"] <= start_step]
             write_atomically(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self.file = open(self.path, "a", buffering=1)  # line-buffered: a kill loses no full row
-        self.tb = SummaryWriter(os.path.join(workdir, "tb"))
+        tb_dir = os.path.join(workdir, "tb")
+        shutil.rmtree(tb_dir, ignore_errors=True)  # remade from metrics.jsonl, which a kill leaves whole
+        self.tb = SummaryWriter(tb_dir)
+        for row in kept:
+            self._add_scalars(row)
 
     def write(self, row: Mapping[str, float]) -> None:
         if not self.enabled:
             return
-        self.file.write(json.dumps(dict(row)) + "\n")
+        try:
+            self.file.write(json.dumps(dict(row)) + "\n")
+        except OSError as e:  # a full disk: name the file (a write's error names none)
+            raise OSError(e.errno, e.strerror, self.path) from e
+        self._add_scalars(row)
+
+    def _add_scalars(self, row: Mapping[str, float]) -> None:
         step = int(row["step"])
         for key, value in row.items():
             if key != "step":

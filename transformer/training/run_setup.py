@@ -20,7 +20,7 @@ from transformer.data.batches import with_start_token
 from transformer.data.corpus import corpus_files, load_texts, skipped_files
 from transformer.data.tasks import DataTask, data_task
 from transformer.data.token_stream import file_digests, load_corpus
-from transformer.data.tokenizer import Tokenizer, load_tokenizer, make_tokenizer
+from transformer.data.tokenizer import Tokenizer, is_saved, load_tokenizer, make_tokenizer
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import count_params
 from transformer.model.execution import Resolved
@@ -156,9 +156,14 @@ def run_tokenizer(checked: CheckedConfig, workdir: str) -> Tokenizer:
 def new_tokenizer(config: ConfigDict, workdir: str) -> Tokenizer:
     """A new run's tokenizer (see run_tokenizer)."""
     tok_dir = os.path.join(workdir, "tokenizer")
-    if os.path.isdir(tok_dir):
+    if is_saved(tok_dir):  # a folder without its kind file is a write a kill cut short: made again
         check_tokenizer_left(config, workdir)
-        return load_tokenizer(tok_dir)
+        try:
+            return load_tokenizer(tok_dir)
+        except (ValueError, OSError) as e:  # damaged files: garbled JSON, a truncated tokenizer.json
+            raise ValueError(
+                f"{tok_dir} is damaged ({e}); the run saved no checkpoint, so nothing was trained with it: "
+                "delete that folder and rerun the same command to make it again") from None
     if config.init_from_hf and os.path.isfile(os.path.join(config.init_from_hf, "tokenizer.json")):
         return load_tokenizer(config.init_from_hf)  # imported weights need the ids they were trained on
     if config.data.tokenizer == "bytes":

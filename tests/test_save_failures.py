@@ -16,8 +16,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-import sweep as sweep_cli
 from tests.helpers.runs import quiet_train, tiny_config
+from transformer.cli import exit_on_storage_error
 from transformer.data.token_stream import load_corpus
 from transformer.data.tokenizer import ByteTokenizer
 from transformer.training import checkpoint
@@ -126,20 +126,22 @@ def test_a_full_disk_while_writing_metrics_names_the_file(tmp_path):
     writer.close()
 
 
-def test_a_command_line_ends_a_full_disk_with_one_line_and_raises_any_other_os_error(tmp_path, monkeypatch, capsys):
-    """sweep.py (in this process) as train.py: `exit_on_storage_error` in `except OSError`."""
-    full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "w" / "metrics.jsonl"))
-    monkeypatch.setattr(sweep_cli, "run_sweep", lambda *args: (_ for _ in ()).throw(full))
+def test_a_command_line_ends_a_full_disk_with_one_line_and_raises_any_other_os_error(tmp_path, capsys):
+    """`exit_on_storage_error`, which train.py and sweep.py call in `except OSError`."""
+    def end_with(error: OSError) -> None:
+        try:
+            raise error
+        except OSError as e:
+            exit_on_storage_error(e)
+
     with pytest.raises(SystemExit) as exit:
-        sweep_cli.main(["--sweep", "s.py", "--workdir", str(tmp_path)])
+        end_with(OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "w" / "metrics.jsonl")))
     assert exit.value.code == 1
     assert capsys.readouterr().err == (
         f"error: No space left on device writing {tmp_path / 'w' / 'metrics.jsonl'}: free space on that disk (or give "
         "the run a folder on another one: --workdir, --config.data.cache_dir) and rerun the same command; it resumes "
         "from the last complete checkpoint\n")
-
     bug = OSError(errno.EBADF, "Bad file descriptor")
-    monkeypatch.setattr(sweep_cli, "run_sweep", lambda *args: (_ for _ in ()).throw(bug))
     with pytest.raises(OSError) as raised:
-        sweep_cli.main(["--sweep", "s.py", "--workdir", str(tmp_path)])
+        end_with(bug)
     assert raised.value is bug

@@ -20,6 +20,7 @@ from transformer.model.kv_cache import Cache, KVCache, LatentCache
 from transformer.model.config import ModelConfig
 from transformer.model.linear import Linear, dense_init
 from transformer.model.norm import rms_norm_module
+from transformer.model.points import capturing, point
 
 Array = jax.Array
 
@@ -48,6 +49,30 @@ def segment_masks(positions: Array, cache_len: int | None, registers: int = 0) -
 def cache_masks(positions: Array, cached: Cache | None) -> list[Array]:
     """`segment_masks` for one layer's view of the cache (or None)."""
     return segment_masks(positions, None) if cached is None else segment_masks(positions, cached.max_len, cached.registers)
+
+
+def key_positions(positions: Array, cached: Cache | None) -> Array:
+    """[B, S_total]: the position of every key the queries see (cached slots first; registers < 0)."""
+    if cached is None:
+        return positions
+    b, slots = positions.shape[0], cached.registers + cached.max_len
+    cached_positions = jnp.broadcast_to(jnp.arange(slots, dtype=positions.dtype) - cached.registers, (b, slots))
+    return jnp.concatenate([cached_positions, positions], axis=1)
+
+
+def attention_points(module: nn.Module, cfg: ModelConfig, both: tuple[Array, Array], positions: Array,
+                     cached: Cache | None, return_weights: bool | str) -> Array | None:
+    """In a capture: the points attn.scores, attn.pattern and the sink's and registers' shares, from
+    `both` = (logits, weights) [B, H, T, S_total (+1)]; returns what return_weights asks for."""
+    logits, weights = both
+    point(module, "scores", logits)
+    point(module, "pattern", weights)
+    if cfg.attention_sink:
+        point(module, "sink_share", weights[..., -1])  # [B, H, T]: the sink's column
+    if cfg.num_registers:
+        is_register = (key_positions(positions, cached) < 0).astype(weights.dtype)  # [B, S_total]
+        point(module, "register_share", jnp.einsum("bhts,bs->bht", weights[..., :is_register.shape[-1]], is_register))
+    return logits if return_weights == "logits" else weights if return_weights else None
 
 
 def sink_logit(module: nn.Module, cfg: ModelConfig) -> Array | None:
@@ -89,6 +114,7 @@ class Attention(nn.Module):
         if cfg.position == "rope":
             q = ops.rope(q, positions, cfg.rope_theta)
             k = ops.rope(k, positions, cfg.rope_theta)
+        q, k, v = point(self, "queries", q), point(self, "keys", k), point(self, "values", v)  # attn.q, .k, .v
 
         ks, vs, heads_first = [k], [v], [False]
         if cached is not None:  # one layer's cache, [B, G, S, K] as it lies
@@ -96,24 +122,32 @@ class Attention(nn.Module):
             vs.insert(0, cached.v.astype(v.dtype))
             heads_first.insert(0, True)
         masks = cache_masks(positions, cached)
+        looking = capturing(self)  # a capture needs the weights, which only the reference path gives
         out, weights = ops.dot_product_attention(
-            q, ks, vs, masks, return_weights=return_weights,
-            implementation="reference" if cached is not None else cfg.attention_impl,
+            q, ks, vs, masks, return_weights="both" if looking else return_weights,
+            implementation="reference" if cached is not None or looking else cfg.attention_impl,
             heads_first=heads_first, sink=sink_logit(self, cfg),
         )
-        out = output_projection(cfg, out, head_mask)
+        if looking:
+            weights = attention_points(self, cfg, weights, positions, cached, return_weights)
+        out = output_projection(self, cfg, out, head_mask)
         return out, KVCache(k=k, v=v), weights
 
 
-def output_projection(cfg: ModelConfig, heads: Array, head_mask: Array | None) -> Array:
-    """W_o [D, H, Kv]: [B, T, H, Kv] -> [B, T, D]. head_mask [H] (1 keep, 0 ablate) scales each
-    head first."""
+def output_projection(module: nn.Module, cfg: ModelConfig, heads: Array, head_mask: Array | None) -> Array:
+    """W_o [D, H, Kv]: [B, T, H, Kv] -> [B, T, D], a projection `o` of `module`. head_mask [H] (1 keep,
+    0 ablate) scales each head first. Points: attn.z (the heads, masked), attn.head_out (each head's
+    W_o[:, h] z_h [B, T, H, D], computed only in a capture) and attn.out."""
     if head_mask is not None:
         heads = heads * head_mask.astype(heads.dtype)[:, None]
-    return Linear(
-        cfg.d_model, in_axes=2, use_bias=cfg.use_bias, dtype=cfg.dtype,
-        kernel_init=dense_init(cfg, output=True), name="o",
-    )(heads)
+    heads = point(module, "z", heads)
+    w_o = Linear(cfg.d_model, in_axes=2, use_bias=cfg.use_bias, dtype=cfg.dtype,
+                 kernel_init=dense_init(cfg, output=True), name="o")
+    out = w_o(heads)
+    if capturing(module):
+        kernel = w_o.variables["params"]["kernel"].astype(cfg.dtype)  # [D, H, Kv]
+        point(module, "head_out", jnp.einsum("bthk,dhk->bthd", heads.astype(cfg.dtype), kernel))
+    return point(module, "output", out)
 
 
 class LatentAttention(nn.Module):
@@ -142,7 +176,10 @@ class LatentAttention(nn.Module):
         h, k_nope, k_v, c_kv = cfg.num_heads, cfg.head_dim, cfg.v_head_dim, cfg.kv_latent_dim
         k_r = cfg.rope_head_dim or 0  # Kr, the rotary width (0 without RoPE)
         q_nope, q_rope = self._queries(x, positions)  # [B, T, H, K], [B, T, H, Kr]
-        latent = self._latent(x, positions)  # [B, T, C + Kr]: [c, k_rope]
+        latent = point(self, "latent", self._latent(x, positions))  # [B, T, C + Kr]: [c, k_rope]
+        looking = capturing(self)
+        if looking:
+            point(self, "queries", jnp.concatenate([q_nope, q_rope], axis=-1))  # attn.q [B, T, H, K + Kr]
 
         # W_UK [H, K, C] and W_UV [H, Kv, C], stored [out, in] as every projection (see linear.py).
         w_uk = self.param("k_up", dense_init(cfg), (h, k_nope, c_kv), jnp.float32).astype(cfg.dtype)
@@ -153,16 +190,23 @@ class LatentAttention(nn.Module):
         sink = sink_logit(self, cfg)
         scale = (k_nope + k_r) ** -0.5  # the width of the original query/key dot product
         absorb = cached is not None if self.absorb is None else self.absorb
+        asked = "both" if looking else return_weights
         if absorb:
             out, weights = absorbed_latent_attention(
-                q_nope, q_rope, segments, w_uk, w_uv, masks, scale=scale, sink=sink, return_weights=return_weights
+                q_nope, q_rope, segments, w_uk, w_uv, masks, scale=scale, sink=sink, return_weights=asked
             )
         else:
+            if looking:  # this call's per-head keys and values, as the naive form computes them
+                k_new, v_new = up_project(latent, w_uk, w_uv)
+                point(self, "keys", k_new)
+                point(self, "values", v_new)
             out, weights = naive_latent_attention(
-                q_nope, q_rope, segments, w_uk, w_uv, masks, scale=scale, sink=sink, return_weights=return_weights,
-                implementation="reference" if cached is not None else cfg.attention_impl,
+                q_nope, q_rope, segments, w_uk, w_uv, masks, scale=scale, sink=sink, return_weights=asked,
+                implementation="reference" if cached is not None or looking else cfg.attention_impl,
             )
-        out = output_projection(cfg, out, head_mask)  # [B, T, H, Kv] -> [B, T, D]
+        if looking:
+            weights = attention_points(self, cfg, weights, positions, cached, return_weights)
+        out = output_projection(self, cfg, out, head_mask)  # [B, T, H, Kv] -> [B, T, D]
         return out, LatentCache(latent=latent), weights
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
@@ -232,6 +276,16 @@ def absorbed_latent_attention(
     return jnp.einsum("bthc,hkc->bthk", out_c, w_uv), weights  # [B, T, H, Kv]
 
 
+def up_project(latent: Array, w_uk: Array, w_uv: Array) -> tuple[Array, Array]:
+    """latent [B, S, C + Kr] -> every head's key [W_UK,h c, k_rope] [B, S, H, K + Kr] and value
+    W_UV,h c [B, S, H, Kv] (w_uk: W_UK [H, K, C]; w_uv: W_UV [H, Kv, C])."""
+    h, c_kv = w_uk.shape[0], w_uk.shape[-1]
+    c, k_rope = latent[..., :c_kv], latent[:, :, None, c_kv:]
+    k_n = jnp.einsum("bsc,hkc->bshk", c, w_uk)
+    k_rot = jnp.broadcast_to(k_rope, (*latent.shape[:2], h, k_rope.shape[-1]))
+    return jnp.concatenate([k_n, k_rot], axis=-1), jnp.einsum("bsc,hkc->bshk", c, w_uv)
+
+
 def naive_latent_attention(
     q_nope: Array, q_rope: Array, segments: list[Array], w_uk: Array, w_uv: Array, masks: list[Array], *,
     scale: float, sink: Array | None, return_weights: bool | str, implementation: str,
@@ -241,13 +295,7 @@ def naive_latent_attention(
 
     Arguments as `absorbed_latent_attention`'s. Returns (out [B, T, H, Kv], weights).
     """
-    h, c_kv, k_r = w_uk.shape[0], w_uk.shape[-1], q_rope.shape[-1]
-    ks, vs = [], []
-    for s in segments:  # up-project every token's key and value for every head
-        k_n = jnp.einsum("bsc,hkc->bshk", s[..., :c_kv], w_uk)
-        k_rot = jnp.broadcast_to(s[:, :, None, c_kv:], (*s.shape[:2], h, k_r))
-        ks.append(jnp.concatenate([k_n, k_rot], axis=-1))  # [B, S, H, K + Kr]
-        vs.append(jnp.einsum("bsc,hkc->bshk", s[..., :c_kv], w_uv))  # [B, S, H, Kv]
+    ks, vs = zip(*(up_project(s, w_uk, w_uv) for s in segments))  # every token's key and value, every head
     return ops.dot_product_attention(
         jnp.concatenate([q_nope, q_rope], axis=-1), ks, vs, masks, scale=scale,
         return_weights=return_weights, sink=sink, implementation=implementation,

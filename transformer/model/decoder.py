@@ -30,6 +30,7 @@ from transformer.model.kv_cache import Cache
 from transformer.model.config import ModelConfig
 from transformer.model.linear import Linear, dense_init
 from transformer.model.norm import config_norm
+from transformer.model.points import COLLECTION, point
 
 Array = jax.Array
 
@@ -81,7 +82,8 @@ class MLP(nn.Module):
         else:
             h = act(dense(cfg.mlp_dim, "fc_in")(x))
         h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))  # tensor parallel: split by F
-        return dense(cfg.d_model, "fc_out", output=True)(h)
+        h = point(self, "hidden", h)  # mlp.hidden [B, T, F]
+        return point(self, "output", dense(cfg.d_model, "fc_out", output=True)(h))  # mlp.out [B, T, D]
 
 
 class Block(nn.Module):
@@ -105,17 +107,19 @@ class Block(nn.Module):
         drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
         attention = (LatentAttention if cfg.attention == "mla" else Attention)(cfg, name="attn")
         mlp = MLP(cfg, name="mlp")  # never called with mlp_dim=0, so it has no parameters then
+        x = point(self, "resid_pre", x)  # the named points: model/points.py
         if cfg.prenorm:
             a, new, weights = attention(config_norm(cfg, "attn_norm")(x), positions, cached, head_mask, self.return_weights)
-            x = x + drop(a)
+            x = point(self, "resid_mid", x + drop(a))
             if cfg.mlp_dim:
                 x = x + drop(mlp(config_norm(cfg, "mlp_norm")(x)))
         else:
             a, new, weights = attention(x, positions, cached, head_mask, self.return_weights)
-            x = config_norm(cfg, "attn_norm")(x + drop(a))
+            x = point(self, "resid_mid", config_norm(cfg, "attn_norm")(x + drop(a)))
             if cfg.mlp_dim:
                 x = config_norm(cfg, "mlp_norm")(x + drop(mlp(x)))
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))  # the residual stream: whole D
+        x = point(self, "resid_post", x)
         return x, (new if cached is not None else None, weights)
 
 
@@ -202,12 +206,13 @@ class Decoder(nn.Module):
         cfg = self.cfg
         # Clipped: nn.Embed looks up an id >= V as NaN, which the attention would spread to every
         # position of the row. A bad id's logits are set to NaN after the layers instead.
-        x = embed(jnp.clip(tokens, 0, cfg.vocab_size - 1))  # [B, T, D]
+        x = point(self, "token_embedding", embed(jnp.clip(tokens, 0, cfg.vocab_size - 1)))  # [B, T, D]: point embed
         if cfg.position == "learned":
             pos_embed = self.param("pos_embed", nn.initializers.normal(0.01), (cfg.max_seq_len, cfg.d_model))
-            x = x + jnp.take(pos_embed, positions, axis=0, mode="clip").astype(cfg.dtype)  # + P[positions]
+            x = x + point(self, "position_embedding",  # + P[positions]: the point pos_embed
+                          jnp.take(pos_embed, positions, axis=0, mode="clip").astype(cfg.dtype))
         elif cfg.position == "sinusoidal":
-            x = x + ops.sinusoidal_positions(positions, cfg.d_model).astype(cfg.dtype)  # + [B, T, D]
+            x = x + point(self, "position_embedding", ops.sinusoidal_positions(positions, cfg.d_model).astype(cfg.dtype))
         return nn.Dropout(cfg.dropout, deterministic=deterministic)(x)  # [B, T, D]
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
@@ -237,7 +242,7 @@ class Decoder(nn.Module):
         if cfg.scan_layers:
             layers = nn.scan(
                 block,
-                variable_axes={"params": 0},
+                variable_axes={"params": 0, COLLECTION: 0},  # captured points stack along L too
                 split_rngs={"params": True, "dropout": True},
                 in_axes=(nn.broadcast, 0, 0),
                 length=cfg.num_layers,
@@ -271,7 +276,7 @@ class Decoder(nn.Module):
         logits = logits.astype(jnp.float32)
         if cfg.logit_softcap:
             logits = ops.softcap(logits, cfg.logit_softcap)  # c tanh(logits / c): |logits| <= c
-        return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+        return point(self, "logits", nn.with_logical_constraint(logits, ("batch", "length", "vocab")))
 
 
 def nan_from_out_of_range(cfg: ModelConfig, x: Array, tokens: Array, positions: Array, cache: Cache | None) -> Array:

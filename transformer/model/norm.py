@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from transformer.model import ops
 from transformer.model.config import ModelConfig
+from transformer.model.points import point
 
 
 class Norm(nn.Module):
@@ -28,9 +29,9 @@ class Norm(nn.Module):
         d = x.shape[-1]
         scale = self.param("scale", nn.initializers.ones, (d,), jnp.float32) if self.use_scale else None
         if self.kind == "rmsnorm":
-            return ops.rms_norm(x, scale, self.eps)
+            return point(self, "output", ops.rms_norm(x, scale, self.eps))  # the point NAME.out
         bias = self.param("bias", nn.initializers.zeros, (d,), jnp.float32) if self.use_bias else None
-        return ops.layer_norm(x, scale, bias, self.eps)
+        return point(self, "output", ops.layer_norm(x, scale, bias, self.eps))
 
 
 def config_norm(cfg: ModelConfig, name: str) -> Norm:

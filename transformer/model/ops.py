@@ -119,7 +119,8 @@ def dot_product_attention(
       mask: additive [B, 1 or H, T, S] mask (or one per segment), or None for no mask.
       scale: score scale; default 1 / sqrt(K), the lecture's 1/sqrt(d_h).
       return_weights: also return the attention weights; 'logits' returns the pre-softmax logits
-        (scaled scores plus the mask, float32) in their place, of the same shape.
+        (scaled scores plus the mask, float32) in their place, of the same shape; 'both' returns
+        the pair (logits, weights).
       implementation: 'reference' (the einsums below, runs everywhere), or 'xla' / 'cudnn' to call
         `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU). The fused paths take a single
         segment and cannot return weights.
@@ -163,6 +164,8 @@ def dot_product_attention(
     out = sum(outs).reshape(b, t, h, vs[0].shape[-1]).astype(q.dtype)  # [B, T, H, Kv]
     if not return_weights:
         return out, None
+    if return_weights == "both":  # a capture (model/points.py) takes both
+        return out, (logits.reshape(b, h, t, -1), weights.reshape(b, h, t, -1))
     return out, (logits if return_weights == "logits" else weights).reshape(b, h, t, -1)  # [B, H, T, S_total (+1)]
 
 

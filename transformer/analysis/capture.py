@@ -1,0 +1,125 @@
+"""Capture any named point of the forward pass (transformer/model/points.py lists them), under jit.
+
+    logits, cache, got = capture(params, cfg, tokens, ["blocks.*.attn.pattern", "blocks.0.resid_post"])
+    got["blocks.*.attn.pattern"]    # [L, B, H, T, S]: every layer's weights, stacked
+    got["blocks.0.resid_post"]      # [B, T, D]: layer 0's output
+    list_points(cfg)                # every name a model of cfg has
+
+A name with `*` for the layer asks for every layer, stacked along a leading L axis; a name with a
+layer number asks for that layer. The forward pass is the model's own, with Flax's "intermediates"
+collection made mutable: every point is sown and the ones not asked for are dropped, which under
+jit costs nothing (XLA removes what no output needs). With a cache, the points are this call's:
+prefill the prompt's tokens, a decoding step the new token's (its keys and scores span the cache).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from transformer.model.config import ModelConfig
+from transformer.model.decoder import Decoder
+from transformer.model.kv_cache import Cache
+from transformer.model.points import COLLECTION, LAYER, layer_points, point_names
+
+Array = jax.Array
+
+# Sown keys whose point has another name; a norm's output, sown as "output", is the point NAME.out.
+PUBLIC = {"token_embedding": "embed", "position_embedding": "pos_embed", "queries": "q", "keys": "k",
+          "values": "v", "output": "out"}
+_LAYER_NAME = re.compile(r"^blocks\.(\*|\d+)\.(.+)$")
+
+
+def list_points(cfg: ModelConfig) -> list[str]:
+    """Every point name a model of `cfg` has (`points.point_names`), in forward order."""
+    return point_names(cfg)
+
+
+def capture(params: Any, cfg: ModelConfig, tokens: Array, names: Sequence[str], positions: Array | None = None,
+            cache: Cache | None = None) -> tuple[Array, Cache | None, dict[str, Array]]:
+    """Runs the model on `tokens` [B, T] and returns (logits [B, T, V], the updated cache or None,
+    {name: array} for each of `names`). Works under jax.jit (cfg and names static).
+
+    The registers' rows are left out of every point (T counts the tokens); their keys stay in S.
+    """
+    wanted = list(names)
+    known = point_names(cfg)
+    for name in wanted:
+        check_name(name, cfg, known)
+    (logits, new_cache), state = Decoder(cfg).apply(
+        {"params": params}, tokens, positions=positions, cache=cache, mutable=[COLLECTION])
+    r = cfg.num_registers if cache is None or not cache.registers_written else 0
+    found = sown_points(state.get(COLLECTION, {}), cfg, r)
+    got = {}
+    for name in wanted:
+        match = _LAYER_NAME.match(name)
+        if match and match[1] == "*":
+            got[name] = jnp.stack([found[f"blocks.{l}.{match[2]}"] for l in range(cfg.num_layers)])
+        elif name in found:
+            got[name] = found[name]
+        else:  # e.g. attn.k of MLA's absorbed decoding
+            raise ValueError(f"the point {name!r} is not computed by this call (MLA decoding from a cache uses "
+                             "the absorbed form, which has no per-head keys and values)")
+    return logits, new_cache, got
+
+
+def check_name(name: str, cfg: ModelConfig, known: list[str]) -> None:
+    """Raises ValueError for a name that is no point of `cfg`, naming the closest ones."""
+    match = _LAYER_NAME.match(name)
+    if match:
+        layer, rest = match[1], match[2]
+        if layer != "*" and int(layer) >= cfg.num_layers:
+            raise ValueError(f"{name!r}: the model has layers 0..{cfg.num_layers - 1}; use blocks.*.{rest} for all")
+        if rest in layer_points(cfg):
+            return
+    elif name in known:
+        return
+    per_layer = sorted({n.split(".", 2)[2] for n in known if n.startswith("blocks.0.")})
+    top = [n for n in known if not n.startswith("blocks.")]
+    raise ValueError(f"{name!r} is not a point of this model; it has {', '.join(top)} and, per layer "
+                     f"(blocks.{{l}}. or blocks.*.), {', '.join(per_layer)} (transformer/model/points.py)")
+
+
+def sown_points(tree: dict, cfg: ModelConfig, registers: int) -> dict[str, Array]:
+    """{point name: array} from the sown "intermediates" tree: layers_{l} (a Python loop) or a
+    stacked `layers` (nn.scan) become blocks.{l}; the registers' rows (the first `registers` along
+    the query axis) are dropped from the layers' points."""
+    out = {}
+    for path, leaf in flatten(tree):
+        *modules, key = path
+        name = ".".join([*modules, PUBLIC.get(key, key)])
+        if modules and modules[0] == "layers":  # nn.scan: one array with a leading L axis
+            for l in range(cfg.num_layers):
+                out[f"blocks.{l}." + name.split(".", 1)[1]] = drop_registers(leaf[l], name, registers)
+        elif modules and modules[0].startswith("layers_"):
+            l = int(modules[0].removeprefix("layers_"))
+            out[f"blocks.{l}." + name.split(".", 1)[1]] = drop_registers(leaf, name, registers)
+        else:
+            out[name] = leaf
+    return out
+
+
+def drop_registers(value: Array, name: str, registers: int) -> Array:
+    """A layer's point without the registers' rows (its query axis, from points.LAYER)."""
+    if not registers:
+        return value
+    rest = name.split(".", 1)[1]
+    axis = LAYER.get(rest, 1)
+    return jax.lax.slice_in_dim(value, registers, value.shape[axis], axis=axis)
+
+
+def flatten(tree: dict, prefix: tuple = ()) -> list[tuple[tuple[str, ...], Array]]:
+    """(path, array) for every sown value; `sow` keeps a tuple of the values sown (one here)."""
+    items = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            items += flatten(value, (*prefix, key))
+        else:
+            (array,) = value
+            items.append(((*prefix, key), array))
+    return items
+

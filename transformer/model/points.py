@@ -1,0 +1,92 @@
+"""Named points of the forward pass: the activations that can be captured, each with its shape.
+
+The model marks each point with `point(module, name, value)`, a Flax `sow` into the collection
+"intermediates": it does nothing unless that collection is mutable, so a forward pass that captures
+nothing is the same program as one with no points at all (tests/test_points.py compares the two).
+`transformer.analysis.capture` makes the collection mutable, reads the points back and names them.
+
+Names follow one scheme: the embedding and the end of the model at the top, everything in layer l
+under `blocks.{l}.` (TransformerLens's hook names, without the `hook_`):
+
+    embed                       [B, T, D]   token embeddings E[tokens]
+    pos_embed                   [B, T, D]   learned or sinusoidal position embeddings (RoPE: none)
+    blocks.{l}.resid_pre        [B, T, D]   the residual stream entering layer l
+    blocks.{l}.attn_norm.out    [B, T, D]   the attention's norm (post-norm: of x + attention)
+    blocks.{l}.attn.q_norm.out  [B, T, H, K]     qk_norm: the queries' RMSNorm, before RoPE (MLA: the query latent's)
+    blocks.{l}.attn.k_norm.out  [B, T, G, K]     qk_norm: the keys' RMSNorm, before RoPE
+    blocks.{l}.attn.kv_norm.out [B, T, C]        MLA: the latent c = RMSNorm(W_DKV x)
+    blocks.{l}.attn.latent      [B, T, C + Kr]   MLA: the cached latent [c, k_rope]
+    blocks.{l}.attn.q           [B, T, H, K]     queries, after qk_norm and RoPE (MLA: [B, T, H, K + Kr])
+    blocks.{l}.attn.k           [B, T, G, K]     this call's keys, likewise (MLA, naive form: [B, T, H, K + Kr])
+    blocks.{l}.attn.v           [B, T, G, K]     this call's values (MLA, naive form: [B, T, H, Kv])
+    blocks.{l}.attn.scores      [B, H, T, S]     pre-softmax logits: scaled scores plus the mask (float32)
+    blocks.{l}.attn.pattern     [B, H, T, S]     attention weights (float32; rows sum to 1 with the sink)
+    blocks.{l}.attn.sink_share  [B, H, T]        attention_sink: each row's weight on the sink
+    blocks.{l}.attn.register_share [B, H, T]     num_registers > 0: each row's weight on the registers
+    blocks.{l}.attn.z           [B, T, H, Kv]    each head's output, the input of W_o (after head_mask)
+    blocks.{l}.attn.head_out    [B, T, H, D]     each head's contribution W_o[:, h] z_h (no bias)
+    blocks.{l}.attn.out         [B, T, D]        the attention's output: the heads' sum plus W_o's bias
+    blocks.{l}.resid_mid        [B, T, D]   between attention and MLP
+    blocks.{l}.mlp_norm.out     [B, T, D]   the MLP's norm (post-norm: of x + MLP)
+    blocks.{l}.mlp.hidden       [B, T, F]   the MLP's hidden activation (swiglu: the gated product)
+    blocks.{l}.mlp.out          [B, T, D]   the MLP's output
+    blocks.{l}.resid_post       [B, T, D]   the residual stream leaving layer l
+    final_norm.out              [B, T, D]   the final norm (pre-norm models)
+    logits                      [B, T, V]   float32, after the soft-cap
+
+S is the keys a query sees: T without a cache, R register slots first, the cache's slots before this
+call's tokens, and one more column last with a sink. Capturing scores or patterns runs the reference
+attention (the fused kernels return no weights). Registers' own rows are dropped from every point:
+T counts the tokens. MLA's absorbed form (decoding from a cache) computes no per-head k and v.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+
+from transformer.model.config import ModelConfig
+
+COLLECTION = "intermediates"  # Flax's own name for sown values (`Module.sow`)
+
+# Each layer's point: the axis of its queries (tokens), along which the registers' rows are dropped.
+LAYER = {
+    "resid_pre": 1, "attn_norm.out": 1, "attn.q_norm.out": 1, "attn.k_norm.out": 1, "attn.kv_norm.out": 1,
+    "attn.latent": 1, "attn.q": 1, "attn.k": 1, "attn.v": 1, "attn.scores": 2, "attn.pattern": 2,
+    "attn.sink_share": 2, "attn.register_share": 2, "attn.z": 1, "attn.head_out": 1, "attn.out": 1,
+    "resid_mid": 1, "mlp_norm.out": 1, "mlp.hidden": 1, "mlp.out": 1, "resid_post": 1,
+}
+
+
+def point(module: nn.Module, name: str, value: jax.Array) -> jax.Array:
+    """Marks `value` as the named point `name` of `module` (see the table above) and returns it.
+
+    A no-op unless the "intermediates" collection is mutable (a capture)."""
+    module.sow(COLLECTION, name, value)
+    return value
+
+
+def capturing(module: nn.Module) -> bool:
+    """Whether this forward pass captures points (then the attention computes its weights)."""
+    return module.is_mutable_collection(COLLECTION)
+
+
+def layer_points(cfg: ModelConfig) -> list[str]:
+    """The per-layer point names (without `blocks.{l}.`) that a model of `cfg` has, in LAYER's order."""
+    mla = cfg.attention == "mla"
+    present = {
+        "attn.q_norm.out": cfg.q_latent_dim if mla else cfg.qk_norm,
+        "attn.k_norm.out": cfg.qk_norm and not mla,
+        "attn.kv_norm.out": mla, "attn.latent": mla,
+        "attn.sink_share": cfg.attention_sink, "attn.register_share": cfg.num_registers,
+        "mlp_norm.out": cfg.mlp_dim, "mlp.hidden": cfg.mlp_dim, "mlp.out": cfg.mlp_dim,
+    }
+    return [name for name in LAYER if present.get(name, True)]
+
+
+def point_names(cfg: ModelConfig) -> list[str]:
+    """Every point a model of `cfg` has, in forward order: `embed`, ..., `blocks.{l}.resid_post`, ...,
+    `logits` (MLA decoding from a cache, the absorbed form, has no attn.k / attn.v)."""
+    top = ["embed"] + (["pos_embed"] if cfg.position in ("learned", "sinusoidal") else [])
+    layers = [f"blocks.{l}.{name}" for l in range(cfg.num_layers) for name in layer_points(cfg)]
+    return top + layers + (["final_norm.out"] if cfg.prenorm else []) + ["logits"]

@@ -170,6 +170,7 @@ def test_a_bad_name_names_the_points_and_mla_decoding_has_no_per_head_keys():
         capture(params, cfg, x, ["blocks.0.attn.keys"])
     with pytest.raises(ValueError, match=r"'blocks.5.resid_pre': the model has layers 0..1; use blocks.\*.resid_pre"):
         capture(params, cfg, x, ["blocks.5.resid_pre"])
-    _, cache, _ = capture(params, cfg, x[:, :3], [], cache=init_cache(cfg, 2, 8))
-    with pytest.raises(ValueError, match="the absorbed form, which has no per-head keys and values"):
-        capture(params, cfg, x[:, 3:4], ["blocks.0.attn.k"], positions=jnp.full((2, 1), 3), cache=cache)
+    cache = init_cache(cfg, 2, 8)
+    with pytest.raises(ValueError, match="the absorbed form, which has no per-head keys and values"):  # raised tracing
+        jax.eval_shape(lambda p, c: capture(p, cfg, x[:, :1], ["blocks.0.attn.k"], positions=jnp.zeros((2, 1), int),
+                                            cache=c), params, cache)

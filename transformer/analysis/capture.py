@@ -68,7 +68,7 @@ def capture(params: Any, cfg: ModelConfig, tokens: Array, names: Sequence[str], 
 
 
 def check_name(name: str, cfg: ModelConfig, known: list[str]) -> None:
-    """Raises ValueError for a name that is no point of `cfg`, naming the closest ones."""
+    """Raises ValueError for a name that is no point of `cfg`, listing the points it has."""
     match = _LAYER_NAME.match(name)
     if match:
         layer, rest = match[1], match[2]

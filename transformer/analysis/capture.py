@@ -91,23 +91,21 @@ def sown_points(tree: dict, cfg: ModelConfig, registers: int) -> dict[str, Array
     out = {}
     for path, leaf in flatten(tree):
         *modules, key = path
-        name = ".".join([*modules, PUBLIC.get(key, key)])
-        if modules and modules[0] == "layers":  # nn.scan: one array with a leading L axis
-            for l in range(cfg.num_layers):
-                out[f"blocks.{l}." + name.split(".", 1)[1]] = drop_registers(leaf[l], name, registers)
-        elif modules and modules[0].startswith("layers_"):
-            l = int(modules[0].removeprefix("layers_"))
-            out[f"blocks.{l}." + name.split(".", 1)[1]] = drop_registers(leaf, name, registers)
+        first, name = path[0], ".".join([*modules, PUBLIC.get(key, key)])
+        if first == "layers" or first.startswith("layers_"):
+            rest = name.split(".", 1)[1]  # the name within a layer, e.g. attn.q
+            stacked = first == "layers"  # nn.scan: one array with a leading L axis
+            for l in range(cfg.num_layers) if stacked else [int(first.removeprefix("layers_"))]:
+                out[f"blocks.{l}.{rest}"] = drop_registers(leaf[l] if stacked else leaf, rest, registers)
         else:
             out[name] = leaf
     return out
 
 
-def drop_registers(value: Array, name: str, registers: int) -> Array:
-    """A layer's point without the registers' rows (its query axis, from points.LAYER)."""
+def drop_registers(value: Array, rest: str, registers: int) -> Array:
+    """A layer's point `rest` (e.g. attn.q) without the registers' rows (its query axis, points.LAYER)."""
     if not registers:
         return value
-    rest = name.split(".", 1)[1]
     axis = LAYER.get(rest, 1)
     return jax.lax.slice_in_dim(value, registers, value.shape[axis], axis=axis)
 

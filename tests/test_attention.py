@@ -7,6 +7,8 @@ The module-level tests call the layers directly; the others go through a tiny De
 
 from __future__ import annotations
 
+import functools
+
 import chex
 import flax
 import jax
@@ -16,7 +18,8 @@ import pytest
 
 from tests.helpers.decoder import BASE, PREFILL, TOL, T, build, jit, make_cfg, max_diff, random_params
 from transformer import ModelConfig, init_cache
-from transformer.model import ops
+from transformer.analysis.capture import capture
+from transformer.model import edits, ops
 from transformer.model.attention import Attention, LatentAttention, segment_masks
 from transformer.model.kv_cache import KVCache, LatentCache
 from transformer.model.decoder import Decoder
@@ -55,6 +58,12 @@ def softmax(s):
     return w / w.sum(-1, keepdims=True)
 
 
+def with_pattern(module, params, x, positions, cached):
+    """(out, new cache entries, the weights [B, H, T, S] as the point attn.pattern captures them)."""
+    (out, new), state = module.apply({"params": params}, x, positions, cached, mutable=["intermediates"])
+    return out, new, state["intermediates"]["pattern"][0]
+
+
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
 def test_attention_is_the_lecture_formula_with_parameters_stored_out_by_in(num_kv_heads):
     """softmax(q k^T / sqrt(K) + causal mask) v per head, query head h reading key/value head
@@ -71,7 +80,7 @@ def test_attention_is_the_lecture_formula_with_parameters_stored_out_by_in(num_k
     rng = np.random.default_rng(1)
     params = jax.tree.map(lambda s: (rng.standard_normal(s.shape) * 0.25).astype(np.float32), shapes)
 
-    out, new, w = jax.jit(lambda p: Attention(cfg).apply({"params": p}, x, pos, None, None, True))(params)
+    out, new, w = jax.jit(lambda p: with_pattern(Attention(cfg), p, x, pos, None))(params)
 
     proj = lambda name: np.einsum("hkd,btd->bthk", params[name]["kernel"], x) + params[name]["bias"]  # noqa: E731
     q, kk, v = proj("q"), proj("k"), proj("v")  # [B, T, H or G, K]
@@ -131,10 +140,7 @@ def test_absorbed_mla_equals_naive(attention, position):
     rng = np.random.default_rng(1)
     params = jax.tree.map(lambda s: jnp.asarray(rng.standard_normal(s.shape) * 0.25 + 0.1, s.dtype), shapes)
 
-    jitted = {
-        id(mod): jit(lambda p, x, pos, c, mod=mod: mod.apply({"params": p}, x, pos, c, None, True))
-        for mod in (naive, absorbed)
-    }
+    jitted = {id(mod): jit(functools.partial(with_pattern, mod)) for mod in (naive, absorbed)}
 
     def run(module, x, pos, cached):
         return jitted[id(module)](params, x, pos, cached)
@@ -163,11 +169,16 @@ def test_absorbed_mla_equals_naive(attention, position):
 
 
 @pytest.mark.parametrize("attention,position", [("gqa", "rope"), ("mla_q_rope", "rope")])
-def test_return_attention_weights_are_causal_distributions(attention, position):
+def test_the_captured_weights_are_causal_distributions(attention, position):
     m = build(attention, position)
     cfg = m.cfg
-    run = jit(lambda p, tokens, positions, cache: m.model.apply(
-        {"params": p}, tokens, positions, cache, return_attention=True))
+    name = "blocks.*.attn.pattern"
+
+    def run(p, tokens, positions, cache):
+        logits, cache, got = capture(p, cfg, tokens, [name], positions, cache)
+        return logits, cache, got[name]
+
+    run = jit(run)
     logits, cache, w = run(m.params, m.tokens, None, None)
     assert cache is None
     chex.assert_shape(w, (cfg.num_layers, 2, cfg.num_heads, T, T))
@@ -186,10 +197,10 @@ def test_return_attention_weights_are_causal_distributions(attention, position):
 
 
 @pytest.mark.parametrize("attention,position", [("gqa", "rope"), ("mla_q_rope", "rope")])
-def test_head_mask_equals_zeroing_output_projection_rows(attention, position):
+def test_ablating_heads_equals_zeroing_output_projection_rows(attention, position):
     m = build(attention, position)
     L, H = m.cfg.num_layers, m.cfg.num_heads
-    run = jit(lambda p, tokens, head_mask: m.model.apply({"params": p}, tokens, head_mask=head_mask)[0])
+    run = jit(lambda p, tokens, head_mask: edits.run(p, m.cfg, tokens, [edits.ablate_heads(m.cfg, head_mask)])[0])
     plain = np.asarray(m.forward(m.params, m.tokens))
     np.testing.assert_allclose(run(m.params, m.tokens, jnp.ones((L, H))), plain, rtol=0, atol=1e-6)
 

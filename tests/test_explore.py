@@ -20,7 +20,9 @@ import pytest
 
 from tests.helpers.marks import first_fast
 from tests.helpers.decoder import jit, make_cfg, random_params
+from transformer.analysis.capture import capture
 from transformer.analysis.explore import explore, head_masks, mask_key, token_label
+from transformer.model.edits import ablate_heads
 from transformer.model.decoder import Decoder
 from transformer.data.tokenizer import ByteTokenizer
 
@@ -34,15 +36,16 @@ def model(attention):
 
 
 def direct(cfg, params, tokens, head_mask=None):
-    """(attention [L, H, T, T], next-token probabilities [V]) of one prompt, straight from Decoder."""
+    """(attention [L, H, T, T], next-token probabilities [V]) of one prompt, straight from a capture."""
     attention, probs = _direct(cfg, params, jnp.asarray(tokens)[None], head_mask)
     return np.asarray(attention[:, 0]), np.asarray(probs)
 
 
 @functools.partial(jit, static_argnums=0)
 def _direct(cfg, params, tokens, head_mask):
-    logits, _, attention = Decoder(cfg).apply({"params": params}, tokens, head_mask=head_mask, return_attention=True)
-    return attention, jax.nn.softmax(logits[0, -1])
+    off = [] if head_mask is None else [ablate_heads(cfg, head_mask)]
+    logits, _, got = capture(params, cfg, tokens, ["blocks.*.attn.pattern"], edits=off)
+    return got["blocks.*.attn.pattern"], jax.nn.softmax(logits[0, -1])
 
 
 @pytest.mark.parametrize("attention", ["mha", "gqa", "mqa", "mla_q_rope"])

@@ -16,11 +16,13 @@ from configs import needle as needle_config
 from tests.helpers.cli import run
 from tests.helpers.decoder import random_params
 from transformer.analysis import retrieval
+from transformer.analysis.capture import capture
 from transformer.data import needle
 from transformer.data.batches import IGNORED
 from transformer.data.tasks import data_task
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
+from transformer.model.edits import ablate_heads
 from transformer.sampling.sampler import GenerateOutput
 from transformer.training.loop import training_batches
 
@@ -231,8 +233,9 @@ def windowed_reader(asked_mask):
     digits it can see, writing GUESS for the others. Checks it is asked for greedy answers of the value's
     length under `asked_mask`."""
 
-    def generate(params, cfg, prompts, key, max_new_tokens, head_mask=None, **sampling):
-        assert sampling == {"temperature": 0.0} and head_mask is asked_mask
+    def generate(params, cfg, prompts, key, max_new_tokens, edits=(), **sampling):
+        assert sampling == {"temperature": 0.0} and [e.name for e in edits] == ["blocks.*.attn.z"]
+        np.testing.assert_array_equal(edits[0].scale[:, 0, 0, :, 0], asked_mask)  # ablate_heads(cfg, asked_mask)
         rows = []
         for prompt in prompts:
             _, start, value = find_value(text(prompt))
@@ -272,8 +275,8 @@ NO_MASK = np.ones((CFG.num_layers, CFG.num_heads), np.float32)
 @jax.jit
 def padded_forward(params, tokens, head_mask):
     """tokens int32 [B, max_seq_len] -> logits [B, T, V] and attention weights [L, B, H, T, T]."""
-    logits, _, attention = Decoder(CFG).apply({"params": params}, tokens, head_mask=head_mask, return_attention=True)
-    return logits, attention
+    logits, _, got = capture(params, CFG, tokens, ["blocks.*.attn.pattern"], edits=[ablate_heads(CFG, head_mask)])
+    return logits, got["blocks.*.attn.pattern"]
 
 
 def padded(rows) -> jax.Array:
@@ -387,12 +390,12 @@ def test_retrieval_scores_read_the_answer_steps(params, monkeypatch):
 
 def test_ablating_a_head_changes_what_uses_it_and_nothing_else(params):
     tokens = jnp.asarray(needle.make_document(FILLER, np.random.default_rng(0), 59, 0.5).prompt[None])
-    forward = jax.jit(lambda mask: Decoder(CFG).apply({"params": params}, tokens, head_mask=mask,
-                                                       return_attention=True))
+    forward = jax.jit(lambda mask: capture(params, CFG, tokens, ["blocks.*.attn.pattern"], edits=[ablate_heads(CFG, mask)]))
     logits, _, attention = forward(jnp.ones((3, 2)))
     mask = retrieval.ablation_mask(CFG, [(1, 0)])
     assert mask.tolist() == [[1, 1], [0, 1], [1, 1]]
     ablated_logits, _, ablated = forward(mask)
+    attention, ablated = attention["blocks.*.attn.pattern"], ablated["blocks.*.attn.pattern"]
     np.testing.assert_array_equal(ablated[:2], attention[:2])  # layers 0 and 1 read nothing layer 1's head writes
     assert not np.allclose(ablated[2], attention[2])  # layer 2 reads the residual stream that lost it
     assert not np.allclose(ablated_logits, logits)

@@ -1,5 +1,5 @@
 """Tests of the attention-sink options and their measurement: the sink logit (ops and model), register
-tokens (shapes, loss, cache), cached decoding == forward for each option, return_attention, head_mask,
+tokens (shapes, loss, cache), cached decoding == forward for each option, the captured pattern, head ablation,
 scanned == unscanned, config errors, transformer/analysis/sinks.py, and training one from the command line.
 """
 
@@ -21,7 +21,8 @@ from tests.helpers.decoder import PREFILL, TOL, T, build, jit, max_diff
 from tests.test_model import check_cached_decoding_equals_forward, check_causality, check_ragged_batch_equals_rows_alone
 from transformer import ModelConfig, init_cache
 from transformer.analysis import sinks
-from transformer.model import ops
+from transformer.analysis.capture import attention_maps, capture
+from transformer.model import edits, ops
 from transformer.model.attention import segment_masks
 from transformer.model.execution import resolve_auto
 from transformer.data.batches import with_start_token
@@ -50,8 +51,8 @@ def scores_and_qkv(seed=0, b=2, t=5, h=4, g=2, k=8):
 @pytest.mark.parametrize("g", [4, 2, 1], ids=["mha", "gqa", "mqa"])
 def test_a_very_negative_sink_is_no_sink(g):
     q, k, v, mask = scores_and_qkv(g=g)
-    plain, w_plain = ops.dot_product_attention(q, k, v, mask, return_weights=True)
-    out, w = ops.dot_product_attention(q, k, v, mask, return_weights=True, sink=jnp.full((4,), -1e9))
+    plain, w_plain = ops.dot_product_attention(q, k, v, mask)
+    out, w = ops.dot_product_attention(q, k, v, mask, sink=jnp.full((4,), -1e9))
     np.testing.assert_allclose(out, plain, rtol=0, atol=1e-6)
     np.testing.assert_allclose(w[..., :-1], w_plain, rtol=0, atol=1e-7)
     assert np.all(np.asarray(w[..., -1]) == 0.0)
@@ -63,9 +64,11 @@ def test_the_sink_only_renormalises(g):
     the keys' weights are the plain ones times (1 - p), and so is the output."""
     q, k, v, mask = scores_and_qkv(g=g)
     sink = jnp.array([-1.0, 0.0, 1.0, 2.5])
-    plain, w_plain = ops.dot_product_attention(q, k, v, mask, return_weights=True)
-    out, w = ops.dot_product_attention(q, k, v, mask, return_weights=True, sink=sink)
-    logits = ops.dot_product_attention(q, k, v, mask, return_weights="logits")[1]  # [B, H, T, S]
+    plain, w_plain = ops.dot_product_attention(q, k, v, mask)
+    out, w = ops.dot_product_attention(q, k, v, mask, sink=sink)
+    seen = {}
+    ops.dot_product_attention(q, k, v, mask, at=lambda name, x: seen.setdefault(name, x))
+    logits = seen["scores"]  # [B, H, T, S]: the pre-softmax logits, as the point attn.scores sees them
     p = jax.nn.sigmoid(sink[:, None] - jax.nn.logsumexp(logits, axis=-1))  # [B, H, T]
     chex.assert_shape(w, (2, 4, 5, 6))
     np.testing.assert_allclose(w[..., -1], p, rtol=1e-5, atol=1e-7)
@@ -78,9 +81,9 @@ def test_the_sink_only_renormalises(g):
 def test_the_sink_with_cache_segments_equals_one_segment():
     q, k, v, mask = scores_and_qkv(g=2)
     sink = jnp.array([0.5, -0.5, 1.0, 0.0])
-    whole = ops.dot_product_attention(q, k, v, mask, return_weights=True, sink=sink)
+    whole = ops.dot_product_attention(q, k, v, mask, sink=sink)
     split = ops.dot_product_attention(q, [k[:, :2], k[:, 2:]], [v[:, :2], v[:, 2:]],
-                                      [mask[..., :2], mask[..., 2:]], return_weights=True, sink=sink)
+                                      [mask[..., :2], mask[..., 2:]], sink=sink)
     for a, b in zip(whole, split):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 
@@ -191,12 +194,13 @@ def test_segment_masks_show_written_registers_to_every_query():
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))
-def test_return_attention_shows_registers_first_and_the_sink_last(option):
+def test_the_captured_pattern_shows_registers_first_and_the_sink_last(option):
     m = build("gqa", "rope", **OPTIONS[option])
     cfg = m.cfg
     r, extra = cfg.num_registers, int(cfg.attention_sink)
-    run = jit(lambda p, x, what: m.model.apply({"params": p}, x, return_attention=what), static_argnums=2)
-    logits, _, w = run(m.params, m.tokens, True)
+    names = ["blocks.*.attn.pattern", "blocks.*.attn.scores"]
+    logits, _, got = jit(lambda p, x: capture(p, cfg, x, names))(m.params, m.tokens)
+    w = got["blocks.*.attn.pattern"]
     chex.assert_shape(w, (cfg.num_layers, 2, cfg.num_heads, T, r + T + extra))
     np.testing.assert_allclose(logits, m.forward(m.params, m.tokens), **TOL)
     np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
@@ -207,22 +211,22 @@ def test_return_attention_shows_registers_first_and_the_sink_last(option):
         assert w[..., :r].min() > 0, "every token sees every register"
     if extra:
         assert w[..., -1].min() > 0
-    _, _, pre = run(m.params, m.tokens, "logits")
+    pre = got["blocks.*.attn.scores"]
     chex.assert_shape(pre, w.shape)
     np.testing.assert_allclose(jax.nn.softmax(pre, axis=-1), w, rtol=1e-5, atol=1e-7)
 
 
 def test_the_plain_attention_shape_is_unchanged():
     m = build("gqa", "rope")
-    _, _, w = m.model.apply({"params": m.params}, m.tokens, return_attention=True)
+    w = attention_maps(m.params, m.cfg, m.tokens)
     chex.assert_shape(w, (m.cfg.num_layers, 2, m.cfg.num_heads, T, T))
 
 
 @pytest.mark.parametrize("option", ["sink", "registers"])
-def test_head_mask_equals_zeroing_output_projection_rows(option):
+def test_ablating_heads_equals_zeroing_output_projection_rows(option):
     m = build("gqa", "rope", **OPTIONS[option])
     L, H = m.cfg.num_layers, m.cfg.num_heads
-    run = jit(lambda p, tokens, head_mask: m.model.apply({"params": p}, tokens, head_mask=head_mask)[0])
+    run = jit(lambda p, tokens, head_mask: edits.run(p, m.cfg, tokens, [edits.ablate_heads(m.cfg, head_mask)])[0])
     plain = np.asarray(m.forward(m.params, m.tokens))
     np.testing.assert_allclose(run(m.params, m.tokens, jnp.ones((L, H))), plain, rtol=0, atol=1e-6)
     head_mask = np.ones((L, H), np.float32)
@@ -288,7 +292,7 @@ def test_mean_logit_map_is_what_the_softmax_takes(option):
     chex.assert_shape(logits, (m.cfg.num_layers, m.cfg.num_heads, T, T))
     above = np.triu_indices(T, 1)
     assert np.isnan(logits[:, :, above[0], above[1]]).all() and not np.isnan(np.tril(logits)).any()
-    _, _, w = m.model.apply({"params": m.params}, m.tokens[:1], return_attention=True)
+    w = attention_maps(m.params, m.cfg, m.tokens[:1])
     r = m.cfg.num_registers
     for t in (1, 6, T - 1):
         row = jax.nn.softmax(logits[:, :, t, : t + 1], axis=-1)  # over the tokens it sees

@@ -1,9 +1,11 @@
 """Capture any named point of the forward pass (transformer/model/points.py lists them), under jit.
 
     logits, cache, got = capture(params, cfg, tokens, ["blocks.*.attn.pattern", "blocks.0.resid_post"])
+    capture(params, cfg, tokens, names, edits=[zero(cfg, "blocks.1.attn.z", head=3)])  # model/edits.py
     got["blocks.*.attn.pattern"]    # [L, B, H, T, S]: every layer's weights, stacked
     got["blocks.0.resid_post"]      # [B, T, D]: layer 0's output
     list_points(cfg)                # every name a model of cfg has
+    attention_maps(params, cfg, tokens)  # [L, B, H, T, S]: the weights, as above
 
 A name with `*` for the layer asks for every layer, stacked along a leading L axis; a name with a
 layer number asks for that layer. The forward pass is the model's own, with Flax's "intermediates"
@@ -24,7 +26,9 @@ import jax.numpy as jnp
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
 from transformer.model.kv_cache import Cache
-from transformer.model.points import COLLECTION, LAYER, layer_points, point_names
+from transformer.model.edits import Edit
+from transformer.model.edits import variables as edit_variables
+from transformer.model.points import COLLECTION, EDITS, LAYER, layer_points, point_names
 
 Array = jax.Array
 
@@ -40,9 +44,10 @@ def list_points(cfg: ModelConfig) -> list[str]:
 
 
 def capture(params: Any, cfg: ModelConfig, tokens: Array, names: Sequence[str], positions: Array | None = None,
-            cache: Cache | None = None) -> tuple[Array, Cache | None, dict[str, Array]]:
-    """Runs the model on `tokens` [B, T] and returns (logits [B, T, V], the updated cache or None,
-    {name: array} for each of `names`). Works under jax.jit (cfg and names static).
+            cache: Cache | None = None, edits: Sequence[Edit] = ()) -> tuple[Array, Cache | None, dict[str, Array]]:
+    """Runs the model on `tokens` [B, T] with `edits` (model/edits.py) and returns (logits [B, T, V],
+    the updated cache or None, {name: array} for each of `names`). Works under jax.jit (cfg and
+    names static). An edited point is captured as edited.
 
     The registers' rows are left out of every point (T counts the tokens); their keys stay in S.
     """
@@ -50,8 +55,9 @@ def capture(params: Any, cfg: ModelConfig, tokens: Array, names: Sequence[str], 
     known = point_names(cfg)
     for name in wanted:
         check_name(name, cfg, known)
-    (logits, new_cache), state = Decoder(cfg).apply(
-        {"params": params}, tokens, positions=positions, cache=cache, mutable=[COLLECTION])
+    variables = {"params": params, EDITS: edit_variables(cfg, edits, cache)}
+    (logits, new_cache), state = Decoder(cfg).apply(variables, tokens, positions=positions, cache=cache,
+                                                    mutable=[COLLECTION])
     r = cfg.num_registers if cache is None or not cache.registers_written else 0
     found = sown_points(state.get(COLLECTION, {}), cfg, r)
     got = {}
@@ -65,6 +71,15 @@ def capture(params: Any, cfg: ModelConfig, tokens: Array, names: Sequence[str], 
             raise ValueError(f"the point {name!r} is not computed by this call (MLA decoding from a cache uses "
                              "the absorbed form, which has no per-head keys and values)")
     return logits, new_cache, got
+
+
+def attention_maps(params: Any, cfg: ModelConfig, tokens: Array, edits: Sequence[Edit] = (), scores: bool = False
+                   ) -> Array:
+    """Every layer's attention weights [L, B, H, T, S_total] (the points blocks.*.attn.pattern; with
+    `scores`, the pre-softmax blocks.*.attn.scores), with `edits` applied: what the attention maps,
+    the explorer and the sink measurements read."""
+    name = "blocks.*.attn.scores" if scores else "blocks.*.attn.pattern"
+    return capture(params, cfg, tokens, [name], edits=edits)[2][name]
 
 
 def check_name(name: str, cfg: ModelConfig, known: list[str]) -> None:
@@ -106,7 +121,7 @@ def drop_registers(value: Array, rest: str, registers: int) -> Array:
     """A layer's point `rest` (e.g. attn.q) without the registers' rows (its query axis, points.LAYER)."""
     if not registers:
         return value
-    axis = LAYER.get(rest, 1)
+    axis = LAYER[rest].index("t")
     return jax.lax.slice_in_dim(value, registers, value.shape[axis], axis=axis)
 
 

@@ -7,11 +7,11 @@
 
     python -m transformer.explore --workdir runs/shakespeare --prompt "ROMEO:" --out explorer.html
 
-For each prompt, `explore` runs the model once with `return_attention=True` and keeps every layer's
-and head's attention weights [L, H, T, S], each head's first-token (sink) share and entropy, and the
-model's top-k next tokens after the prompt. The page lets one switch heads off; it shows what the
-model computes with those heads masked (Decoder's head_mask [L, H]), so those forwards are run
-here, not guessed in the browser: for the masks in `Exploration.masks` only, by default all heads on,
+For each prompt, `explore` runs the model once capturing its attention weights (the points
+blocks.*.attn.pattern) and keeps every layer's and head's weights [L, H, T, S], each head's
+first-token (sink) share and entropy, and the model's top-k next tokens after the prompt. The page
+lets one switch heads off; it shows what the model computes with those heads switched off
+(`edits.ablate_heads`, a mask [L, H]), so those forwards are run here, not guessed in the browser: for the masks in `Exploration.masks` only, by default all heads on,
 each single head off and each whole layer off (`extra_masks` adds others). A combination of toggles
 outside that set makes the page say so instead of showing numbers.
 
@@ -21,7 +21,7 @@ and a small script of our own: no network access, no external libraries.
 Key columns: keys are listed with their own labels and positions (`key_labels`, `key_positions`),
 apart from the queries. A model with an attention sink (cfg.attention_sink) or registers
 (cfg.num_registers = R) gets extra columns in front, with position None (seen by every query):
-"sink" (the share of attention that goes to nothing; the Decoder returns it as its last column)
+"sink" (the share of attention that goes to nothing; the attention's weights have it as their last column)
 first, then "reg 1" .. "reg R", then the prompt's tokens. `first_key` is the column of the first
 prompt token. The per-head shares (first real token, registers, sink) are transformer/analysis/sinks.py's.
 """
@@ -42,7 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.model.config import ModelConfig
-from transformer.model.decoder import Decoder
+from transformer.analysis.capture import attention_maps
+from transformer.model.edits import ablate_heads, run
 from transformer.analysis.sinks import shares_from_weights
 
 DIGITS = 4  # decimals of the attention weights and statistics the page shows
@@ -301,13 +302,12 @@ def _encode(cfg: ModelConfig, prompt: str | Sequence[int], tokenizer: Any, max_t
 @functools.partial(jax.jit, static_argnames="cfg")
 def _forward(cfg: ModelConfig, params: Any, tokens: jax.Array, last: jax.Array, masks: jax.Array):
     """tokens [B, T], each row's last position last [B], head masks [M, L, H] -> (attention weights
-    [L, B, H, T, R + T (+1)] as the Decoder returns them, next-token probabilities [M, B, V] after
-    each row's last position)."""
-    model = Decoder(cfg)
-    _, _, attention = model.apply({"params": params}, tokens, return_attention=True)
+    [L, B, H, T, R + T (+1)] as the point blocks.*.attn.pattern has them, next-token probabilities
+    [M, B, V] after each row's last position with each mask's heads switched off)."""
+    attention = attention_maps(params, cfg, tokens)
 
     def next_probs(head_mask):  # [L, H] -> [B, V]
-        logits, _ = model.apply({"params": params}, tokens, head_mask=head_mask)
+        logits, _ = run(params, cfg, tokens, [ablate_heads(cfg, head_mask)])
         return jax.nn.softmax(logits[jnp.arange(tokens.shape[0]), last])
 
     return attention, jax.lax.map(next_probs, masks)  # one masked forward at a time: memory of one

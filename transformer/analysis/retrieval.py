@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.model.config import ModelConfig
-from transformer.model.decoder import Decoder
+from transformer.analysis.capture import attention_maps
+from transformer.model.edits import ablate_heads
 from transformer.data.needle import Document
 from transformer.sampling.sampler import generate
 
@@ -38,8 +39,8 @@ Array = jax.Array
 def answers(params: dict, cfg: ModelConfig, documents: list[Document], head_mask: Array | None = None) -> np.ndarray:
     """The model's greedy answers to `documents` (one `generate` call): int32 [B, digits]."""
     digits = len(documents[0].answer)
-    out = generate(params, cfg, [d.prompt for d in documents], jax.random.key(0), digits,
-                   head_mask=head_mask, temperature=0.0)
+    edits = [] if head_mask is None else [ablate_heads(cfg, head_mask)]
+    out = generate(params, cfg, [d.prompt for d in documents], jax.random.key(0), digits, edits, temperature=0.0)
     return out.tokens
 
 
@@ -90,7 +91,7 @@ def retrieval_scores(params: dict, cfg: ModelConfig, documents: list[Document], 
     (per_step: [L, H, A], each answer step apart).
 
     The model answers greedily (`answers`); each prompt with its answer is then read in one forward
-    pass with return_attention (documents of one prompt length together, `batch_size` at a time), and
+    pass capturing the attention weights (documents of one prompt length together, `batch_size` at a time), and
     each answer step's attention is scored (`score_from_attention`).
     """
     digits = len(documents[0].answer)
@@ -113,8 +114,8 @@ def retrieval_scores(params: dict, cfg: ModelConfig, documents: list[Document], 
 
 @functools.partial(jax.jit, static_argnames="cfg")
 def _attention(params: dict, cfg: ModelConfig, tokens: Array, head_mask: Array | None) -> Array:
-    """tokens [B, T] -> every layer's attention weights [L, B, H, T, T]."""
-    return Decoder(cfg).apply({"params": params}, tokens, head_mask=head_mask, return_attention=True)[2]
+    """tokens [B, T] -> every layer's attention weights [L, B, H, T, T], the heads of head_mask off."""
+    return attention_maps(params, cfg, tokens, [] if head_mask is None else [ablate_heads(cfg, head_mask)])
 
 
 # --- Ablation -------------------------------------------------------------------------------------
@@ -136,7 +137,7 @@ def random_heads(cfg: ModelConfig, k: int, rng: np.random.Generator, exclude: li
 
 
 def ablation_mask(cfg: ModelConfig, heads: list[tuple[int, int]]) -> Array:
-    """The Decoder's head_mask [L, H]: 1 everywhere except 0 at the given (layer, head) pairs."""
+    """A head mask [L, H] for `edits.ablate_heads`: 1 everywhere except 0 at the given (layer, head) pairs."""
     mask = np.ones((cfg.num_layers, cfg.num_heads), np.float32)
     for layer, head in heads:
         mask[layer, head] = 0.0

@@ -28,8 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from transformer.analysis.capture import attention_maps
 from transformer.model.config import ModelConfig
-from transformer.model.decoder import Decoder
+from transformer.model.edits import ablate_heads
 from transformer.training.eval_metrics import EvalMetric, register_eval_metric
 from transformer.training.sharding import Rules, axis_rules, batch_sharding, make_rules, state_sharding
 from transformer.training.steps import TrainState
@@ -69,12 +70,13 @@ def attention_shares(params: Any, cfg: ModelConfig, tokens: Array, head_mask: Ar
 
     Args:
       params: the Decoder's parameters. tokens: [B, T] int (T >= 2), each row a window of text whose
-        first token is the one measured. head_mask: optional [L, H] (see Decoder).
+        first token is the one measured. head_mask: optional [L, H], heads to switch off (0) first
+        (`edits.ablate_heads`).
     Returns:
       AttentionShares of NumPy arrays [L, H].
     """
     _check_tokens(tokens)
-    _, _, weights = _apply(params, cfg, tokens, head_mask, True)
+    weights = _maps(params, cfg, tokens, head_mask, False)
     return AttentionShares(**{k: np.asarray(v) for k, v in dataclasses.asdict(shares_from_weights(cfg, weights)).items()})
 
 
@@ -87,7 +89,7 @@ def mean_logit_map(params: Any, cfg: ModelConfig, tokens: Array) -> np.ndarray:
       [L, H, T, T] float32, the mean over the batch; NaN above the diagonal (keys a query cannot see).
     """
     _check_tokens(tokens)
-    _, _, logits = _apply(params, cfg, tokens, None, "logits")  # [L, B, H, T, R + T (+1)]
+    logits = _maps(params, cfg, tokens, None, True)  # [L, B, H, T, R + T (+1)]
     t, r = tokens.shape[1], cfg.num_registers
     mean = np.asarray(logits[..., r : r + t].mean(axis=1))  # [L, H, T, T]
     return np.where(np.tril(np.ones((t, t), bool)), mean, np.nan)
@@ -115,16 +117,12 @@ def share_metrics(cfg: ModelConfig, shares: AttentionShares) -> dict[str, float]
     return row
 
 
-def weights_config(cfg: ModelConfig) -> ModelConfig:
-    """`cfg` computing its attention with the reference path: the same function, and the only path
-    that returns the weights (a model trained with attention_impl='xla' or 'cudnn' is measured so)."""
-    return cfg if cfg.attention_impl == "reference" else cfg.replace(attention_impl="reference")
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "what"))
-def _apply(params: Any, cfg: ModelConfig, tokens: Array, head_mask: Array | None, what: bool | str):
-    """The forward pass returning (logits, None, attention weights (what=True) or logits ('logits'))."""
-    return Decoder(weights_config(cfg)).apply({"params": params}, tokens, head_mask=head_mask, return_attention=what)
+@functools.partial(jax.jit, static_argnames=("cfg", "scores"))
+def _maps(params: Any, cfg: ModelConfig, tokens: Array, head_mask: Array | None, scores: bool) -> Array:
+    """Every layer's attention weights (or, with `scores`, pre-softmax logits) [L, B, H, T, S_total],
+    with the heads of `head_mask` switched off."""
+    edits = [] if head_mask is None else [ablate_heads(cfg, head_mask)]
+    return attention_maps(params, cfg, tokens, edits, scores=scores)
 
 
 def _check_tokens(tokens: Array) -> None:
@@ -143,8 +141,7 @@ def make_shares_step(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rul
 
     @axis_rules(mesh, rules)
     def shares(params: Any, x: Array) -> AttentionShares:
-        _, _, weights = Decoder(weights_config(cfg)).apply({"params": params}, x, return_attention=True)
-        return shares_from_weights(cfg, weights)
+        return shares_from_weights(cfg, attention_maps(params, cfg, x))
 
     return jax.jit(shares, in_shardings=(state_sharding(state.params, mesh, rules), data))
 

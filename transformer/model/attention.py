@@ -10,6 +10,7 @@ concatenation.
 
 from __future__ import annotations
 
+import functools
 
 import flax.linen as nn
 import jax
@@ -20,7 +21,7 @@ from transformer.model.kv_cache import Cache, KVCache, LatentCache
 from transformer.model.config import ModelConfig
 from transformer.model.linear import Linear, dense_init
 from transformer.model.norm import rms_norm_module
-from transformer.model.points import capturing, point
+from transformer.model.points import capturing, point, touched
 
 Array = jax.Array
 
@@ -60,19 +61,26 @@ def key_positions(positions: Array, cached: Cache | None) -> Array:
     return jnp.concatenate([cached_positions, positions], axis=1)
 
 
-def attention_points(module: nn.Module, cfg: ModelConfig, both: tuple[Array, Array], positions: Array,
-                     cached: Cache | None, return_weights: bool | str) -> Array | None:
-    """In a capture: the points attn.scores, attn.pattern and the sink's and registers' shares, from
-    `both` = (logits, weights) [B, H, T, S_total (+1)]; returns what return_weights asks for."""
-    logits, weights = both
-    point(module, "scores", logits)
-    point(module, "pattern", weights)
-    if cfg.attention_sink:
-        point(module, "sink_share", weights[..., -1])  # [B, H, T]: the sink's column
-    if cfg.num_registers:
-        is_register = (key_positions(positions, cached) < 0).astype(weights.dtype)  # [B, S_total]
-        point(module, "register_share", jnp.einsum("bhts,bs->bht", weights[..., :is_register.shape[-1]], is_register))
-    return logits if return_weights == "logits" else weights if return_weights else None
+def attention_point(module: nn.Module, cfg: ModelConfig, positions: Array, cached: Cache | None, name: str,
+                    value: Array) -> Array:
+    """`ops.dot_product_attention`'s `at`: the points attn.scores and attn.pattern [B, H, T, S_total
+    (+1)] (edited if asked), and with the pattern the sink's and the registers' shares."""
+    value = point(module, name, value)
+    if name == "pattern" and capturing(module):
+        if cfg.attention_sink:
+            point(module, "sink_share", value[..., -1])  # [B, H, T]: the sink's column
+        if cfg.num_registers:
+            is_register = (key_positions(positions, cached) < 0).astype(value.dtype)  # [B, S_total]
+            point(module, "register_share", jnp.einsum("bhts,bs->bht", value[..., :is_register.shape[-1]], is_register))
+    return value
+
+
+def looking_at(module: nn.Module, cfg: ModelConfig, positions: Array, cached: Cache | None):
+    """The `at` of `ops.dot_product_attention` when this call captures or edits the scores or the
+    pattern (which only the reference attention computes), else None."""
+    if not touched(module, "scores", "pattern"):
+        return None
+    return functools.partial(attention_point, module, cfg, positions, cached)
 
 
 def sink_logit(module: nn.Module, cfg: ModelConfig) -> Array | None:
@@ -89,16 +97,14 @@ class Attention(nn.Module):
     cfg.qk_norm: q [B, T, H, K] and k [B, T, G, K] go through an RMSNorm over K (`q_norm`, `k_norm`,
     each a gain [K] shared by the heads) before RoPE, so the cache holds normalised, rotated keys.
 
-    x [B, T, D] -> out [B, T, D]; new cache entries KVCache(k, v) with arrays [B, T, G, K];
-    attention weights [B, H, T, S_total] when asked for ([B, H, T, S_total + 1] with a sink, its
-    column last; return_weights='logits': the pre-softmax logits instead).
+    x [B, T, D] -> out [B, T, D]; new cache entries KVCache(k, v) with arrays [B, T, G, K]. The
+    weights are the points attn.scores and attn.pattern (model/points.py).
     """
 
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x: Array, positions: Array, cached: KVCache | None = None, head_mask: Array | None = None,
-                 return_weights: bool | str = False) -> tuple[Array, KVCache, Array | None]:
+    def __call__(self, x: Array, positions: Array, cached: KVCache | None = None) -> tuple[Array, KVCache]:
         cfg = self.cfg
         dense = lambda heads, name: Linear(  # noqa: E731  W [heads, K, D]
             (heads, cfg.head_dim), use_bias=cfg.use_bias, dtype=cfg.dtype,
@@ -121,25 +127,19 @@ class Attention(nn.Module):
             ks.insert(0, cached.k.astype(k.dtype))
             vs.insert(0, cached.v.astype(v.dtype))
             heads_first.insert(0, True)
-        masks = cache_masks(positions, cached)
-        looking = capturing(self)  # a capture needs the weights, which only the reference path gives
-        out, weights = ops.dot_product_attention(
-            q, ks, vs, masks, return_weights="both" if looking else return_weights,
-            implementation="reference" if cached is not None or looking else cfg.attention_impl,
+        at = looking_at(self, cfg, positions, cached)  # the weights' points need the reference path
+        out, _ = ops.dot_product_attention(
+            q, ks, vs, cache_masks(positions, cached), at=at,
+            implementation="reference" if cached is not None or at else cfg.attention_impl,
             heads_first=heads_first, sink=sink_logit(self, cfg),
         )
-        if looking:
-            weights = attention_points(self, cfg, weights, positions, cached, return_weights)
-        out = output_projection(self, cfg, out, head_mask)
-        return out, KVCache(k=k, v=v), weights
+        return output_projection(self, cfg, out), KVCache(k=k, v=v)
 
 
-def output_projection(module: nn.Module, cfg: ModelConfig, heads: Array, head_mask: Array | None) -> Array:
-    """W_o [D, H, Kv]: [B, T, H, Kv] -> [B, T, D], a projection `o` of `module`. head_mask [H] (1 keep,
-    0 ablate) scales each head first. Points: attn.z (the heads, masked), attn.head_out (each head's
-    W_o[:, h] z_h [B, T, H, D], computed only in a capture) and attn.out."""
-    if head_mask is not None:
-        heads = heads * head_mask.astype(heads.dtype)[:, None]
+def output_projection(module: nn.Module, cfg: ModelConfig, heads: Array) -> Array:
+    """W_o [D, H, Kv]: [B, T, H, Kv] -> [B, T, D], a projection `o` of `module`. Points: attn.z (the
+    heads: an edit there ablates or patches heads), attn.head_out (each head's W_o[:, h] z_h
+    [B, T, H, D], computed only in a capture) and attn.out."""
     heads = point(module, "z", heads)
     w_o = Linear(cfg.d_model, in_axes=2, use_bias=cfg.use_bias, dtype=cfg.dtype,
                  kernel_init=dense_init(cfg, output=True), name="o")
@@ -170,16 +170,15 @@ class LatentAttention(nn.Module):
     absorb: bool | None = None
 
     @nn.compact
-    def __call__(self, x: Array, positions: Array, cached: LatentCache | None = None, head_mask: Array | None = None,
-                 return_weights: bool | str = False) -> tuple[Array, LatentCache, Array | None]:
+    def __call__(self, x: Array, positions: Array, cached: LatentCache | None = None) -> tuple[Array, LatentCache]:
         cfg = self.cfg
         h, k_nope, k_v, c_kv = cfg.num_heads, cfg.head_dim, cfg.v_head_dim, cfg.kv_latent_dim
         k_r = cfg.rope_head_dim or 0  # Kr, the rotary width (0 without RoPE)
         q_nope, q_rope = self._queries(x, positions)  # [B, T, H, K], [B, T, H, Kr]
         latent = point(self, "latent", self._latent(x, positions))  # [B, T, C + Kr]: [c, k_rope]
-        looking = capturing(self)
-        if looking:
-            point(self, "queries", jnp.concatenate([q_nope, q_rope], axis=-1))  # attn.q [B, T, H, K + Kr]
+        if touched(self, "queries"):  # attn.q [B, T, H, K + Kr], edited if asked
+            q = point(self, "queries", jnp.concatenate([q_nope, q_rope], axis=-1))
+            q_nope, q_rope = q[..., :k_nope], q[..., k_nope:]
 
         # W_UK [H, K, C] and W_UV [H, Kv, C], stored [out, in] as every projection (see linear.py).
         w_uk = self.param("k_up", dense_init(cfg), (h, k_nope, c_kv), jnp.float32).astype(cfg.dtype)
@@ -190,24 +189,20 @@ class LatentAttention(nn.Module):
         sink = sink_logit(self, cfg)
         scale = (k_nope + k_r) ** -0.5  # the width of the original query/key dot product
         absorb = cached is not None if self.absorb is None else self.absorb
-        asked = "both" if looking else return_weights
+        at = looking_at(self, cfg, positions, cached)
         if absorb:
-            out, weights = absorbed_latent_attention(
-                q_nope, q_rope, segments, w_uk, w_uv, masks, scale=scale, sink=sink, return_weights=asked
-            )
+            out = absorbed_latent_attention(q_nope, q_rope, segments, w_uk, w_uv, masks, scale=scale, sink=sink, at=at)
         else:
-            if looking:  # this call's per-head keys and values, as the naive form computes them
+            if capturing(self):  # this call's per-head keys and values, as the naive form computes them
                 k_new, v_new = up_project(latent, w_uk, w_uv)
                 point(self, "keys", k_new)
                 point(self, "values", v_new)
-            out, weights = naive_latent_attention(
-                q_nope, q_rope, segments, w_uk, w_uv, masks, scale=scale, sink=sink, return_weights=asked,
-                implementation="reference" if cached is not None or looking else cfg.attention_impl,
+            out = naive_latent_attention(
+                q_nope, q_rope, segments, w_uk, w_uv, masks, scale=scale, sink=sink, at=at,
+                implementation="reference" if cached is not None or at else cfg.attention_impl,
             )
-        if looking:
-            weights = attention_points(self, cfg, weights, positions, cached, return_weights)
-        out = output_projection(self, cfg, out, head_mask)  # [B, T, H, Kv] -> [B, T, D]
-        return out, LatentCache(latent=latent), weights
+        out = output_projection(self, cfg, out)  # [B, T, H, Kv] -> [B, T, D]
+        return out, LatentCache(latent=latent)
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
     def _dense(self, features: int | tuple[int, ...], name: str, bias: bool | None = None) -> Linear:
@@ -251,8 +246,8 @@ class LatentAttention(nn.Module):
 
 def absorbed_latent_attention(
     q_nope: Array, q_rope: Array, segments: list[Array], w_uk: Array, w_uv: Array, masks: list[Array], *,
-    scale: float, sink: Array | None, return_weights: bool | str,
-) -> tuple[Array, Array | None]:
+    scale: float, sink: Array | None, at: ops.AttentionPoint | None = None,
+) -> Array:
     """MLA scored against the latent itself: q_h^T W_UK,h c = (W_UK,h^T q_h)^T c, and W_UV applied
     after the weighted sum, so nothing is up-projected per cached token.
 
@@ -261,8 +256,9 @@ def absorbed_latent_attention(
       segments: latents [B, S, C + Kr] ([c, k_rope]; the cached slots, then this call's tokens).
       w_uk: W_UK [H, K, C]; w_uv: W_UV [H, Kv, C].
       masks: one per segment, as `cache_masks` gives them.
+      at: as `ops.dot_product_attention`'s (the scores and the pattern).
     Returns:
-      (out [B, T, H, Kv], weights as `ops.dot_product_attention` returns them).
+      out [B, T, H, Kv].
     """
     c_kv = w_uk.shape[-1]
     # Scores against [c, k_rope] with the query [W_UK^T q_nope, q_rope]: one shared key
@@ -270,10 +266,8 @@ def absorbed_latent_attention(
     q_abs = jnp.concatenate([jnp.einsum("bthk,hkc->bthc", q_nope, w_uk), q_rope], axis=-1)
     ks = [s[:, :, None, :] for s in segments]  # [B, S, 1, C + Kr]
     vs = [s[:, :, None, :c_kv] for s in segments]  # [B, S, 1, C]
-    out_c, weights = ops.dot_product_attention(
-        q_abs, ks, vs, masks, scale=scale, return_weights=return_weights, sink=sink
-    )
-    return jnp.einsum("bthc,hkc->bthk", out_c, w_uv), weights  # [B, T, H, Kv]
+    out_c, _ = ops.dot_product_attention(q_abs, ks, vs, masks, scale=scale, sink=sink, at=at)
+    return jnp.einsum("bthc,hkc->bthk", out_c, w_uv)  # [B, T, H, Kv]
 
 
 def up_project(latent: Array, w_uk: Array, w_uv: Array) -> tuple[Array, Array]:
@@ -288,15 +282,16 @@ def up_project(latent: Array, w_uk: Array, w_uv: Array) -> tuple[Array, Array]:
 
 def naive_latent_attention(
     q_nope: Array, q_rope: Array, segments: list[Array], w_uk: Array, w_uv: Array, masks: list[Array], *,
-    scale: float, sink: Array | None, return_weights: bool | str, implementation: str,
-) -> tuple[Array, Array | None]:
+    scale: float, sink: Array | None, implementation: str, at: ops.AttentionPoint | None = None,
+) -> Array:
     """MLA as multi-head attention: every token's key [W_UK,h c, k_rope] and value W_UV,h c
     up-projected for every head h, then attention with `implementation`.
 
-    Arguments as `absorbed_latent_attention`'s. Returns (out [B, T, H, Kv], weights).
+    Arguments as `absorbed_latent_attention`'s. Returns out [B, T, H, Kv].
     """
     ks, vs = zip(*(up_project(s, w_uk, w_uv) for s in segments))  # every token's key and value, every head
-    return ops.dot_product_attention(
-        jnp.concatenate([q_nope, q_rope], axis=-1), ks, vs, masks, scale=scale,
-        return_weights=return_weights, sink=sink, implementation=implementation,
+    out, _ = ops.dot_product_attention(
+        jnp.concatenate([q_nope, q_rope], axis=-1), ks, vs, masks, scale=scale, sink=sink,
+        implementation=implementation, at=at,
     )
+    return out

@@ -30,7 +30,7 @@ from transformer.model.kv_cache import Cache
 from transformer.model.config import ModelConfig
 from transformer.model.linear import Linear, dense_init
 from transformer.model.norm import config_norm
-from transformer.model.points import COLLECTION, point
+from transformer.model.points import COLLECTION, EDITS, point
 
 Array = jax.Array
 
@@ -90,53 +90,47 @@ class Block(nn.Module):
     """One decoder layer: attention and MLP, each with a residual add and a norm (mlp_dim=0:
     attention alone, no `mlp` or `mlp_norm` parameters).
 
-    x [B, T, D] -> x [B, T, D], plus this layer's new cache entries and (optionally) its attention
-    weights [B, H, T, S_total]. The signature (carry, inputs) -> (carry, outputs) lets `nn.scan`
-    stack the layers.
+    x [B, T, D] -> x [B, T, D], plus this layer's new cache entries. The signature (carry, inputs)
+    -> (carry, outputs) lets `nn.scan` stack the layers.
     """
 
     cfg: ModelConfig
     deterministic: bool = True
-    return_weights: bool | str = False
 
     @nn.compact
-    def __call__(
-        self, x: Array, positions: Array, cached: Cache | None, head_mask: Array | None
-    ) -> tuple[Array, tuple[Cache | None, Array | None]]:
+    def __call__(self, x: Array, positions: Array, cached: Cache | None) -> tuple[Array, Cache | None]:
         cfg = self.cfg
         drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
         attention = (LatentAttention if cfg.attention == "mla" else Attention)(cfg, name="attn")
         mlp = MLP(cfg, name="mlp")  # never called with mlp_dim=0, so it has no parameters then
         x = point(self, "resid_pre", x)  # the named points: model/points.py
         if cfg.prenorm:
-            a, new, weights = attention(config_norm(cfg, "attn_norm")(x), positions, cached, head_mask, self.return_weights)
+            a, new = attention(config_norm(cfg, "attn_norm")(x), positions, cached)
             x = point(self, "resid_mid", x + drop(a))
             if cfg.mlp_dim:
                 x = x + drop(mlp(config_norm(cfg, "mlp_norm")(x)))
         else:
-            a, new, weights = attention(x, positions, cached, head_mask, self.return_weights)
+            a, new = attention(x, positions, cached)
             x = point(self, "resid_mid", config_norm(cfg, "attn_norm")(x + drop(a)))
             if cfg.mlp_dim:
                 x = config_norm(cfg, "mlp_norm")(x + drop(mlp(x)))
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))  # the residual stream: whole D
         x = point(self, "resid_post", x)
-        return x, (new if cached is not None else None, weights)
+        return x, new if cached is not None else None
 
 
 class Decoder(nn.Module):
     """A decoder-only transformer language model.
 
-    __call__(tokens [B, T], positions [B, T] = None, cache = None, head_mask [L, H] = None,
-             return_attention = False, deterministic = True)
+    __call__(tokens [B, T], positions [B, T] = None, cache = None, deterministic = True)
       -> (logits [B, T, V] float32, updated cache or None)
-      -> (logits, cache, attention [L, B, H, T, S_total]) when return_attention.
 
-    return_attention='logits' returns the pre-softmax logits (scaled scores plus the mask) in place of
-    the weights, same shape. With the sink/register options the attention's key axis grows; its
-    query axis stays T (registers' own rows are dropped):
-      registers (num_registers = R): R more columns first, one per register ([.., T, R + S_total]);
-        with a cache they are its R leading slots, written by the call that fills an empty cache;
-      sink (attention_sink): one more column last, the sink's share ([.., T, (R +) S_total + 1]).
+    Inside, the named points (model/points.py) can be captured (analysis/capture.py: the attention
+    weights are among them) and edited (model/edits.py: head ablation is an edit at attn.z). With the
+    sink/register options the attention's key axis grows; its query axis stays T:
+      registers (num_registers = R): R more keys first, one per register (S_total + R); with a
+        cache they are its R leading slots, written by the call that fills an empty cache;
+      sink (attention_sink): one more column last in the weights, the sink's share.
     Registers sit at positions -R..-1, whatever the tokens' positions: causally first, with no
     position embedding (learned or sinusoidal: a table has no negative rows) and, with RoPE, rotated
     by their positions like R tokens just before the window. The real tokens keep their positions
@@ -166,10 +160,8 @@ class Decoder(nn.Module):
         tokens: Array,
         positions: Array | None = None,
         cache: Cache | None = None,
-        head_mask: Array | None = None,
-        return_attention: bool | str = False,
         deterministic: bool = True,
-    ):
+    ) -> tuple[Array, Cache | None]:
         cfg = self.cfg
         cfg.check_resolved()  # dtype / attention_impl 'auto' are chosen before any model is built
         if positions is None:
@@ -184,10 +176,8 @@ class Decoder(nn.Module):
         # empty cache; later calls read their keys and values from the cache.
         r = cfg.num_registers if cache is None or not cache.registers_written else 0
         x_all, positions_all = self._prepend_registers(x, positions) if r else (x, positions)  # [B, R + T, ...]
-        x, new, weights = self._layers(x_all, positions_all, cache, head_mask, return_attention, deterministic)
+        x, new = self._layers(x_all, positions_all, cache, deterministic)
         x = x[:, r:]  # [B, T, D]: the registers give no logits
-        if weights is not None:
-            weights = weights[:, :, :, r:]  # [L, B, H, T, ...]: the tokens' rows
         if cfg.prenorm:
             x = config_norm(cfg, "final_norm")(x)  # [B, T, D]
         h = nan_from_out_of_range(cfg, x, tokens, positions, cache)  # [B, T, D]: jit's stand-in for the checks
@@ -195,8 +185,6 @@ class Decoder(nn.Module):
         if cache is not None:
             cache = kv_cache.write(cache, new, positions_all, after=x)  # x, not h: 0 * NaN would poison every row
             cache = cache.replace(registers_written=cache.registers_written or bool(r))
-        if return_attention:
-            return logits, cache, weights  # weights [L, B, H, T, S_total]
         return logits, cache
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
@@ -228,38 +216,33 @@ class Decoder(nn.Module):
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
     def _layers(
-        self, x: Array, positions: Array, cache: Cache | None, head_mask: Array | None,
-        return_attention: bool | str, deterministic: bool,
-    ) -> tuple[Array, Cache | None, Array | None]:
+        self, x: Array, positions: Array, cache: Cache | None, deterministic: bool
+    ) -> tuple[Array, Cache | None]:
         """x [B, T, D] through the L blocks -> (x [B, T, D], the layers' new cache entries (tuples of
-        L, as the cache holds them) or None, attention weights [L, B, H, T, S_total] or None).
+        L, as the cache holds them) or None).
 
-        scan_layers: one `nn.scan` over a block whose params have a leading L axis (`layers`);
-        otherwise a Python loop over layers_0 ... layers_{L-1}.
+        scan_layers: one `nn.scan` over a block whose params (and captured points and edits) have a
+        leading L axis (`layers`); otherwise a Python loop over layers_0 ... layers_{L-1}.
         """
         cfg = self.cfg
         block = nn.remat(Block) if cfg.remat else Block
         if cfg.scan_layers:
             layers = nn.scan(
                 block,
-                variable_axes={"params": 0, COLLECTION: 0},  # captured points stack along L too
+                variable_axes={"params": 0, COLLECTION: 0, EDITS: 0},  # points and edits stack along L too
                 split_rngs={"params": True, "dropout": True},
-                in_axes=(nn.broadcast, 0, 0),
+                in_axes=(nn.broadcast, 0),
                 length=cfg.num_layers,
-            )(cfg, deterministic, return_attention, name="layers")
+            )(cfg, deterministic, name="layers")
             stack = None if cache is None else param_tree.stack_cache(cache)  # the scan takes [L, ...] arrays
-            x, (new, weights) = layers(x, positions, stack, head_mask)
-            return x, None if cache is None else param_tree.unstack_cache(new), weights
-        news, weights = [], []  # unscanned: a Python loop, each layer its own params and cache buffers
+            x, new = layers(x, positions, stack)
+            return x, None if cache is None else param_tree.unstack_cache(new)
+        news = []  # unscanned: a Python loop, each layer its own params and cache buffers
         for i in range(cfg.num_layers):
-            x, (new_i, weights_i) = block(cfg, deterministic, return_attention, name=f"layers_{i}")(
-                x, positions, None if cache is None else param_tree.cache_layer(cache, i),
-                None if head_mask is None else head_mask[i],
-            )
+            x, new_i = block(cfg, deterministic, name=f"layers_{i}")(
+                x, positions, None if cache is None else param_tree.cache_layer(cache, i))
             news.append(new_i)
-            weights.append(weights_i)
-        new = None if cache is None else param_tree.join_cache(news)  # tuples of L
-        return x, new, jnp.stack(weights) if return_attention else None
+        return x, None if cache is None else param_tree.join_cache(news)  # tuples of L
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
     def _logits(self, embed: nn.Embed, h: Array) -> Array:

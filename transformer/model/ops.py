@@ -10,12 +10,15 @@ G key/value heads, K head width (d_h), R = H // G query heads per key/value head
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 
 Array = jax.Array
+# f(name, value) -> value: how a caller sees and edits the attention's "scores" and "pattern".
+AttentionPoint = Callable[[str, Array], Array]
 
 # A large *finite* negative logit. -inf would turn a fully masked row into 0/0 = NaN; a finite
 # value gives that row a uniform (and ignorable) distribution instead. Masks are added to float32
@@ -79,17 +82,17 @@ def dot_product_attention(
     mask: Array | Sequence[Array] | None = None,
     *,
     scale: float | None = None,
-    return_weights: bool | str = False,
     implementation: str = "reference",
     heads_first: Sequence[bool] | None = None,
     sink: Array | None = None,
+    at: AttentionPoint | None = None,
 ) -> tuple[Array, Array | None]:
     """`attention` as the model runs it: grouped key/value heads, key segments, the cache's layout.
 
     It returns what `attention` returns, for keys and values with G <= H heads that come in one or
     more segments along S: with R = H // G query heads per key/value head,
 
-        dot_product_attention(q, [k_1, k_2], [v_1, v_2], [m_1, m_2], return_weights=True)
+        dot_product_attention(q, [k_1, k_2], [v_1, v_2], [m_1, m_2])
         == attention(q, repeat(concat(k_1, k_2)), repeat(concat(v_1, v_2)), concat(m_1, m_2))
 
     where concat joins the segments along S and repeat copies each key/value head R times along
@@ -118,19 +121,21 @@ def dot_product_attention(
       v: [B, S, G, Kv] values (Kv may differ from K), matching k segment by segment.
       mask: additive [B, 1 or H, T, S] mask (or one per segment), or None for no mask.
       scale: score scale; default 1 / sqrt(K), the lecture's 1/sqrt(d_h).
-      return_weights: also return the attention weights; 'logits' returns the pre-softmax logits
-        (scaled scores plus the mask, float32) in their place, of the same shape; 'both' returns
-        the pair (logits, weights).
       implementation: 'reference' (the einsums below, runs everywhere), or 'xla' / 'cudnn' to call
         `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU). The fused paths take a single
-        segment and cannot return weights.
+        segment and return no weights.
       heads_first: per segment, True if its keys and values come as [B, G, S, K] (the KV cache's
         layout) instead of [B, S, G, K].
       sink: optional [H] sink logit per query head (reference implementation only).
+      at: optional f(name, value) -> value, called with "scores" (the pre-softmax logits: scaled
+        scores plus the mask) and then "pattern" (the weights), each [B, H, T, S_total (+1)]
+        float32, and what it returns is used: the model's named points attn.scores and attn.pattern
+        see and edit them this way (reference implementation only).
 
     Returns:
-      (out, weights): out [B, T, H, Kv] in q's dtype; weights [B, H, T, S_total] float32 or None,
-      [B, H, T, S_total + 1] with a sink (its last column: the sink's share).
+      (out, weights): out [B, T, H, Kv] in q's dtype; weights [B, H, T, S_total] float32 (None from
+      the fused paths), [B, H, T, S_total + 1] with a sink (its last column: the sink's share).
+      Under jit, weights that no one uses cost nothing.
     """
     ks, vs, masks, firsts = _segments(k, v, mask, heads_first)
     b, t, h, d_h = q.shape  # [B, T, H, K]
@@ -143,11 +148,11 @@ def dot_product_attention(
         vs = [v_i.swapaxes(1, 2) if f else v_i for v_i, f in zip(vs, firsts)]  # [B, S_i, G, Kv]
         firsts = [False] * len(ks)
     if implementation != "reference":
-        if return_weights or len(ks) != 1 or sink is not None:
+        if at is not None or len(ks) != 1 or sink is not None:
             raise ValueError(
-                f"implementation={implementation!r} takes one key segment, has no sink logit and returns "
-                "no weights; use implementation='reference' to look at attention maps, to decode from a "
-                "cache or for attention_sink=True"
+                f"implementation={implementation!r} takes one key segment, has no sink logit and computes "
+                "no weights; use implementation='reference' to look at or edit attention maps, to decode "
+                "from a cache or for attention_sink=True"
             )
         return _fused_attention(q, ks[0], vs[0], masks[0], scale, implementation), None
 
@@ -158,15 +163,18 @@ def dot_product_attention(
     ]
     if sink is not None:  # [H] -> [G, R, 1, 1] grouped or [H, 1, 1]: one logit per row of each head
         sink = (sink if g == h else sink.reshape(g, h // g))[..., None, None].astype(jnp.float32)
+    if at is not None:  # the points see [B, H, T, S]: query head h = g R + r, as grouped
+        at = functools.partial(_per_head, at, (b, h, t))
     # [B, G, R, T, S_total (+1 with a sink)], and per segment [B, G, R, T, S_i]
-    logits, weights, pieces = _joint_softmax(scores, sink)
+    weights, pieces = _joint_softmax(scores, sink, at)
     outs = [_weigh_values(w_i, v_i, f) for w_i, v_i, f in zip(pieces, vs, firsts)]  # [B, T, G, R, Kv]
     out = sum(outs).reshape(b, t, h, vs[0].shape[-1]).astype(q.dtype)  # [B, T, H, Kv]
-    if not return_weights:
-        return out, None
-    if return_weights == "both":  # a capture (model/points.py) takes both
-        return out, (logits.reshape(b, h, t, -1), weights.reshape(b, h, t, -1))
-    return out, (logits if return_weights == "logits" else weights).reshape(b, h, t, -1)  # [B, H, T, S_total (+1)]
+    return out, weights.reshape(b, h, t, -1)  # [B, H, T, S_total (+1)]
+
+
+def _per_head(at: AttentionPoint, bht: tuple[int, int, int], name: str, x: Array) -> Array:
+    """`at` applied to grouped [B, G, R, T, S] logits or weights seen as [B, H, T, S]."""
+    return at(name, x.reshape(*bht, -1)).reshape(x.shape)
 
 
 def _segments(
@@ -225,26 +233,32 @@ def _segment_scores(q: Array, k: Array, mask: Array | None, scale: float, heads_
     return scores if mask is None else scores + mask.astype(f32)
 
 
-def _joint_softmax(scores: list[Array], sink: Array | None = None) -> tuple[Array, Array, list[Array]]:
+def _joint_softmax(
+    scores: list[Array], sink: Array | None = None, at: AttentionPoint | None = None
+) -> tuple[Array, list[Array]]:
     """One softmax over the keys of all segments together, as over their concatenation.
 
     scores: per segment [..., T, S_i] float32. sink: None, or a logit per head broadcastable to
     [..., T, 1]: one more column after the keys, normalised with them, that no value meets (its
-    weight is attention given to nothing). Returns the logits and the weights [..., T, S_total]
-    ([..., T, S_total + 1] with a sink, its column last) and the weights' slices [..., T, S_i],
-    one per segment.
+    weight is attention given to nothing). at: applied to the joint logits ("scores") and weights
+    ("pattern"), see `dot_product_attention`. Returns the weights [..., T, S_total] ([..., T,
+    S_total + 1] with a sink, its column last) and their slices [..., T, S_i], one per segment.
     """
     columns = list(scores)
     if sink is not None:
         columns.append(jnp.broadcast_to(sink, (*scores[0].shape[:-1], 1)))  # [..., T, 1]
     logits = jnp.concatenate(columns, axis=-1)  # [..., T, S_total (+1)]
+    if at is not None:
+        logits = at("scores", logits)
     with softmax_saves_output():
         weights = jax.nn.softmax(logits, axis=-1)  # [..., T, S_total (+1)]
+    if at is not None:
+        weights = at("pattern", weights)
     pieces, start = [], 0
     for s in scores:
         pieces.append(weights[..., start : start + s.shape[-1]])  # [..., T, S_i]
         start += s.shape[-1]
-    return logits, weights, pieces
+    return weights, pieces
 
 
 def _weigh_values(weights: Array, v: Array, heads_first: bool) -> Array:

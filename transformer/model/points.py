@@ -1,9 +1,11 @@
-"""Named points of the forward pass: the activations that can be captured, each with its shape.
+"""Named points of the forward pass: the activations that can be captured and edited, with shapes.
 
-The model marks each point with `point(module, name, value)`, a Flax `sow` into the collection
-"intermediates": it does nothing unless that collection is mutable, so a forward pass that captures
-nothing is the same program as one with no points at all (tests/test_points.py compares the two).
-`transformer.analysis.capture` makes the collection mutable, reads the points back and names them.
+The model marks each point with `point(module, name, value)`: a Flax `sow` into the collection
+"intermediates", which does nothing unless that collection is mutable, after the edit that the
+variable collection "edits" holds for that point, if any. A forward pass that captures and edits
+nothing is therefore the same program as one with no points at all (tests/test_capture.py compares
+the two). `transformer.analysis.capture` makes the collection mutable, reads the points back and
+names them; `transformer.model.edits` turns edits at named points into the "edits" collection.
 
 Names follow one scheme: the embedding and the end of the model at the top, everything in layer l
 under `blocks.{l}.` (TransformerLens's hook names, without the `hook_`):
@@ -38,6 +40,8 @@ S is the keys a query sees: T without a cache, R register slots first, the cache
 call's tokens, and one more column last with a sink. Capturing scores or patterns runs the reference
 attention (the fused kernels return no weights). Registers' own rows are dropped from every point:
 T counts the tokens. MLA's absorbed form (decoding from a cache) computes no per-head k and v.
+Every point can be edited but the three that are computed for a capture alone (CAPTURE_ONLY below:
+edit z or the pattern they come from) and MLA's per-head k and v (edit the latent).
 """
 
 from __future__ import annotations
@@ -48,27 +52,43 @@ import jax
 from transformer.model.config import ModelConfig
 
 COLLECTION = "intermediates"  # Flax's own name for sown values (`Module.sow`)
+EDITS = "edits"  # the variable collection of edits, {module path: {point: (scale, add)}} (model/edits.py)
 
-# Each layer's point: the axis of its queries (tokens), along which the registers' rows are dropped.
+# Each layer's point and its axes (b batch, t this call's tokens, h heads, s keys, d / f / c / k
+# widths): the registers' rows are dropped along t, and an edit selects heads along h, positions along t.
 LAYER = {
-    "resid_pre": 1, "attn_norm.out": 1, "attn.q_norm.out": 1, "attn.k_norm.out": 1, "attn.kv_norm.out": 1,
-    "attn.latent": 1, "attn.q": 1, "attn.k": 1, "attn.v": 1, "attn.scores": 2, "attn.pattern": 2,
-    "attn.sink_share": 2, "attn.register_share": 2, "attn.z": 1, "attn.head_out": 1, "attn.out": 1,
-    "resid_mid": 1, "mlp_norm.out": 1, "mlp.hidden": 1, "mlp.out": 1, "resid_post": 1,
+    "resid_pre": "btd", "attn_norm.out": "btd", "attn.q_norm.out": "bthk", "attn.k_norm.out": "bthk",
+    "attn.kv_norm.out": "btc", "attn.latent": "btc", "attn.q": "bthk", "attn.k": "bthk", "attn.v": "bthk",
+    "attn.scores": "bhts", "attn.pattern": "bhts", "attn.sink_share": "bht", "attn.register_share": "bht",
+    "attn.z": "bthk", "attn.head_out": "bthd", "attn.out": "btd", "resid_mid": "btd", "mlp_norm.out": "btd",
+    "mlp.hidden": "btf", "mlp.out": "btd", "resid_post": "btd",
 }
+TOP = {"embed": "btd", "pos_embed": "btd", "final_norm.out": "btd", "logits": "btv"}
+# Points computed from others for the capture alone: edit the point they come from (z, the pattern).
+CAPTURE_ONLY = ("attn.sink_share", "attn.register_share", "attn.head_out")
 
 
 def point(module: nn.Module, name: str, value: jax.Array) -> jax.Array:
-    """Marks `value` as the named point `name` of `module` (see the table above) and returns it.
+    """Marks `value` as the named point `name` of `module` (see the table above) and returns it,
+    edited if the "edits" collection holds an edit for it (model/edits.py: scale * value + add).
 
-    A no-op unless the "intermediates" collection is mutable (a capture)."""
-    module.sow(COLLECTION, name, value)
+    Without an edit and a capture it returns `value` itself: the forward pass is unchanged."""
+    if module.has_variable(EDITS, name):
+        scale, add = module.get_variable(EDITS, name)
+        value = value * scale.astype(value.dtype) + add.astype(value.dtype)
+    module.sow(COLLECTION, name, value)  # a no-op unless the collection is mutable (a capture)
     return value
 
 
 def capturing(module: nn.Module) -> bool:
     """Whether this forward pass captures points (then the attention computes its weights)."""
     return module.is_mutable_collection(COLLECTION)
+
+
+def touched(module: nn.Module, *names: str) -> bool:
+    """Whether this forward pass captures points or edits one of `names` of `module`: then the
+    attention computes what the fused kernels do not give (its weights, MLA's per-head queries)."""
+    return capturing(module) or any(module.has_variable(EDITS, name) for name in names)
 
 
 def layer_points(cfg: ModelConfig) -> list[str]:
@@ -82,6 +102,15 @@ def layer_points(cfg: ModelConfig) -> list[str]:
         "mlp_norm.out": cfg.mlp_dim, "mlp.hidden": cfg.mlp_dim, "mlp.out": cfg.mlp_dim,
     }
     return [name for name in LAYER if present.get(name, True)]
+
+
+def point_axes(cfg: ModelConfig, name: str) -> str:
+    """The axes of point `name` (`embed`, `blocks.3.attn.z`, `blocks.*.attn.z`) in a model of `cfg`,
+    as LAYER's letters: "bthk" for z. MLA's query latent norm is "btc" (no heads)."""
+    if name in TOP:
+        return TOP[name]
+    rest = name.split(".", 2)[2]
+    return "btc" if rest == "attn.q_norm.out" and cfg.attention == "mla" else LAYER[rest]
 
 
 def point_names(cfg: ModelConfig) -> list[str]:

@@ -33,7 +33,7 @@ import numpy as np
 
 from transformer.model.kv_cache import Cache, init_cache
 from transformer.model.config import ModelConfig
-from transformer.model.decoder import Decoder
+from transformer.model.edits import Edit, check_for_sampling, run
 from transformer.model.param_tree import unrolled
 from transformer.model.ops import MASK_VALUE
 
@@ -282,7 +282,7 @@ def prefill(
     keys: Array,
     cache_len: int,
     options: SamplingOptions,
-    head_mask: Array | None = None,
+    edits: Sequence[Edit] = (),
 ) -> DecodeState:
     """Runs the padded prompts through the model, fills the cache and draws each row's first token.
 
@@ -293,15 +293,13 @@ def prefill(
       params: the Decoder's parameters.
       tokens: [B, P] int32 prompts, right-padded. lengths: [B] int32 prompt lengths n_b >= 1.
       keys: [B] per-row PRNG keys. cache_len: S >= P. options: how to draw.
-      head_mask: [L, H] or None, the Decoder's: 0 switches a head off (an ablation).
+      edits: edits at named points (model/edits.py), applied at every position: e.g. an ablation.
     Returns:
       The decode state after the first new token: tokens [B] holds it, positions [B] = lengths.
     """
     batch, length = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-    logits, cache = Decoder(cfg).apply(
-        {"params": params}, tokens, positions=positions, cache=init_cache(cfg, batch, cache_len), head_mask=head_mask
-    )
+    logits, cache = run(params, cfg, tokens, edits, positions=positions, cache=init_cache(cfg, batch, cache_len))
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     first = _draw(last, keys, 0, options)
     return DecodeState(
@@ -311,18 +309,15 @@ def prefill(
 
 
 def decode_step(
-    params: dict, cfg: ModelConfig, state: DecodeState, options: SamplingOptions, head_mask: Array | None = None
+    params: dict, cfg: ModelConfig, state: DecodeState, options: SamplingOptions, edits: Sequence[Edit] = ()
 ) -> tuple[DecodeState, tuple[Array, Array]]:
     """One token per row: feed the last tokens, append their keys/values, draw the next tokens.
-    head_mask: [L, H] or None, as in `prefill`.
+    edits: as in `prefill`.
 
     Returns:
       (next state, (tokens [B] int32 with pad_id for rows already done, emitted [B] bool)).
     """
-    logits, cache = Decoder(cfg).apply(
-        {"params": params}, state.tokens[:, None], positions=state.positions[:, None], cache=state.cache,
-        head_mask=head_mask,
-    )
+    logits, cache = run(params, cfg, state.tokens[:, None], edits, positions=state.positions[:, None], cache=state.cache)
     drawn = _draw(logits[:, 0], state.keys, state.step, options)
     emitted = ~state.done
     # A done row keeps running (the batch moves in lockstep) but its draws are never shown.
@@ -339,7 +334,7 @@ def decode_step(
 @functools.partial(jax.jit, static_argnames=("cfg", "num_steps", "options"))
 def decode(
     params: dict, cfg: ModelConfig, state: DecodeState, num_steps: int, options: SamplingOptions,
-    head_mask: Array | None = None,
+    edits: Sequence[Edit] = (),
 ) -> tuple[DecodeState, Array, Array]:
     """`num_steps` decode steps in one `lax.scan` (no Python loop over tokens).
 
@@ -352,7 +347,7 @@ def decode(
     """
     params, cfg = unrolled(params, cfg)
     state, (tokens, emitted) = jax.lax.scan(
-        lambda carry, _: decode_step(params, cfg, carry, options, head_mask), state, length=num_steps
+        lambda carry, _: decode_step(params, cfg, carry, options, edits), state, length=num_steps
     )
     return state, tokens.T, emitted.T
 
@@ -380,7 +375,7 @@ def bucket(n: int, cap: int) -> int:
 
 def generate(
     params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
-    head_mask: Array | None = None, **sampling: Any,
+    edits: Sequence[Edit] = (), **sampling: Any,
 ) -> GenerateOutput:
     """Continues each prompt by up to `max_new_tokens` tokens: one prefill, then one `lax.scan`.
 
@@ -389,8 +384,8 @@ def generate(
       prompts: B token-id sequences, possibly of different lengths (each non-empty).
       key: a PRNG key (row b uses fold_in(key, b)) or one key per row, [B] (see `row_keys`).
       max_new_tokens: N >= 1; the longest prompt + N must fit in cfg.max_seq_len.
-      head_mask: [L, H] or None: each head's output is scaled by it (0 switches a head off), as in
-        the Decoder; for ablations.
+      edits: edits at named points (model/edits.py) for every call, each applying at every position:
+        e.g. `ablate_heads(cfg, head_mask)` switches heads off, `steer` adds a vector.
       **sampling: the fields of `SamplingOptions`: temperature (1.0; 0 = greedy), top_k, top_p,
         stop_tokens (ids that end a row), pad_id (written after a row's stop token), vocab_limit
         (draw only ids below it: the tokenizer's size when the head is larger).
@@ -398,9 +393,11 @@ def generate(
       GenerateOutput(tokens [B, N] int32, lengths [B] int32).
     """
     options = SamplingOptions(**sampling)
-    state = _start(params, cfg, prompts, key, max_new_tokens, options, head_mask)
+    edits = list(edits)
+    check_for_sampling(edits, cfg)
+    state = _start(params, cfg, prompts, key, max_new_tokens, options, edits)
     first = state.tokens[:, None]  # the first new token: no row is done before it
-    _, rest, emitted = decode(params, cfg, state, max_new_tokens - 1, options, head_mask)
+    _, rest, emitted = decode(params, cfg, state, max_new_tokens - 1, options, edits)
     tokens = np.asarray(jnp.concatenate([first, rest], axis=1))
     lengths = 1 + np.asarray(emitted).sum(axis=1, dtype=np.int32)
     return GenerateOutput(tokens=tokens, lengths=lengths)
@@ -437,7 +434,7 @@ def _start(
     key: Array,
     max_new_tokens: int,
     options: SamplingOptions,
-    head_mask: Array | None = None,
+    edits: Sequence[Edit] = (),
 ) -> DecodeState:
     """Checks the request, right-pads the prompts to a bucketed length and runs the prefill."""
     rows = _check_prompts(cfg, prompts, max_new_tokens)
@@ -449,7 +446,7 @@ def _start(
     for b, row in enumerate(rows):
         tokens[b, : len(row)] = row
     lengths = np.array([len(r) for r in rows], np.int32)
-    return prefill(params, cfg, tokens, lengths, row_keys(key, len(rows)), cache_len, options, head_mask)
+    return prefill(params, cfg, tokens, lengths, row_keys(key, len(rows)), cache_len, options, edits)
 
 
 def _check_prompts(

@@ -1,0 +1,254 @@
+"""Edits at named points: run the model with chosen activations changed, under jit and in the sampler.
+
+An edit changes one named point (model/points.py) by an affine map of its value,
+
+    value -> scale * value + add        (scale and add broadcast against the value)
+
+which is every edit of the interpretability literature:
+
+    zero ablation       scale 0 where selected, add 0                      `zero`
+    mean ablation       scale 0 where selected, add a mean over inputs     `mean`
+    activation patching scale 0 where selected, add another input's value  `patch`
+    steering            scale 1, add a vector where selected               `steer`
+    head_mask [L, H]    scale = mask[l, h] on head h of blocks.{l}.attn.z  `ablate_heads`
+
+Each constructor selects by layer (in the name: blocks.3.attn.z for layer 3, blocks.*.attn.z for
+every layer), by head and by position (this call's tokens: T counts the tokens, not the registers).
+An `Edit` is data, a pytree of two arrays: a grid of edits can be stacked and vmapped or scanned
+through one compile (analysis/patching.py does). A layer's edit is held for every layer, a leading
+L axis (1 where all layers are alike), so the scanned and the unrolled layer stacks take the same
+edits. Several edits of one point compose in order (`compose`).
+
+    logits, cache = run(params, cfg, tokens, [zero(cfg, "blocks.1.attn.z", head=3)])
+
+`variables(cfg, edits, cache)` is the "edits" collection that `Decoder.apply` reads next to the
+params; `point` applies it where the model marks the point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer.model.config import ModelConfig
+from transformer.model.decoder import Decoder
+from transformer.model.kv_cache import Cache
+from transformer.model.points import CAPTURE_ONLY, EDITS, TOP, layer_points, point_axes
+
+Array = jax.Array
+
+# The key a point is sown under, where its public name differs (the inverse of capture.PUBLIC).
+SOWN = {"embed": "token_embedding", "pos_embed": "position_embedding", "q": "queries", "k": "keys",
+        "v": "values", "out": "output"}
+
+
+@flax.struct.dataclass
+class Edit:
+    """scale * value + add at the point `name`: "embed", ..., or "blocks.*.NAME" for a layer's point,
+    whose scale and add then have a leading axis of L (or 1: alike in every layer) before the
+    point's own axes (model/points.py), which they broadcast against."""
+
+    name: str = flax.struct.field(pytree_node=False)
+    scale: Array
+    add: Array
+
+
+def zero(cfg: ModelConfig, name: str, *, head: Any = None, position: Any = None, length: int | None = None) -> Edit:
+    """Zero ablation: the selected part of point `name` set to 0. head, position: an index or a list
+    of them (None: all); a position needs `length`, the input's number of tokens T."""
+    select = selection(cfg, name, head, position, length)
+    return at_layer(cfg, name, 1.0 - select, jnp.zeros_like(select))
+
+
+def mean(cfg: ModelConfig, name: str, values: Array, *, head: Any = None, position: Any = None,
+         length: int | None = None) -> Edit:
+    """Mean ablation: the selected part of point `name` replaced by the mean of `values`, the point
+    captured on other inputs ([B, T, ...], or [L, B, T, ...] for blocks.*.NAME), over their batch and
+    tokens (for each head, and for each layer with blocks.*)."""
+    axes = point_axes(cfg, name)
+    stacked = _layer(name) == "*"
+    over = tuple(i + stacked for i, a in enumerate(axes) if a in "bt")
+    select = selection(cfg, name, head, position, length)
+    average = jnp.mean(jnp.asarray(values, jnp.float32), axis=over, keepdims=True)
+    return at_layer(cfg, name, 1.0 - select, average * select, stacked=stacked)
+
+
+def patch(cfg: ModelConfig, name: str, source: Array, *, head: Any = None, position: Any = None) -> Edit:
+    """Activation patching: the selected part of point `name` replaced by `source`, its value captured
+    from another input of the same shape ([B, T, ...], or [L, B, T, ...] for blocks.*.NAME)."""
+    stacked = _layer(name) == "*"
+    source = jnp.asarray(source)
+    length = source.shape[stacked + point_axes(cfg, name).index("t")]
+    select = selection(cfg, name, head, position, length)
+    return at_layer(cfg, name, 1.0 - select, source * select, stacked=stacked)
+
+
+def steer(cfg: ModelConfig, name: str, vector: Array, *, position: Any = None, length: int | None = None,
+          alpha: float = 1.0) -> Edit:
+    """Steering: alpha * `vector` (the point's last axis, e.g. [D] for the residual stream) added to
+    point `name` at the selected positions (None: every position, also while sampling)."""
+    select = selection(cfg, name, None, position, length)
+    return at_layer(cfg, name, jnp.ones_like(select), alpha * jnp.asarray(vector, jnp.float32) * select)
+
+
+def ablate_heads(cfg: ModelConfig, head_mask: Array) -> Edit:
+    """What `head_mask` [L, H] was: head h of layer l scaled by head_mask[l, h] at attn.z (1 keeps
+    it, 0 switches it off), at every position, in every call (prefill and decoding alike)."""
+    head_mask = jnp.asarray(head_mask, jnp.float32)
+    if head_mask.shape != (cfg.num_layers, cfg.num_heads):
+        raise ValueError(f"head_mask has shape {head_mask.shape}; this model needs [L, H] = "
+                         f"{(cfg.num_layers, cfg.num_heads)} (1 keeps a head, 0 switches it off)")
+    scale = head_mask[:, None, None, :, None]  # [L, B=1, T=1, H, Kv=1] against z [B, T, H, Kv]
+    return Edit("blocks.*.attn.z", scale, jnp.zeros_like(scale))
+
+
+def selection(cfg: ModelConfig, name: str, head: Any, position: Any, length: int | None) -> Array:
+    """1 where the edit applies, 0 elsewhere, shaped to broadcast against point `name` (no L axis):
+    size 1 on every axis but the heads' (H, when `head` is given) and the tokens' (T, with `position`)."""
+    check_editable(cfg, name)
+    axes = point_axes(cfg, name)
+    select = np.ones([1] * len(axes), np.float32)
+    if head is not None:
+        if "h" not in axes:
+            raise ValueError(f"{name!r} has no head axis (its axes are {axes}); select heads at attn.z, "
+                             "attn.q / k / v, attn.scores or attn.pattern")
+        heads = cfg.num_kv_heads if name.endswith(("attn.k", "attn.v", "k_norm.out")) else cfg.num_heads
+        select = select * _one_hot(head, heads, axes.index("h"), len(axes), "head")
+    if position is not None:
+        if length is None:
+            raise ValueError(f"position={position!r} needs length=T, the number of tokens of the input")
+        select = select * _one_hot(position, length, axes.index("t"), len(axes), "position")
+    return jnp.asarray(select)
+
+
+def at_layer(cfg: ModelConfig, name: str, scale: Array, add: Array, stacked: bool = False) -> Edit:
+    """An Edit of `name` from scale and add shaped as the point (`stacked`: either may already be
+    [L, ...]): a layer's point is held for every layer, identity (scale 1, add 0) outside the named layer."""
+    if name in TOP:
+        return Edit(name, scale, add)
+    layer, rest = _layer(name), name.split(".", 2)[2]
+    if stacked or layer == "*":  # the L axis in front, where an array has none yet
+        rank = len(point_axes(cfg, name))
+        scale, add = (a if a.ndim > rank else a[None] for a in (jnp.asarray(scale), jnp.asarray(add)))
+        return Edit(f"blocks.*.{rest}", scale, add)
+    here = (np.arange(cfg.num_layers) == int(layer)).reshape(-1, *[1] * scale.ndim)  # [L, 1, ...]
+    return Edit(f"blocks.*.{rest}", jnp.where(here, scale[None], 1.0), jnp.where(here, add[None], 0.0))
+
+
+def compose(edits: Sequence[Edit]) -> dict[str, tuple[Array, Array]]:
+    """{point name: (scale, add)}, the edits of each point applied in order: a second edit (s2, a2)
+    after (s1, a1) is s2 (s1 v + a1) + a2 = (s1 s2) v + (s2 a1 + a2)."""
+    out: dict[str, tuple[Array, Array]] = {}
+    for edit in edits:
+        if edit.name in out:
+            scale, add = out[edit.name]
+            out[edit.name] = (scale * edit.scale, add * edit.scale + edit.add)
+        else:
+            out[edit.name] = (edit.scale, edit.add)
+    return out
+
+
+def variables(cfg: ModelConfig, edits: Sequence[Edit], cache: Cache | None = None) -> dict:
+    """The "edits" collection for `Decoder.apply`: {module path: {sown key: (scale, add)}}, per
+    layer for the unrolled stack (layers_{l}) or stacked [L, ...] for the scanned one (layers).
+
+    A position-selected edit of a layer's point gets identity rows for the registers (which run
+    first in the call that fills the cache, or in a forward without one), so positions count tokens."""
+    tree: dict = {}
+    r = cfg.num_registers if cache is None or not cache.registers_written else 0
+    for name, (scale, add) in compose(edits).items():
+        if name in TOP:
+            _put(tree, _sown_path(name), (scale, add))
+            continue
+        rest = name.split(".", 2)[2]
+        t = 1 + point_axes(cfg, name).index("t")  # after the L axis
+        length = max(scale.shape[t], add.shape[t])
+        if r and length > 1:  # per-position: the registers' rows unedited
+            scale, add = _pad(scale, t, length, r, 1.0), _pad(add, t, length, r, 0.0)
+        shape = jnp.broadcast_shapes(scale.shape[:1], add.shape[:1], (1,))
+        if shape[0] not in (1, cfg.num_layers):
+            raise ValueError(f"the edit of {name!r} has {shape[0]} layers; the model has {cfg.num_layers}")
+        if cfg.scan_layers:  # one [L, ...] array per leaf, sliced by nn.scan
+            full = lambda a: jnp.broadcast_to(a, (cfg.num_layers, *a.shape[1:]))  # noqa: E731
+            _put(tree, ("layers", *_sown_path(rest)), (full(scale), full(add)))
+        else:
+            for l in range(cfg.num_layers):
+                pick = lambda a: a[l if a.shape[0] > 1 else 0]  # noqa: E731
+                _put(tree, (f"layers_{l}", *_sown_path(rest)), (pick(scale), pick(add)))
+    return tree
+
+
+def run(params: Any, cfg: ModelConfig, tokens: Array, edits: Sequence[Edit], positions: Array | None = None,
+        cache: Cache | None = None) -> tuple[Array, Cache | None]:
+    """The model on `tokens` [B, T] with `edits` applied -> (logits [B, T, V], updated cache or None),
+    as `Decoder.apply` returns them. Works under jax.jit (cfg static; edits are pytrees)."""
+    return Decoder(cfg).apply({"params": params, EDITS: variables(cfg, edits, cache)}, tokens, positions=positions,
+                              cache=cache)
+
+
+def check_editable(cfg: ModelConfig, name: str) -> None:
+    """Raises ValueError for a name that is no point of `cfg` or a point that cannot be edited."""
+    if name in TOP:
+        return
+    layer = _layer(name)
+    if layer is None or name.split(".", 2)[2] not in layer_points(cfg):
+        raise ValueError(f"{name!r} is not a point of this model; transformer.analysis.capture.list_points(cfg) "
+                         "lists them (blocks.{l}.NAME or blocks.*.NAME for a layer's point)")
+    if layer != "*" and int(layer) >= cfg.num_layers:
+        raise ValueError(f"{name!r}: the model has layers 0..{cfg.num_layers - 1}")
+    rest = name.split(".", 2)[2]
+    if rest in CAPTURE_ONLY or (cfg.attention == "mla" and rest in ("attn.k", "attn.v")):
+        raise ValueError(f"{name!r} is computed for a capture alone and cannot be edited; edit attn.z (a head's "
+                         "output), attn.pattern (the weights) or, for MLA's keys and values, attn.latent")
+
+
+def check_for_sampling(edits: Sequence[Edit], cfg: ModelConfig) -> None:
+    """Raises ValueError for an edit that selects positions: sampling runs one token at a time."""
+    for edit in edits:
+        t = (edit.name not in TOP) + point_axes(cfg, edit.name).index("t")
+        if max(edit.scale.shape[t], edit.add.shape[t]) > 1:
+            raise ValueError(f"the edit of {edit.name!r} selects positions; the sampler's calls see one new token "
+                             "each, so an edit there must apply at every position (position=None)")
+
+
+def _layer(name: str) -> str | None:
+    """The layer part of `blocks.{l}.NAME` ('3' or '*'), or None for another name."""
+    parts = name.split(".", 2)
+    return parts[1] if len(parts) == 3 and parts[0] == "blocks" else None
+
+
+def _sown_path(name: str) -> tuple[str, ...]:
+    """A point's path in the collections: attn.out -> ("attn", "output"), embed -> ("token_embedding",)."""
+    *modules, key = name.split(".")
+    return (*modules, SOWN.get(key, key))
+
+
+def _put(tree: dict, path: tuple[str, ...], value: tuple[Array, Array]) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def _pad(a: Array, axis: int, length: int, r: int, value: float) -> Array:
+    """`a` broadcast to `length` along `axis`, then r rows of `value` in front of them."""
+    a = jnp.broadcast_to(a, (*a.shape[:axis], length, *a.shape[axis + 1:]))
+    pad = [(0, 0)] * a.ndim
+    pad[axis] = (r, 0)
+    return jnp.pad(a, pad, constant_values=value)
+
+
+def _one_hot(index: Any, size: int, axis: int, ndim: int, what: str) -> np.ndarray:
+    """1 at `index` (an int or a list of them) along `axis` of an array of `ndim` size-1 axes."""
+    picked = np.atleast_1d(np.asarray(index))
+    if picked.size == 0 or (picked < -size).any() or (picked >= size).any():
+        raise ValueError(f"{what} {index!r} is out of range 0..{size - 1}")
+    hot = np.zeros(size, np.float32)
+    hot[picked] = 1.0
+    shape = [1] * ndim
+    shape[axis] = size
+    return hot.reshape(shape)

@@ -1,0 +1,120 @@
+"""Reading the residual stream through the model's own head: the logit lens and direct logit attribution.
+
+    lens = logit_lens(params, cfg, tokens)                  # [L + 1, B, T, V]: after the embedding, each layer
+    dla = direct_logit_attribution(params, cfg, tokens, targets)   # each head's and MLP's share of a logit
+
+The head is the model's: the final norm (pre-norm models; a post-norm model's last layer ends in its
+own norm and there is none), the unembedding (E^T when tied, else W_head) and the soft-cap.
+
+Direct logit attribution splits a pre-norm model's final residual stream into what wrote it,
+
+    x_final = embed (+ pos_embed) + sum over layers l of (sum over heads h of head_out[l, h] + b_o[l] + mlp.out[l])
+
+and reads each part through the head linearised as usual (nostalgebraist 2020; Elhage et al. 2021):
+the final norm's scale, 1 / rms(x_final) for RMSNorm or 1 / std(x_final) after removing each part's
+mean for layer norm, is frozen at its value on this input, and the soft-cap is left out. The parts
+then add up exactly to the target's logit before the soft-cap (tests/test_lens.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from transformer.analysis.capture import capture
+from transformer.model import ops
+from transformer.model.config import ModelConfig
+from transformer.model.edits import Edit
+from transformer.model.norm import config_norm
+
+Array = jax.Array
+
+
+def unembedding(params: Any, cfg: ModelConfig) -> Array:
+    """W_U [V, D]: the rows the last hidden state is dotted with (E when tied, else W_head)."""
+    return params["embed"]["embedding"] if cfg.tie_embeddings else params["head"]["kernel"]
+
+
+def head(params: Any, cfg: ModelConfig, x: Array) -> Array:
+    """The model's head on residual streams x [..., T, D] -> logits [..., T, V] float32: the final
+    norm (pre-norm models), the unembedding, the soft-cap; as the Decoder computes its logits."""
+    if cfg.prenorm:
+        x = config_norm(cfg, "final_norm").apply({"params": params["final_norm"]}, x)
+    logits = jnp.einsum("...d,vd->...v", x, unembedding(params, cfg).astype(cfg.dtype)).astype(jnp.float32)
+    return ops.softcap(logits, cfg.logit_softcap) if cfg.logit_softcap else logits
+
+
+def logit_lens(params: Any, cfg: ModelConfig, tokens: Array, edits: list[Edit] = ()) -> Array:
+    """The model's head applied to the residual stream entering layer 0 and leaving each layer:
+    [L + 1, B, T, V] float32 logits; the last equals the model's logits."""
+    names = ["blocks.0.resid_pre", "blocks.*.resid_post"]
+    _, _, got = capture(params, cfg, tokens, names, edits=edits)
+    streams = jnp.concatenate([got[names[0]][None], got[names[1]]])  # [L + 1, B, T, D]
+    return head(params, cfg, streams)
+
+
+@flax.struct.dataclass
+class Attribution:
+    """Each part's direct contribution to a logit (or a logit difference), [..., B, T] float32.
+
+    embed: the token embedding plus position embedding. heads [L, H, B, T]: head_out[l, h]. attn_bias
+    [L, B, T]: W_o's bias (zero without biases). mlp [L, B, T]: mlp.out (zero with mlp_dim=0).
+    norm_bias [B, T]: the final norm's bias. logit [B, T]: the model's logit before the soft-cap,
+    which the parts add up to."""
+
+    embed: Array
+    heads: Array
+    attn_bias: Array
+    mlp: Array
+    norm_bias: Array
+    logit: Array
+
+    def total(self) -> Array:
+        """The sum of the parts [B, T]: equals `logit`."""
+        return self.embed + self.heads.sum((0, 1)) + self.attn_bias.sum(0) + self.mlp.sum(0) + self.norm_bias
+
+
+def direct_logit_attribution(params: Any, cfg: ModelConfig, tokens: Array, targets: Array,
+                             against: Array | None = None) -> Attribution:
+    """Direct logit attribution of the logit of `targets` [B, T] (ids; with `against` [B, T], of the
+    logit difference targets - against) at each position of `tokens` [B, T]: see the module's
+    docstring. Pre-norm models only: post-norm normalises the residual stream inside every layer,
+    so the final stream is no sum of the parts."""
+    if not cfg.prenorm:
+        raise ValueError("direct logit attribution needs a pre-norm model: a post-norm model normalises the "
+                         "residual stream inside each layer, so its output is no sum of the heads' and MLPs' parts")
+    last = f"blocks.{cfg.num_layers - 1}.resid_post"
+    names = ["embed", "blocks.*.attn.head_out", "blocks.*.attn.out", last]
+    names += ["pos_embed"] if cfg.position in ("learned", "sinusoidal") else []
+    names += ["blocks.*.mlp.out"] if cfg.mlp_dim else []
+    _, _, got = capture(params, cfg, tokens, names)
+    w_u = unembedding(params, cfg).astype(jnp.float32)
+    direction = w_u[targets] if against is None else w_u[targets] - w_u[against]  # [B, T, D]
+    x = got[last].astype(jnp.float32)  # [B, T, D]: the final residual stream
+    norm = params.get("final_norm", {})
+    scale = norm.get("scale", jnp.ones(cfg.d_model)).astype(jnp.float32)
+    layer_norm = cfg.norm == "layernorm"
+    if layer_norm:
+        inverse = jax.lax.rsqrt(x.var(-1, keepdims=True) + cfg.norm_eps)  # [B, T, 1], frozen
+    else:
+        inverse = jax.lax.rsqrt(jnp.square(x).mean(-1, keepdims=True) + cfg.norm_eps)
+
+    def read(part: Array) -> Array:  # [..., B, T, D] -> [..., B, T]: through the frozen norm and W_U
+        part = part.astype(jnp.float32)
+        if layer_norm:
+            part = part - part.mean(-1, keepdims=True)
+        return jnp.einsum("...btd,btd->...bt", part * inverse * scale, direction)
+
+    heads = read(jnp.moveaxis(got["blocks.*.attn.head_out"], 3, 1))  # [L, B, T, H, D] -> [L, H, B, T]
+    embed = read(got["embed"] + got.get("pos_embed", 0.0))
+    # What W_o adds besides the heads: its bias (attn.out = the heads' sum + b_o).
+    attn_bias = read(got["blocks.*.attn.out"] - got["blocks.*.attn.head_out"].sum(3))
+    mlp = read(got["blocks.*.mlp.out"]) if cfg.mlp_dim else jnp.zeros_like(attn_bias)
+    bias = norm.get("bias", jnp.zeros(cfg.d_model)).astype(jnp.float32)
+    norm_bias = jnp.einsum("d,btd->bt", bias, direction)
+    final = config_norm(cfg, "final_norm").apply({"params": norm}, got[last]).astype(jnp.float32)
+    logit = jnp.einsum("btd,btd->bt", final, direction)  # before the soft-cap
+    return Attribution(embed=embed, heads=heads, attn_bias=attn_bias, mlp=mlp, norm_bias=norm_bias, logit=logit)

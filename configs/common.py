@@ -85,6 +85,7 @@ def base_config(model: dict) -> ml_collections.ConfigDict:
     c.train.eval_every = 250  # steps between validation evaluations
     c.train.eval_batches = 8  # fixed validation batches per evaluation
     c.train.eval_attention_shares = False  # also log the first-token (and register, sink) attention share at each eval
+    c.train.eval_induction = False  # also log each head's induction score and the repeated-tokens loss at each eval
     c.train.checkpoint_every = 250  # steps between checkpoints
     c.train.keep_checkpoints = 3  # most recent checkpoints kept (plus the best by validation loss)
     c.train.sample_tokens = 200  # length of the sample printed at the end (0 = none)

@@ -1,11 +1,15 @@
 """Tests of transformer/analysis/induction.py: repeated random tokens; the induction and previous-token
 scores of hand-made attention patterns (an induction head, a previous-token head, a uniform head; with
-registers in front and a sink behind); the repeated-sequence loss against a NumPy computation."""
+registers in front and a sink behind); the repeated-sequence loss against a NumPy computation; the
+training loop's 'induction' metric."""
 
 from __future__ import annotations
 
+import types
+
 import jax
 import numpy as np
+import pytest
 
 from tests.test_capture import model
 from transformer.analysis import induction
@@ -60,3 +64,32 @@ def test_the_model_scores_read_the_models_attention_and_the_repeat_loss_is_the_c
     loss = -np.take_along_axis(logp, np.asarray(x)[:, 1:, None], -1)[..., 0]  # [2, 8]: predicting tokens 1..8
     np.testing.assert_allclose(first, loss[:, 1:4].mean(), rtol=1e-5)  # tokens 2..4: the first copy after its first
     np.testing.assert_allclose(repeat, loss[:, 5:].mean(), rtol=1e-5)  # tokens 6..8: the repeat after its first
+
+
+def test_the_loops_induction_metric_is_the_scores_and_losses_of_repeated_validation_tokens():
+    """The 'induction' evaluation metric, compiled as the loop compiles it, on the mesh: its row holds
+    every head's score, their maximum and the two losses of `induction_scores` / `repeated_loss` on
+    16 sequences of 32 tokens drawn from the validation batch's ids; a config turns it on."""
+    from configs import tiny
+    from transformer.training.eval_metrics import enabled_metrics
+    from transformer.training.sharding import make_mesh, make_rules
+
+    config = tiny.get_config()
+    assert "induction" not in [m.name for m in enabled_metrics(config)]
+    config.train.eval_induction = True
+    metric = [m for m in enabled_metrics(config) if m.name == "induction"][0]
+    cfg, params = model("gqa_qk_norm")
+    mesh = make_mesh()
+    x = jax.random.randint(jax.random.key(2), (4, 16), 10, 20)  # validation ids 10..19
+    state = types.SimpleNamespace(params=params)
+    row = metric.compile(cfg, mesh, state, make_rules(cfg, mesh), x)(params, x)
+    ids = np.unique(np.asarray(x))
+    tokens = induction.repeated_tokens(jax.random.key(0), 16, 8, cfg.vocab_size, ids=ids)  # n = T / 2 = 8 here
+    assert set(np.unique(np.asarray(tokens))) <= set(ids)
+    scores = np.asarray(induction.induction_scores(params, cfg, tokens))
+    first, repeat = induction.repeated_loss(params, cfg, tokens)
+    for l, h in np.ndindex(scores.shape):
+        assert row[f"induction_score_l{l}h{h}"] == pytest.approx(float(scores[l, h]), rel=1e-5)
+    assert row["induction_score_max"] == pytest.approx(float(scores.max()), rel=1e-5)
+    assert row["first_half_loss"] == pytest.approx(float(first), rel=1e-5)
+    assert row["repeat_loss"] == pytest.approx(float(repeat), rel=1e-5)

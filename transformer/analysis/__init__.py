@@ -1,6 +1,9 @@
-"""Looking inside a model: attention shares (sinks, registers), retrieval scores and head
-ablation, the attention explorer, and tree views. Sits above model, data, training and sampling.
+"""Looking inside a model: capture of named points (capture.py), the logit lens and direct logit
+attribution (lens.py), activation patching (patching.py), induction heads (induction.py), attention
+shares (sinks, registers), retrieval scores and head ablation, the attention explorer, and tree
+views. Sits above model, data, training and sampling.
 
-Importing the package registers the training loop's attention-share metric (sinks.py)."""
+Importing the package registers the training loop's evaluation metrics: attention shares (sinks.py)
+and induction scores (induction.py)."""
 
-from transformer.analysis import sinks  # noqa: F401  (registers the 'attention_shares' evaluation metric)
+from transformer.analysis import induction, sinks  # noqa: F401  (register the 'induction' and 'attention_shares' metrics)

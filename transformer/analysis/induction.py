@@ -12,6 +12,11 @@ on t - n + 1 over the repeat's queries; the previous-token score its mean weight
 queries t >= 1. A head that attends uniformly scores about the mean of 1 / (t + 1) over those
 queries (`uniform_score`), the chance line; random tokens carry no other structure to attend to.
 A model that has induction heads predicts the repeat: its loss there falls far below the first half's.
+
+Imported, this module registers the training loop's evaluation metric 'induction' (training/
+eval_metrics.py), which a run enables with train.eval_induction=True: at every evaluation, each head's
+induction score and the two halves' losses on 16 sequences of 32 tokens repeated, drawn once from the
+tokens of the first validation batch (the corpus's alphabet, not ids the model never saw).
 """
 
 from __future__ import annotations
@@ -22,18 +27,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax.sharding import Mesh
+
 from transformer.analysis.capture import attention_maps
 from transformer.model.config import ModelConfig
 from transformer.model.edits import Edit
 from transformer.model.edits import run as run_edited
+from transformer.training.eval_metrics import EvalMetric, register_eval_metric
+from transformer.training.sharding import Rules, axis_rules, make_rules, state_sharding
+from transformer.training.steps import TrainState
 
 Array = jax.Array
 
 
-def repeated_tokens(key: Array, batch: int, n: int, vocab_size: int, first: int | None = None) -> Array:
-    """[B, 2n] int32: n random ids in [0, vocab_size), then the same n again; with `first`, a fixed
-    token before them ([B, 2n + 1]; e.g. the start token a model was trained with)."""
-    half = jax.random.randint(key, (batch, n), 0, vocab_size, dtype=jnp.int32)
+def repeated_tokens(key: Array, batch: int, n: int, vocab_size: int, first: int | None = None,
+                    ids: Array | None = None) -> Array:
+    """[B, 2n] int32: n random ids in [0, vocab_size) (or drawn from `ids`), then the same n again;
+    with `first`, a fixed token before them ([B, 2n + 1]; e.g. the start token a model was trained with)."""
+    if ids is None:
+        half = jax.random.randint(key, (batch, n), 0, vocab_size, dtype=jnp.int32)
+    else:
+        half = jax.random.choice(key, jnp.asarray(ids, jnp.int32), (batch, n))
     tokens = jnp.concatenate([half, half], axis=1)
     return tokens if first is None else jnp.concatenate([jnp.full((batch, 1), first, jnp.int32), tokens], axis=1)
 
@@ -82,3 +96,44 @@ def repeated_loss(params: Any, cfg: ModelConfig, tokens: Array, edits: list[Edit
     first = loss[:, start: start + n - 1]  # predicting tokens 1..n-1 of the first copy
     repeat = loss[:, start + n:]  # predicting tokens 1..n-1 of the repeat
     return first.mean(), repeat.mean()
+
+
+# --- The training loop's evaluation metric -------------------------------------------------------
+
+METRIC_BATCH, METRIC_N = 16, 32  # 16 sequences of 32 tokens, repeated
+
+
+def make_induction_step(cfg: ModelConfig, mesh: Mesh, state: TrainState, ids: Array, rules: Rules | None = None):
+    """The jitted measurement: params -> (induction scores [L, H], first-half loss, repeat loss) on
+    METRIC_BATCH sequences of min(METRIC_N, T / 2) tokens drawn from `ids`, repeated."""
+    rules = make_rules(cfg, mesh) if rules is None else rules
+    n = min(METRIC_N, cfg.max_seq_len // 2)
+    tokens = repeated_tokens(jax.random.key(0), METRIC_BATCH, n, cfg.vocab_size, ids=ids)
+
+    @axis_rules(mesh, rules)
+    def measure(params: Any) -> tuple[Array, Array, Array]:
+        return (induction_scores(params, cfg, tokens), *repeated_loss(params, cfg, tokens))
+
+    return jax.jit(measure, in_shardings=(state_sharding(state.params, mesh, rules),))
+
+
+def _compile_induction_metrics(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules, x: Array):
+    """The loop's metric: (params, inputs) -> {induction_score_max, induction_score_l{l}h{h}, ...,
+    repeat_loss, first_half_loss}; the sequences are drawn from the tokens of `x` (validation)."""
+    step = make_induction_step(cfg, mesh, state, np.unique(np.asarray(x)), rules).lower(state.params).compile()
+
+    def metrics(params: Any, inputs: Array) -> dict[str, float]:
+        scores, first, repeat = step(params)
+        scores = np.asarray(scores)
+        row = {"induction_score_max": float(scores.max()), "first_half_loss": float(first),
+               "repeat_loss": float(repeat)}
+        row.update({f"induction_score_l{l}h{h}": float(scores[l, h]) for l, h in np.ndindex(scores.shape)})
+        return row
+
+    return metrics
+
+
+register_eval_metric(EvalMetric(
+    "induction", enabled=lambda config: bool(config.train.get("eval_induction", False)),
+    compile=_compile_induction_metrics,
+))

@@ -56,7 +56,7 @@ SWEEP_KEYS = ("base", "overrides", "variants", "seeds")
 # more train.steps continue a run; the others do not change what it learns.
 MAY_CHANGE = ("train.steps", "train.run_steps", "train.sample_tokens", "train.log_every", "train.eval_every",
               "train.checkpoint_every", "train.keep_checkpoints", "train.peak_flops", "data.cache_dir",
-              "train.eval_attention_shares")
+              "train.eval_attention_shares", "train.eval_induction")
 FORMAT = ("dict(base='shakespeare', overrides={'train.steps': 300}, variants={'rmsnorm': {'model.norm': "
           "'rmsnorm'}, ...}, seeds=[0, 1]), overrides and seeds optional")
 

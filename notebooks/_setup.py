@@ -406,3 +406,64 @@ def sinks_configs(smoke: bool = SMOKE) -> tuple[dict, dict]:
     # The configs' 'auto' dtype, chosen for this backend (float32 on a CPU).
     return ({job.name: resolve_auto(ModelConfig.from_dict(job.config.model)).cfg for job in jobs},
             run_fields(jobs[0].config))
+
+
+# --- looking_inside.ipynb: configs/modern.py as `make train` trains it, and the same config longer ----
+
+LOOKING_LONG_STEPS = 2000  # ~15 minutes on 2 CPU cores: five times make train's 400 steps
+
+
+def looking_configs(smoke: bool = SMOKE) -> dict:
+    """looking_inside.ipynb's two runs, name -> run config: 'default', configs/modern.py as `make train`
+    trains it (400 steps), and 'long', the same config for LOOKING_LONG_STEPS steps. Both evaluate
+    every 50 steps (make train: every 100; the model is the same) with the induction metric on
+    (train.eval_induction: each head's induction score and the repeated-tokens losses, logged).
+    In smoke mode configs/tiny.py for 10 and 20 steps."""
+    from configs import modern, tiny
+
+    runs = {}
+    for name in ("default", "long"):
+        c = tiny.get_config() if smoke else modern.get_config()
+        if smoke:
+            c.train.update(dict(steps=10 if name == "default" else 20, eval_every=5, checkpoint_every=10))
+        else:
+            c.train.steps = 400 if name == "default" else LOOKING_LONG_STEPS
+            c.train.eval_every = 50
+        c.train.eval_induction = True
+        c.train.sample_tokens = 0
+        c.data.cache_dir = TOKEN_CACHE
+        runs[name] = c
+    return runs
+
+
+def looking_folder(env: Mapping[str, str] = os.environ, smoke: bool = SMOKE) -> str:
+    """Where looking_inside.ipynb trains its runs (one folder each): NOTEBOOK_LOOKING_WORKDIR, else
+    runs/looking_inside (a temporary folder in smoke mode)."""
+    if env.get("NOTEBOOK_LOOKING_WORKDIR"):
+        return resolve(env["NOTEBOOK_LOOKING_WORKDIR"])
+    return os.path.join(_smoke_workdir(), "looking_inside") if smoke else os.path.join(ROOT, "runs", "looking_inside")
+
+
+def load_looking_models() -> dict:
+    """{name: (cfg, params, tokenizer, workdir)} of looking_inside.ipynb's runs (`looking_configs`),
+    each trained first if its folder holds no finished run (a stopped run resumes); records the
+    provenance of both."""
+    from transformer.training.checkpoint import Checkpointer, restore_for_inference
+
+    models, configs, fields, sources = {}, {}, {}, {}
+    for name, config in looking_configs().items():
+        workdir = os.path.join(looking_folder(), name)
+        done = os.path.isdir(os.path.join(workdir, "checkpoints")) and (
+            Checkpointer(workdir, read_only=True).latest_step() or 0) >= config.train.steps
+        if done:
+            _check_same_run(config, workdir, "_setup.looking_configs()")
+        else:
+            _train(config, workdir)
+        models[name] = (*restore_for_inference(workdir), workdir)
+        ckpt = Checkpointer(workdir, read_only=True)
+        configs[name], fields[name] = models[name][0], run_fields(ckpt.config())
+        sources[name] = {"run": _name(workdir), "step": ckpt.latest_step(), "val_loss": _val_loss(workdir)}
+    provenance(configs, fields, model={"run": _name(looking_folder()), "from": "_setup.looking_configs()",
+                                       "step": {k: v["step"] for k, v in sources.items()},
+                                       "val_loss": None, "runs": sources})
+    return models

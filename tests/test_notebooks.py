@@ -28,7 +28,9 @@ import nbformat
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOTEBOOKS = ["attention_basics", "attention_maps", "attention_sinks", "head_ablation", "kv_cache", "retrieval_heads"]
+NOTEBOOKS = ["attention_basics", "attention_maps", "attention_sinks", "head_ablation", "kv_cache", "looking_inside",
+             "retrieval_heads"]
+OWN_MODELS = ("looking_inside", "retrieval_heads")  # they train models of their own tasks or lengths: no user's run
 KERNEL = "transformer-notebook-test"
 import _setup  # noqa: E402  (the notebooks' shared set-up; notebooks/ is on pytest's pythonpath)
 from scripts import plot_metrics  # noqa: E402
@@ -69,6 +71,10 @@ def builds_now(name):
         return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, fields, _setup.NEEDLE_MODEL
     if name == "attention_sinks":  # its own runs (configs/sweeps/sinks.py) with their training fields, no one model
         return (*_setup.sinks_configs(smoke=False), None)
+    if name == "looking_inside":  # its two runs of configs/modern.py
+        runs = _setup.looking_configs(smoke=False)
+        return ({k: resolve_auto(ModelConfig.from_dict(c.model)).cfg for k, c in runs.items()},
+                {k: _setup.run_fields(c) for k, c in runs.items()}, None)
     model_free = {"attention_basics": lambda: {"section 4": _setup.lecture_layer_config()},
                   "kv_cache": lambda: _setup.kv_cache_variants(smoke=False)}
     return model_free[name](), None, None
@@ -330,22 +336,29 @@ def docs_state():
 
 
 @pytest.fixture(scope="module")
+def looking_model(tmp_path_factory):
+    """The folder of looking_inside.ipynb's two tiny runs, trained by the notebook."""
+    return tmp_path_factory.mktemp("looking_model")
+
+
+@pytest.fixture(scope="module")
 def needle_model(tmp_path_factory):
     """The folder of retrieval_heads.ipynb's tiny needle model, trained by the notebook."""
     return tmp_path_factory.mktemp("needle_model")
 
 
-# Every notebook on the user's run, but retrieval_heads, which needs a model trained on the needle task and
+# Every notebook on the user's run, but those of OWN_MODELS, which train models of their own (the needle task, a longer run) and
 # trains its own; those that load a model also on the notebooks' own.
 @pytest.mark.parametrize("name,model", [  # one kept in `make test` (tests/end_to_end.py), the others slow
     pytest.param(name, model, marks=() if (name, model) == ("head_ablation", "notebook_model") else pytest.mark.slow)
-    for name, model in [(n, "own_run") for n in NOTEBOOKS if n != "retrieval_heads"]
-    + [(n, "notebook_model") for n in NOTEBOOKS if uses_a_model(n)] + [("retrieval_heads", "needle_model")]])
+    for name, model in [(n, "own_run") for n in NOTEBOOKS if n not in OWN_MODELS]
+    + [(n, "notebook_model") for n in NOTEBOOKS if uses_a_model(n)] + [("retrieval_heads", "needle_model"),
+                                                                       ("looking_inside", "looking_model")]])
 def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
     work = tmp_path / "notebooks"
     shutil.copytree(os.path.join(ROOT, "notebooks"), work, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     for var in ("NOTEBOOK_CHECKPOINT", "NOTEBOOK_WORKDIR", "NOTEBOOK_FIGURES", "NOTEBOOK_DATA",
-                "NOTEBOOK_NEEDLE_WORKDIR"):
+                "NOTEBOOK_NEEDLE_WORKDIR", "NOTEBOOK_LOOKING_WORKDIR"):
         monkeypatch.delenv(var, raising=False)
     if model == "notebook_model":
         run = str(request.getfixturevalue("notebook_model"))
@@ -353,6 +366,9 @@ def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
     elif model == "needle_model":
         run = str(request.getfixturevalue("needle_model"))
         monkeypatch.setenv("NOTEBOOK_NEEDLE_WORKDIR", run)
+    elif model == "looking_model":
+        run = str(request.getfixturevalue("looking_model"))
+        monkeypatch.setenv("NOTEBOOK_LOOKING_WORKDIR", run)
     else:
         relative = request.getfixturevalue("own_run")
         assert not (work / relative).exists()  # so it must be found from the repository root
@@ -385,5 +401,8 @@ def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
         text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
         assert f"model: {run}, step 10" in text and record["model"]["from"] == _setup.NEEDLE_MODEL
         assert record["run"]["data.task"] == "needle"
+    if model == "looking_model":
+        assert record["model"]["step"] == {"default": 10, "long": 20} and set(record["configs"]) == {"default", "long"}
+        assert all(os.path.isfile(os.path.join(run, name, "metrics.jsonl")) for name in ("default", "long"))
     assert os.path.isfile(os.path.join(run, "figures", f"{name}.png")), "figures go to the run's folder"
     assert docs_state() == before, "running a notebook must not change docs/"

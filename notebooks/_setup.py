@@ -411,29 +411,40 @@ def sinks_configs(smoke: bool = SMOKE) -> tuple[dict, dict]:
 # --- looking_inside.ipynb: configs/modern.py as `make train` trains it, and the same config longer ----
 
 LOOKING_LONG_STEPS = 2000  # ~15 minutes on 2 CPU cores: five times make train's 400 steps
+COPYING_STEPS = 1500  # the copying run: 2 layers, ~6 minutes on 2 CPU cores
 
 
 def looking_configs(smoke: bool = SMOKE) -> dict:
-    """looking_inside.ipynb's two runs, name -> run config: 'default', configs/modern.py as `make train`
-    trains it (400 steps), and 'long', the same config for LOOKING_LONG_STEPS steps. Both evaluate
-    every 50 steps (make train: every 100; the model is the same) with the induction metric on
-    (train.eval_induction: each head's induction score and the repeated-tokens losses, logged).
-    In smoke mode configs/tiny.py for 10 and 20 steps."""
+    """looking_inside.ipynb's three runs, name -> run config: 'default', configs/modern.py as `make
+    train` trains it (400 steps); 'long', the same config for LOOKING_LONG_STEPS steps; and
+    'copying', the same recipe with 2 layers for COPYING_STEPS steps on the copying corpus
+    (transformer/data/copying.py, written to looking_folder()/copying.txt by `load_looking_models`),
+    where only induction predicts the repeats. All evaluate every 50 steps (make train: every 100;
+    the model is the same) with the induction metric on (train.eval_induction: each head's induction
+    score and the repeated-tokens losses, logged). In smoke mode configs/tiny.py for 10, 20 and 20 steps."""
     from configs import modern, tiny
 
     runs = {}
-    for name in ("default", "long"):
+    for name in ("default", "long", "copying"):
         c = tiny.get_config() if smoke else modern.get_config()
         if smoke:
             c.train.update(dict(steps=10 if name == "default" else 20, eval_every=5, checkpoint_every=10))
         else:
-            c.train.steps = 400 if name == "default" else LOOKING_LONG_STEPS
+            c.train.steps = {"default": 400, "long": LOOKING_LONG_STEPS, "copying": COPYING_STEPS}[name]
             c.train.eval_every = 50
+        if name == "copying":
+            c.model.num_layers = 2
+            c.data.path = copying_corpus_path(smoke)
         c.train.eval_induction = True
         c.train.sample_tokens = 0
         c.data.cache_dir = TOKEN_CACHE
         runs[name] = c
     return runs
+
+
+def copying_corpus_path(smoke: bool = SMOKE) -> str:
+    """Where the 'copying' run's corpus lies: copying.txt in looking_folder()."""
+    return os.path.join(looking_folder(smoke=smoke), "copying.txt")
 
 
 def looking_folder(env: Mapping[str, str] = os.environ, smoke: bool = SMOKE) -> str:
@@ -446,10 +457,13 @@ def looking_folder(env: Mapping[str, str] = os.environ, smoke: bool = SMOKE) -> 
 
 def load_looking_models() -> dict:
     """{name: (cfg, params, tokenizer, workdir)} of looking_inside.ipynb's runs (`looking_configs`),
-    each trained first if its folder holds no finished run (a stopped run resumes); records the
-    provenance of both."""
+    each trained first if its folder holds no finished run (a stopped run resumes), the copying
+    corpus written first; records the provenance of all three."""
     from transformer.training.checkpoint import Checkpointer, restore_for_inference
 
+    from transformer.data.copying import write_copying_corpus
+
+    write_copying_corpus(copying_corpus_path(), num_bytes=20_000 if SMOKE else 2_000_000)
     models, configs, fields, sources = {}, {}, {}, {}
     for name, config in looking_configs().items():
         workdir = os.path.join(looking_folder(), name)

@@ -71,7 +71,7 @@ def builds_now(name):
         return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, fields, _setup.NEEDLE_MODEL
     if name == "attention_sinks":  # its own runs (configs/sweeps/sinks.py) with their training fields, no one model
         return (*_setup.sinks_configs(smoke=False), None)
-    if name == "looking_inside":  # its two runs of configs/modern.py
+    if name == "looking_inside":  # its three runs of configs/modern.py
         runs = _setup.looking_configs(smoke=False)
         return ({k: resolve_auto(ModelConfig.from_dict(c.model)).cfg for k, c in runs.items()},
                 {k: _setup.run_fields(c) for k, c in runs.items()}, None)
@@ -337,7 +337,7 @@ def docs_state():
 
 @pytest.fixture(scope="module")
 def looking_model(tmp_path_factory):
-    """The folder of looking_inside.ipynb's two tiny runs, trained by the notebook."""
+    """The folder of looking_inside.ipynb's three tiny runs, trained by the notebook."""
     return tmp_path_factory.mktemp("looking_model")
 
 
@@ -402,7 +402,9 @@ def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
         assert f"model: {run}, step 10" in text and record["model"]["from"] == _setup.NEEDLE_MODEL
         assert record["run"]["data.task"] == "needle"
     if model == "looking_model":
-        assert record["model"]["step"] == {"default": 10, "long": 20} and set(record["configs"]) == {"default", "long"}
-        assert all(os.path.isfile(os.path.join(run, name, "metrics.jsonl")) for name in ("default", "long"))
+        runs = {"default": 10, "long": 20, "copying": 20}
+        assert record["model"]["step"] == runs and set(record["configs"]) == set(runs)
+        assert all(os.path.isfile(os.path.join(run, name, "metrics.jsonl")) for name in runs)
+        assert record["run"]["copying"]["data.path"] == os.path.join(run, "copying.txt")  # the corpus it wrote
     assert os.path.isfile(os.path.join(run, "figures", f"{name}.png")), "figures go to the run's folder"
     assert docs_state() == before, "running a notebook must not change docs/"

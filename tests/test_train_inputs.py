@@ -289,6 +289,17 @@ def test_resuming_on_other_data_is_refused_naming_the_field(tmp_path):
     assert refused(lambda: check_run(needle, str(bytes_workdir)), CheckpointError) == (
         f"the checkpoints in {bytes_workdir} were trained on other data (data.task: checkpoint 'text', config "
         "'needle'); resume with the same data fields, or start a new --workdir")
+    # ... and needle documents with more facts than the checkpoint's are other data again.
+    one_fact = {"data.path": str(small), "model.max_seq_len": 128, "train.seq_len": 96, "data.task": "needle",
+                "data.needle.min_length": 57, "data.needle.max_length": 58}
+    needle_workdir = tmp_path / "needle"
+    quiet_train(config_with(tmp_path, **{**one_fact, "train.steps": 2}), needle_workdir)
+    recall = config_with(tmp_path, **{**one_fact, "train.steps": 4, "data.needle.facts": 2,
+                                      "data.needle.min_length": 90, "data.needle.max_length": 90})
+    assert refused(lambda: check_run(recall, str(needle_workdir)), CheckpointError) == (
+        f"the checkpoints in {needle_workdir} were trained on other data (data.needle.facts: checkpoint 1, config 2; "
+        "data.needle.max_length: checkpoint 58, config 90; data.needle.min_length: checkpoint 57, config 90); "
+        "resume with the same data fields, or start a new --workdir")
 
 
 @pytest.mark.slow

@@ -1,15 +1,22 @@
-"""The needle-in-a-haystack task: one fact hidden in filler text, and a question about it at the end.
+"""The needle-in-a-haystack task: facts hidden in filler text, and a question about one of them at the end.
 
-A document of length n (tokens of the prompt, question included) is
+A document of length n (tokens of the prompt, question included) with one fact (facts=1) is
 
-    filler ... " The code of Kelav is 48213. " ... filler "\\nWhat is the code of Kelav? "   -> "48213"
+    filler ... " The code of Kelav is 48213. " ... filler "\nWhat is the code of Kelav? "   -> "48213"
     |<------------ haystack: n - len(question) tokens ------------>|<---- question ---->|   answer
 
 The key (a made-up name such as "Kelav") and the value (`digits` random digits) are drawn per
 document, so the answer cannot be guessed: it has to be read from the needle. The filler is a
-contiguous window of a token stream (the corpus, `token_cache.load_corpus`), cut in two by the
-needle. The needle starts at round(depth * (haystack - len(needle))): depth 0 puts it first, depth 1
-right before the question.
+contiguous window of a token stream (the corpus, `token_cache.load_corpus`), cut by the needles.
+The asked needle starts at round(depth * (haystack - len(needles))): depth 0 puts it first, depth 1
+right before the question (with the other facts' needles, if any, in between).
+
+Associative recall (facts=N > 1): N facts with distinct keys and their own values, the asked one at
+`depth` and the others at uniformly drawn places; the question names one key. With one fact a model
+can answer by copying the only number in the document, without reading the key; with N it must match
+the key, and a model that copies any fact's value scores about 1/N (`copy_any_value_accuracy`, the
+chance line). `ask(document, i)` is the same document asking fact i instead: the corrupted input of
+activation patching. facts=1 draws exactly the documents it drew before the option existed.
 
 Tokens are bytes (the run's tokenizer must be 'bytes'): a document's length in tokens is its length
 in bytes, the needle sits at an exact token position whatever the text around it, and the value's
@@ -44,6 +51,7 @@ KEY_LENGTH = 5  # consonant-vowel-consonant-vowel-consonant, capitalised: "Kelav
 CONSONANTS = "bcdfghjklmnprstvz"
 VOWELS = "aeiou"
 EVAL_SEED = 1_000_003  # validation documents draw from (EVAL_SEED, batch index): never a training step's
+MAX_FACTS = 64  # distinct keys are drawn by rejection from 17 * 5 * 17 * 5 * 17 names: far more than this
 
 
 @dataclass(frozen=True)
@@ -57,13 +65,17 @@ class NeedleTask:
     max_depth: float = 1.0
     digits: int = 5
     graded: str = "answer"  # 'answer': only the answer's tokens are graded; 'all': every token of the document
+    facts: int = 1  # facts per document (distinct keys); the question asks one
 
     def __post_init__(self) -> None:
         if self.digits < 1:
             raise ValueError(f"data.needle.digits={self.digits} must be at least 1")
-        if self.min_length < shortest_prompt(self.digits):
-            raise ValueError(f"data.needle.min_length={self.min_length} is below {shortest_prompt(self.digits)}, "
-                             "the needle and the question alone; raise it")
+        if not 1 <= self.facts <= MAX_FACTS:
+            raise ValueError(f"data.needle.facts={self.facts} must be in [1, {MAX_FACTS}]")
+        shortest = shortest_prompt(self.digits, self.facts)
+        if self.min_length < shortest:
+            raise ValueError(f"data.needle.min_length={self.min_length} is below {shortest}, "
+                             f"{_needles(self.facts)} and the question alone; raise it")
         if self.max_length < self.min_length:
             raise ValueError(f"data.needle.max_length={self.max_length} is below min_length={self.min_length}")
         if self.graded not in ("answer", "all"):
@@ -74,8 +86,10 @@ class NeedleTask:
 
     @classmethod
     def from_config(cls, needle: Any) -> NeedleTask:
-        """From a config's data.needle section (a ConfigDict or a dict)."""
-        return cls(**{k: needle[k] for k in ("min_length", "max_length", "min_depth", "max_depth", "digits", "graded")})
+        """From a config's data.needle section (a ConfigDict or a dict; one saved before `facts` existed
+        has one fact)."""
+        fields = {k: needle[k] for k in ("min_length", "max_length", "min_depth", "max_depth", "digits", "graded")}
+        return cls(**fields, facts=int(needle.get("facts", 1)))
 
     def check(self, seq_len: int, tokenizer: str = "bytes") -> None:
         """Raises unless a batch of seq_len tokens holds the longest document and its answer, in bytes."""
@@ -92,22 +106,40 @@ class NeedleTask:
         return length + self.digits
 
 
-def shortest_prompt(digits: int) -> int:
-    """The shortest prompt: the needle and the question with no filler."""
+def shortest_prompt(digits: int, facts: int = 1) -> int:
+    """The shortest prompt: the needles and the question with no filler."""
     key = "K" * KEY_LENGTH
-    return len(NEEDLE.format(key=key, value="0" * digits)) + len(QUESTION.format(key=key))
+    return facts * len(NEEDLE.format(key=key, value="0" * digits)) + len(QUESTION.format(key=key))
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One fact of a document: its key, its value (int32 [digits]), the index of its needle's first
+    token in the prompt (`start`) and of its value's first token (`value_start`)."""
+
+    key: str
+    value: np.ndarray
+    start: int
+    value_start: int
 
 
 @dataclass(frozen=True)
 class Document:
-    """One document. prompt: int32 [n], the haystack with its needle, then the question; answer: int32
-    [digits], the value. needle_start: index of the needle's first token in prompt; value_start: index
-    of the value's first token, so prompt[value_start : value_start + digits] == answer."""
+    """One document. prompt: int32 [n], the haystack with its needles, then the question; answer: int32
+    [digits], the asked fact's value. needle_start: index of the asked needle's first token in prompt;
+    value_start: index of its value's first token, so prompt[value_start : value_start + digits] ==
+    answer. facts: every fact in the order of the text; asked: the index of the asked one there."""
 
     prompt: np.ndarray
     answer: np.ndarray
     needle_start: int
     value_start: int
+    facts: tuple[Fact, ...] = ()
+    asked: int = 0
+
+
+def _needles(facts: int) -> str:
+    return "the needle" if facts == 1 else f"the {facts} needles"
 
 
 def _bytes(text: str) -> np.ndarray:
@@ -119,31 +151,68 @@ def random_key(rng: np.random.Generator) -> str:
     return "".join(rng.choice(list(CONSONANTS if i % 2 == 0 else VOWELS)) for i in range(KEY_LENGTH)).capitalize()
 
 
-def make_document(filler: np.ndarray, rng: np.random.Generator, length: int, depth: float, digits: int = 5
-                  ) -> Document:
-    """A document of prompt length `length` with its needle at relative `depth` in [0, 1].
+def make_document(filler: np.ndarray, rng: np.random.Generator, length: int, depth: float, digits: int = 5,
+                  facts: int = 1) -> Document:
+    """A document of prompt length `length` with `facts` facts, the asked one at relative `depth` in
+    [0, 1] (the others at places drawn uniformly).
 
     filler: the token stream [N] (bytes) the haystack is cut from, at an offset drawn from `rng`,
-    which also draws the key and the value.
+    which also draws the keys, the values and the other facts' places.
     """
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth={depth} must be in [0, 1] (0: the needle first, 1: right before the question)")
-    if length < shortest_prompt(digits):
-        raise ValueError(f"length={length} is below {shortest_prompt(digits)}, the needle and the question alone")
-    key = random_key(rng)
-    value = "".join(str(d) for d in rng.integers(0, 10, size=digits))
-    needle, question = _bytes(NEEDLE.format(key=key, value=value)), _bytes(QUESTION.format(key=key))
+    if length < shortest_prompt(digits, facts):
+        raise ValueError(f"length={length} is below {shortest_prompt(digits, facts)}, {_needles(facts)} and "
+                         "the question alone")
+    keys = [random_key(rng)]
+    values = ["".join(str(d) for d in rng.integers(0, 10, size=digits))]
+    question = _bytes(QUESTION.format(key=keys[0]))
+    needle_length = len(NEEDLE.format(key=keys[0], value=values[0]))  # the same for every key and value
     haystack = length - len(question)
-    fill = haystack - len(needle)
+    fill = haystack - facts * needle_length
     if len(filler) < fill:
         raise ValueError(f"the filler stream has {len(filler)} tokens, fewer than the {fill} a document of "
                          f"length {length} needs; use more text or shorter documents")
     offset = int(rng.integers(0, len(filler) - fill, endpoint=True))
     text = np.asarray(filler[offset: offset + fill], dtype=np.int32)
-    start = int(round(depth * fill))
-    prompt = np.concatenate([text[:start], needle, text[start:], question])
-    value_start = start + len(NEEDLE.split("{value}")[0].format(key=key))
-    return Document(prompt=prompt, answer=_bytes(value), needle_start=start, value_start=value_start)
+    places = [int(round(depth * fill))]  # where each needle goes into the filler, the asked one first
+    while len(keys) < facts:  # the other facts, drawn after what a one-fact document draws
+        key = random_key(rng)
+        if key in keys:
+            continue
+        keys.append(key)
+        values.append("".join(str(d) for d in rng.integers(0, 10, size=digits)))
+        places.append(int(rng.integers(0, fill, endpoint=True)))
+
+    order = sorted(range(facts), key=lambda i: (places[i], i))  # the needles in the order of the text
+    parts, made, cut = [], [], 0
+    for i in order:
+        parts.append(text[cut: places[i]])
+        cut = places[i]
+        start = sum(len(p) for p in parts)
+        needle = _bytes(NEEDLE.format(key=keys[i], value=values[i]))
+        parts.append(needle)
+        made.append(Fact(keys[i], _bytes(values[i]), start, start + len(NEEDLE.split("{value}")[0].format(key=keys[i]))))
+    parts += [text[cut:], question]
+    asked = order.index(0)
+    return Document(prompt=np.concatenate(parts), answer=made[asked].value, needle_start=made[asked].start,
+                    value_start=made[asked].value_start, facts=tuple(made), asked=asked)
+
+
+def ask(document: Document, i: int) -> Document:
+    """The same document with its question naming fact i (in the order of the text) instead: the same
+    length, a different answer."""
+    fact = document.facts[i]
+    question = _bytes(QUESTION.format(key=fact.key))
+    prompt = np.concatenate([document.prompt[: len(document.prompt) - len(question)], question])
+    return Document(prompt=prompt, answer=fact.value, needle_start=fact.start, value_start=fact.value_start,
+                    facts=document.facts, asked=i)
+
+
+def copy_any_value_accuracy(documents: list[Document]) -> float:
+    """The chance line of recall: the expected exact-match accuracy of a model that answers with the
+    value of a fact drawn uniformly from its document (1 / facts when the values differ)."""
+    return float(np.mean([np.mean([np.array_equal(f.value, d.answer) for f in d.facts]) for d in documents]))
 
 
 def _row(doc: Document, seq_len: int, graded: str) -> tuple[np.ndarray, np.ndarray]:
@@ -167,7 +236,7 @@ def _rows(filler: np.ndarray, seeds: list[list[int]], task: NeedleTask, seq_len:
         rng = np.random.default_rng(seed)
         length = int(rng.integers(task.min_length, task.max_length, endpoint=True))
         depth = float(rng.uniform(task.min_depth, task.max_depth))
-        rows.append(_row(make_document(filler, rng, length, depth, task.digits), seq_len, task.graded))
+        rows.append(_row(make_document(filler, rng, length, depth, task.digits, task.facts), seq_len, task.graded))
     inputs, targets = zip(*rows)
     return np.stack(inputs), np.stack(targets)
 
@@ -192,10 +261,10 @@ def eval_batches(tokens: np.ndarray, *, num_batches: int, batch_size: int, seq_l
 
 
 def document_grid(filler: np.ndarray, lengths: list[int], depths: list[float], per_cell: int, seed: int = 0,
-                  digits: int = 5) -> list[list[list[Document]]]:
+                  digits: int = 5, facts: int = 1) -> list[list[list[Document]]]:
     """`per_cell` documents for each (length, depth) cell: grid[i][j][k] has prompt length lengths[i]
-    and depth depths[j]; document k of a cell draws from (seed, i, j, k)."""
-    return [[[make_document(filler, np.random.default_rng([seed, i, j, k]), n, d, digits) for k in range(per_cell)]
+    and the asked fact at depth depths[j]; document k of a cell draws from (seed, i, j, k)."""
+    return [[[make_document(filler, np.random.default_rng([seed, i, j, k]), n, d, digits, facts) for k in range(per_cell)]
              for j, d in enumerate(depths)] for i, n in enumerate(lengths)]
 
 

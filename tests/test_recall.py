@@ -97,3 +97,35 @@ def test_facts_that_do_not_fit_are_refused():
         needle.make_document(FILLER, np.random.default_rng(0), 90, 0.5, facts=3)
     assert needle.NeedleTask.from_config({"min_length": 64, "max_length": 96, "min_depth": 0.0, "max_depth": 1.0,
                                           "digits": 5, "graded": "answer"}).facts == 1  # saved before facts existed
+
+
+# --- Exact match in one forward pass --------------------------------------------------------------
+
+def test_teacher_forced_exact_match_is_greedy_exact_match():
+    """A document is answered exactly by greedy decoding iff every teacher-forced answer token is the
+    argmax: with each document's answer set to the model's own greedy continuation all are right;
+    with any one digit of it changed, none is; a head mask reaches the pass."""
+    import dataclasses
+
+    from tests.helpers.decoder import random_params
+    from transformer.analysis import retrieval
+    from transformer.model.config import ModelConfig
+    from transformer.model.decoder import Decoder
+
+    cfg = ModelConfig(vocab_size=128, max_seq_len=160, d_model=32, num_layers=2, num_heads=4, position="rope")
+    params = random_params(Decoder(cfg), seed=3, std=0.3)
+    docs = [needle.make_document(FILLER, np.random.default_rng([4, k]), 120, 0.5, digits=3, facts=2) for k in range(6)]
+    for mask in (None, retrieval.ablation_mask(cfg, [(0, 1), (1, 3)])):
+        greedy = retrieval.answers(params, cfg, docs, mask)  # [6, 3]
+        own = [dataclasses.replace(d, answer=greedy[b].astype(np.int32)) for b, d in enumerate(docs)]
+        assert retrieval.teacher_forced(params, cfg, own, mask).tolist() == [True] * 6
+        for step in range(3):  # a wrong digit at any step, the others the model's own
+            wrong = [dataclasses.replace(d, answer=d.answer.copy()) for d in own]
+            for d in wrong:
+                d.answer[step] = (d.answer[step] + 1) % cfg.vocab_size
+            assert retrieval.teacher_forced(params, cfg, wrong, mask).tolist() == [False] * 6, step
+    masked = retrieval.answers(params, cfg, docs, retrieval.ablation_mask(cfg, [(0, 1), (1, 3)]))
+    assert masked.tolist() != retrieval.answers(params, cfg, docs).tolist()  # the mask changes the answers
+    with pytest.raises(ValueError, match="one prompt length"):
+        retrieval.teacher_forced(params, cfg, [docs[0], needle.make_document(FILLER, np.random.default_rng(0), 100,
+                                                                             0.5, digits=3, facts=2)])

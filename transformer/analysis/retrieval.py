@@ -29,7 +29,7 @@ import numpy as np
 
 from transformer.model.config import ModelConfig
 from transformer.analysis.capture import attention_maps
-from transformer.model.edits import ablate_heads
+from transformer.model.edits import ablate_heads, run
 from transformer.data.needle import Document
 from transformer.sampling.sampler import generate
 
@@ -54,6 +54,34 @@ def accuracy_grid(params: dict, cfg: ModelConfig, grid: list[list[list[Document]
                   head_mask: Array | None = None) -> np.ndarray:
     """Accuracy of each cell of `grid` (needle.document_grid): float [lengths, depths]."""
     return np.array([[accuracy(params, cfg, cell, head_mask) for cell in row] for row in grid])
+
+
+def teacher_forced(params: dict, cfg: ModelConfig, documents: list[Document], head_mask: Array | None = None
+                   ) -> np.ndarray:
+    """Whether each document is answered exactly, read in one forward pass: bool [B].
+
+    Greedy decoding gives the value exactly if and only if, with the value fed back as the answer so
+    far (teacher forcing), every answer token is the argmax at its step: both walk the same prefixes
+    while they agree, and the first disagreement fails both. So one batched forward pass of prompt +
+    value[:-1] ([B, n + A - 1]) decides a whole cell of equal-length documents, and head masks are
+    data to the compiled pass (one compile for every mask).
+    """
+    n, digits = len(documents[0].prompt), len(documents[0].answer)
+    if any(len(d.prompt) != n for d in documents):
+        raise ValueError("teacher_forced reads documents of one prompt length in one batch; group them by length "
+                         "(document_grid's cells are)")
+    tokens = jnp.asarray(np.stack([np.concatenate([d.prompt, d.answer[:-1]]) for d in documents]))
+    mask = jnp.ones((cfg.num_layers, cfg.num_heads), jnp.float32) if head_mask is None else jnp.asarray(head_mask)
+    top = np.asarray(_answer_argmax(params, cfg, tokens, mask, n, digits))  # [B, A]
+    return np.all(top == np.stack([d.answer for d in documents]), axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "n", "digits"))
+def _answer_argmax(params: dict, cfg: ModelConfig, tokens: Array, head_mask: Array, n: int, digits: int) -> Array:
+    """The argmax token at the answer steps (positions n - 1 .. n + digits - 2) with `head_mask`'s
+    heads off -> int [B, digits]."""
+    logits, _ = run(params, cfg, tokens, [ablate_heads(cfg, head_mask)])
+    return jnp.argmax(logits[:, n - 1: n - 1 + digits], axis=-1)
 
 
 def standard_error(accuracy: np.ndarray | float, per_cell: int) -> np.ndarray:

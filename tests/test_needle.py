@@ -399,12 +399,3 @@ def test_ablating_a_head_changes_what_uses_it_and_nothing_else(params):
     np.testing.assert_array_equal(ablated[:2], attention[:2])  # layers 0 and 1 read nothing layer 1's head writes
     assert not np.allclose(ablated[2], attention[2])  # layer 2 reads the residual stream that lost it
     assert not np.allclose(ablated_logits, logits)
-
-
-def test_top_and_random_heads():
-    scores = np.array([[0.1, 0.9], [0.5, 0.0], [0.7, 0.2]])
-    assert retrieval.top_heads(scores, 3) == [(0, 1), (2, 0), (1, 0)]
-    drawn = retrieval.random_heads(CFG, 3, np.random.default_rng(0), exclude=[(0, 1), (2, 0)])
-    assert len(set(drawn)) == 3 and not {(0, 1), (2, 0)} & set(drawn)
-    with pytest.raises(ValueError, match="cannot draw 5 heads from the 4 left"):
-        retrieval.random_heads(CFG, 5, np.random.default_rng(0), exclude=[(0, 1), (2, 0)])

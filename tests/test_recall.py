@@ -3,6 +3,7 @@ every fact sits where the document says, keys are distinct, the question names t
 answer is its value; `ask` asks another fact of the same document; the chance line of a model that
 copies any value; the training rows grade the asked value; configs whose facts do not fit are refused."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -31,6 +32,7 @@ def test_every_fact_sits_where_the_document_says_and_the_question_asks_one(facts
         sentence = needle.NEEDLE.format(key=f.key, value=text(f.value))
         assert prompt[f.start: f.start + len(sentence)] == sentence and prompt.count(sentence) == 1
         assert text(doc.prompt[f.value_start: f.value_start + len(f.value)]) == text(f.value)
+        assert prompt[f.key_start: f.key_start + needle.KEY_LENGTH] == f.key
     asked = doc.facts[doc.asked]
     assert prompt.endswith(needle.QUESTION.format(key=asked.key))
     np.testing.assert_array_equal(doc.answer, asked.value)
@@ -129,3 +131,125 @@ def test_teacher_forced_exact_match_is_greedy_exact_match():
     with pytest.raises(ValueError, match="one prompt length"):
         retrieval.teacher_forced(params, cfg, [docs[0], needle.make_document(FILLER, np.random.default_rng(0), 100,
                                                                              0.5, digits=3, facts=2)])
+
+
+# --- The grid of many ablations, the causal score, the soft look-up --------------------------------
+
+@pytest.fixture(scope="module")
+def recall_model():
+    from tests.helpers.decoder import random_params
+    from transformer.model.config import ModelConfig
+    from transformer.model.decoder import Decoder
+
+    cfg = ModelConfig(vocab_size=128, max_seq_len=160, d_model=32, num_layers=2, num_heads=4, position="rope")
+    return cfg, random_params(Decoder(cfg), seed=3, std=0.3)
+
+
+def test_teacher_forced_grid_is_the_greedy_grid_under_every_mask(recall_model):
+    """Cells where a known share of the documents carry the model's own greedy answer (right) and the
+    others a wrong one: teacher_forced_grid gives the greedy accuracy_grid under each of two masks, in one
+    call, and refuses masks of the wrong shape."""
+    import dataclasses
+
+    from transformer.analysis import retrieval
+
+    cfg, params = recall_model
+    masks = np.stack([np.ones((2, 4), np.float32), np.asarray(retrieval.ablation_mask(cfg, [(0, 1), (1, 3)]))])
+    grid = needle.document_grid(FILLER, [120, 150], [0.0, 1.0], per_cell=4, seed=5, digits=3, facts=2)
+    for m, mask in enumerate(masks):
+        own = [[[dataclasses.replace(d, answer=a.astype(np.int32)) if k < 1 + i + 2 * j else d  # i + 2j + 1 of 4 right
+                 for k, (d, a) in enumerate(zip(cell, retrieval.answers(params, cfg, cell, mask)))]
+                for j, cell in enumerate(row)] for i, row in enumerate(grid)]
+        greedy = retrieval.accuracy_grid(params, cfg, own, head_mask=jnp.asarray(mask))
+        forced = retrieval.teacher_forced_grid(params, cfg, own, masks)  # [2, lengths, depths]
+        np.testing.assert_array_equal(forced[m], greedy)
+        assert len(np.unique(greedy)) > 2  # cells differ: a transposed or constant grid would not match
+    with pytest.raises(ValueError, match=r"\[M, 2, 4\]"):
+        retrieval.teacher_forced_grid(params, cfg, grid, masks[0])
+
+
+def test_the_value_log_prob_is_the_sum_of_the_answer_steps_log_softmax(recall_model):
+    from transformer.analysis import retrieval
+    from transformer.model.edits import run
+
+    cfg, params = recall_model
+    docs = [needle.make_document(FILLER, np.random.default_rng([6, k]), 120, 0.5, digits=3, facts=3) for k in range(3)]
+    tokens = np.stack([np.concatenate([d.prompt, d.answer[:-1]]) for d in docs])
+    logits = np.asarray(run(params, cfg, jnp.asarray(tokens), [])[0], np.float64)
+    by_hand = [sum(logits[b, 119 + i, d.answer[i]] - np.log(np.exp(logits[b, 119 + i]).sum()) for i in range(3))
+               for b, d in enumerate(docs)]
+    got = retrieval.value_log_prob(jnp.asarray(logits), jnp.asarray(np.stack([d.answer for d in docs])), 120)
+    np.testing.assert_allclose(got, by_hand, rtol=1e-5)
+
+
+def test_the_patching_pair_differs_only_in_the_questions_key():
+    from transformer.analysis import retrieval
+
+    docs = [needle.make_document(FILLER, np.random.default_rng([7, k]), 120, 0.3, digits=3, facts=3) for k in range(2)]
+    as_asked, as_other, asked, other = map(np.asarray, retrieval.patching_pair(docs, [(d.asked + 1) % 3 for d in docs]))
+    assert as_asked.shape == as_other.shape == (4, 122)
+    for b, d in enumerate(docs):
+        o = d.facts[(d.asked + 1) % 3]
+        np.testing.assert_array_equal(asked[b], d.answer)
+        np.testing.assert_array_equal(other[b], o.value)
+        np.testing.assert_array_equal(as_asked[b], np.concatenate([d.prompt, d.answer[:-1]]))
+        np.testing.assert_array_equal(as_asked[2 + b, 120:], o.value[:-1])
+        assert text(as_other[b, :120]) == text(d.prompt).replace(d.facts[d.asked].key + "? ", o.key + "? ")
+    differ = np.nonzero((as_asked != as_other).any(axis=0))[0]
+    assert len(differ) > 0 and differ.min() >= 120 - 2 - needle.KEY_LENGTH and differ.max() < 120 - 2
+    with pytest.raises(ValueError, match="not the asked one"):
+        retrieval.patching_pair(docs, [d.asked for d in docs])
+
+
+def test_the_causal_score_of_a_head_that_writes_nothing_is_zero_and_of_the_only_one_left_is_one():
+    """One layer, two heads, head 1's W_o zeroed: the answer steps' logits are the embedding's path plus head 0
+    (the tokens there are the same in both runs), so patching head 0 from the run asking the other fact gives
+    that run's metric exactly (share 1) and patching head 1 changes nothing (share 0); clean and corrupted
+    are the two runs' metrics."""
+    from tests.helpers.decoder import random_params
+    from transformer.analysis import retrieval
+    from transformer.model.config import ModelConfig
+    from transformer.model.decoder import Decoder
+    from transformer.model.edits import run
+
+    cfg = ModelConfig(vocab_size=128, max_seq_len=160, d_model=32, num_layers=1, num_heads=2, position="rope")
+    params = random_params(Decoder(cfg), seed=4, std=0.3)
+    kernel = params["layers"]["attn"]["o"]["kernel"]  # [L, D, H, Kv]
+    params["layers"]["attn"]["o"]["kernel"] = kernel.at[:, :, 1].set(0.0)
+    docs = [needle.make_document(FILLER, np.random.default_rng([8, k]), n, 0.5, digits=3, facts=3)
+            for k, n in enumerate([110, 110, 110, 130])]  # two prompt lengths: two batches, weighted by size
+    got = retrieval.causal_scores(params, cfg, docs, batch_size=2)
+    shares = np.asarray(got.normalised())
+    assert shares.shape == (1, 2)
+    np.testing.assert_allclose(shares, [[1.0, 0.0]], atol=1e-4)
+
+    def metric(documents, asking):
+        as_asked, as_other, asked, other = retrieval.patching_pair(documents, [(d.asked + 1) % 3 for d in documents])
+        tokens = as_other if asking == "other" else as_asked
+        return float(retrieval.recall_metric(asked, other, len(documents[0].prompt))(run(params, cfg, tokens, [])[0]))
+
+    groups = [docs[:3], docs[3:]]
+    for field, asking in (("clean", "other"), ("corrupted", "asked")):
+        expected = sum(metric(g, asking) * len(g) for g in groups) / 4
+        np.testing.assert_allclose(float(getattr(got, field)), expected, rtol=1e-4)
+    assert abs(float(got.corrupted) - float(got.clean)) > 0.1  # the question's key matters: the share is defined
+
+
+def test_lookup_weights_sum_the_heads_attention_over_each_entry(recall_model):
+    from transformer.analysis import retrieval
+    from transformer.analysis.capture import attention_maps
+
+    cfg, params = recall_model
+    docs = [needle.make_document(FILLER, np.random.default_rng([9, k]), 120, 0.5, digits=3, facts=3) for k in range(3)]
+    for over in ("key", "value"):
+        got = retrieval.lookup_weights(params, cfg, docs, layer=1, head=2, over=over)
+        assert got.shape == (3, 3)
+        pattern = np.asarray(attention_maps(params, cfg, jnp.asarray(np.stack([d.prompt for d in docs]))))[1, :, 2, -1]
+        for b, d in enumerate(docs):
+            for f, fact in enumerate(d.facts):
+                start, entry = (fact.key_start, fact.key) if over == "key" else (fact.value_start, text(fact.value))
+                assert text(d.prompt[start: start + len(entry)]) == entry
+                np.testing.assert_allclose(got[b, f], pattern[b, start: start + len(entry)].sum(), rtol=1e-5)
+        assert (got.sum(axis=1) <= 1 + 1e-6).all()
+    with pytest.raises(ValueError, match="'key' or 'value'"):
+        retrieval.lookup_weights(params, cfg, docs, 1, 2, over="query")

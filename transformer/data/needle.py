@@ -115,12 +115,18 @@ def shortest_prompt(digits: int, facts: int = 1) -> int:
 @dataclass(frozen=True)
 class Fact:
     """One fact of a document: its key, its value (int32 [digits]), the index of its needle's first
-    token in the prompt (`start`) and of its value's first token (`value_start`)."""
+    token in the prompt (`start`), of its key's (`key_start`) and of its value's first token
+    (`value_start`)."""
 
     key: str
     value: np.ndarray
     start: int
     value_start: int
+
+    @property
+    def key_start(self) -> int:
+        """The index of the key's first token in the prompt (KEY_LENGTH tokens from there)."""
+        return self.start + len(NEEDLE.split("{key}")[0])
 
 
 @dataclass(frozen=True)

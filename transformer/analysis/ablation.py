@@ -1,0 +1,135 @@
+"""Does a head matter? Remove the top-k heads of a ranking, and compare with removing k random heads.
+
+    evaluate = lambda heads: accuracy with `heads` removed      # [(layer, head)] -> float [...cells]
+    result = top_k_against_random(evaluate, ranking, ks=range(1, 9), draws=20, rng=np.random.default_rng(0))
+    result.table()                 # per k: top-k accuracy, the random draws' mean and spread, p-value
+    result.median_draw(k)          # the random draw whose accuracy is the median, for the slide's grids
+
+An experiment, not an anecdote: for each k the top k heads of the ranking (scores [L, H], highest
+first) are removed together, and against them `draws` sets of k heads drawn uniformly, without
+repeats, from the heads outside that top k (every such set where there are no more than `draws`).
+The empirical p-value of k is the fraction of random draws whose accuracy is at most the top-k's:
+the chance that k heads picked blindly hurt at least as much. With D draws it cannot go below 1 / D
+unless it is 0: with 20 draws, p = 0 says "fewer than 1 in 20", not "impossible".
+
+`evaluate` returns one accuracy per cell (a [lengths, depths] grid, say); `where` (bool, the cells'
+shape) says which cells count: the cells where the intact model retrieves, so that a head cannot
+look harmless for breaking what already fails. Each accuracy is the mean over those cells.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Head = tuple[int, int]  # (layer, head)
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """The measured experiment. ks: the k's; intact: evaluate([]) [...cells]; where: the cells that
+    count (bool [...cells]); top[i]: the top ks[i] heads; top_cells[i]: their removal's accuracy
+    [...cells]; drawn[i]: the random draws of ks[i] heads; drawn_cells[i]: [draws, ...cells]."""
+
+    ks: tuple[int, ...]
+    intact: np.ndarray
+    where: np.ndarray
+    top: tuple[tuple[Head, ...], ...]
+    top_cells: np.ndarray
+    drawn: tuple[tuple[tuple[Head, ...], ...], ...]
+    drawn_cells: tuple[np.ndarray, ...]
+
+    def accuracy(self, cells: np.ndarray) -> np.ndarray:
+        """The mean over the counted cells of `cells` [..., *cells] -> [...]."""
+        counted = np.asarray(cells)[..., self.where]
+        return counted.mean(axis=-1)
+
+    def intact_accuracy(self) -> float:
+        return float(self.accuracy(self.intact))
+
+    def top_accuracy(self) -> np.ndarray:
+        """Accuracy with the top-k removed, float [len(ks)]."""
+        return self.accuracy(self.top_cells)
+
+    def random_accuracy(self, i: int) -> np.ndarray:
+        """Accuracy of each random draw of ks[i] heads, float [draws]."""
+        return self.accuracy(self.drawn_cells[i])
+
+    def p_values(self) -> np.ndarray:
+        """For each k, the fraction of random draws at least as harmful as the top-k: float [len(ks)]."""
+        return np.array([empirical_p_value(self.top_accuracy()[i], self.random_accuracy(i)) for i in range(len(self.ks))])
+
+    def median_draw(self, i: int) -> int:
+        """The index of the random draw of ks[i] heads whose accuracy is the median (the lower middle
+        one for an even number of draws)."""
+        accuracy = self.random_accuracy(i)
+        return int(np.argsort(accuracy, kind="stable")[(len(accuracy) - 1) // 2])
+
+    def table(self) -> list[dict]:
+        """One row per k: k, top (accuracy with the top-k removed), random_mean, random_std (over the
+        draws, ddof 1), random_min, random_max, draws and p (the empirical p-value)."""
+        rows, top, p = [], self.top_accuracy(), self.p_values()
+        for i, k in enumerate(self.ks):
+            drawn = self.random_accuracy(i)
+            rows.append(dict(k=k, top=float(top[i]), random_mean=float(drawn.mean()),
+                             random_std=float(drawn.std(ddof=1)) if len(drawn) > 1 else 0.0,
+                             random_min=float(drawn.min()), random_max=float(drawn.max()), draws=len(drawn),
+                             p=float(p[i])))
+        return rows
+
+
+def empirical_p_value(top: float, drawn: np.ndarray) -> float:
+    """The fraction of `drawn` (accuracies of random ablations) at most `top` (the top-k's accuracy):
+    how often a blind choice hurts at least as much."""
+    drawn = np.asarray(drawn, dtype=float)
+    if drawn.size == 0:
+        raise ValueError("no random draws to compare with; draw at least one")
+    return float(np.mean(drawn <= top))
+
+
+def ranked_heads(scores: np.ndarray) -> list[Head]:
+    """Every head of scores [L, H], highest score first (ties in (layer, head) order)."""
+    order = np.argsort(-np.asarray(scores), axis=None, kind="stable")
+    return [tuple(int(i) for i in np.unravel_index(o, np.shape(scores))) for o in order]
+
+
+def random_subsets(pool: Sequence[Head], k: int, draws: int, rng: np.random.Generator) -> list[tuple[Head, ...]]:
+    """`draws` distinct k-subsets of `pool`, uniformly without repeats, each sorted; every k-subset
+    (in order) when there are no more than `draws`."""
+    if not 1 <= k <= len(pool):
+        raise ValueError(f"cannot draw {k} heads from a pool of {len(pool)}; lower k")
+    if math.comb(len(pool), k) <= draws:
+        return [tuple(c) for c in itertools.combinations(pool, k)]
+    seen: list[tuple[Head, ...]] = []
+    while len(seen) < draws:
+        subset = tuple(sorted(pool[i] for i in rng.choice(len(pool), size=k, replace=False)))
+        if subset not in seen:
+            seen.append(subset)
+    return seen
+
+
+def top_k_against_random(evaluate: Callable[[list[Head]], np.ndarray], scores: np.ndarray, ks: Iterable[int],
+                         draws: int, rng: np.random.Generator, where: np.ndarray | None = None) -> Ablation:
+    """Run the experiment: evaluate([]) once, then for each k the top k heads of `scores` [L, H] and
+    `draws` random sets of k heads outside that top k (`random_subsets`). `where`: the cells that
+    count (default: every cell)."""
+    ks = tuple(int(k) for k in ks)
+    ranked = ranked_heads(scores)
+    intact = np.asarray(evaluate([]), dtype=float)
+    where = np.ones(intact.shape, bool) if where is None else np.asarray(where, bool)
+    if where.shape != intact.shape or not where.any():
+        raise ValueError(f"where has shape {where.shape} and {int(where.sum())} cells; give a bool mask of the "
+                         f"cells' shape {intact.shape} with at least one cell")
+    top, top_cells, drawn, drawn_cells = [], [], [], []
+    for k in ks:
+        best = tuple(ranked[:k])
+        subsets = random_subsets(ranked[k:], k, draws, rng)
+        top.append(best)
+        top_cells.append(np.asarray(evaluate(list(best)), dtype=float))
+        drawn.append(tuple(subsets))
+        drawn_cells.append(np.stack([np.asarray(evaluate(list(s)), dtype=float) for s in subsets]))
+    return Ablation(ks, intact, where, tuple(top), np.stack(top_cells), tuple(drawn), tuple(drawn_cells))

@@ -110,56 +110,57 @@ def train_config(smoke: bool = SMOKE):
     return c
 
 
-def needle_config(smoke: bool = SMOKE):
-    """retrieval_heads.ipynb's model: configs/needle.py as it is (the README's run), or a tiny one
+def recall_config(smoke: bool = SMOKE):
+    """retrieval_heads.ipynb's model: configs/recall.py as it is (the README's run), or a tiny one
     trained for a few steps in smoke mode."""
-    from configs import needle
+    from configs import recall
 
-    c = needle.get_config()
+    c = recall.get_config()
     if smoke:
-        c.model.update(dict(d_model=32, num_layers=2, num_heads=2, mlp_dim=64, max_seq_len=256))
-        c.data.needle.max_length = 96
-        c.train.update(dict(steps=10, batch_size=4, seq_len=100, eval_every=10, eval_batches=1, checkpoint_every=10))
+        c.model.update(dict(d_model=32, num_layers=2, num_heads=2, head_dim=16, num_kv_heads=2, mlp_dim=64,
+                            max_seq_len=256))
+        c.data.needle.update(dict(facts=2, min_length=96, max_length=112))
+        c.train.update(dict(steps=10, batch_size=4, seq_len=114, eval_every=10, eval_batches=1, checkpoint_every=10))
         c.optim.warmup_steps = 2
     c.data.cache_dir = TOKEN_CACHE
     return c
 
 
-NEEDLE_MODEL = "configs/needle.py"  # model.from for retrieval_heads.ipynb's model
+RECALL_MODEL = "configs/recall.py"  # model.from for retrieval_heads.ipynb's model
 # The needle task's fields, recorded for retrieval_heads.ipynb's model besides RUN_FIELDS.
-NEEDLE_FIELDS = ("data.task", "data.needle.min_length", "data.needle.max_length", "data.needle.min_depth",
-                 "data.needle.max_depth", "data.needle.digits", "data.needle.graded")
+NEEDLE_FIELDS = ("data.task", "data.needle.facts", "data.needle.min_length", "data.needle.max_length",
+                 "data.needle.min_depth", "data.needle.max_depth", "data.needle.digits", "data.needle.graded")
 
 
 @functools.cache
-def _smoke_needle_workdir() -> str:
-    return tempfile.mkdtemp(prefix="notebook-smoke-needle-")
+def _smoke_recall_workdir() -> str:
+    return tempfile.mkdtemp(prefix="notebook-smoke-recall-")
 
 
-def needle_run_folder(env: Mapping[str, str] = os.environ, smoke: bool = SMOKE) -> str:
-    """retrieval_heads.ipynb's run: NOTEBOOK_NEEDLE_WORKDIR, else runs/needle (what the README's command
+def recall_run_folder(env: Mapping[str, str] = os.environ, smoke: bool = SMOKE) -> str:
+    """retrieval_heads.ipynb's run: NOTEBOOK_RECALL_WORKDIR, else runs/recall (what the README's command
     trains; a temporary folder in smoke mode)."""
-    if env.get("NOTEBOOK_NEEDLE_WORKDIR"):
-        return resolve(env["NOTEBOOK_NEEDLE_WORKDIR"])
-    return _smoke_needle_workdir() if smoke else os.path.join(ROOT, "runs", "needle")
+    if env.get("NOTEBOOK_RECALL_WORKDIR"):
+        return resolve(env["NOTEBOOK_RECALL_WORKDIR"])
+    return _smoke_recall_workdir() if smoke else os.path.join(ROOT, "runs", "recall")
 
 
-def load_needle_model():
+def load_recall_model():
     """(cfg, params, tokenizer, workdir) of retrieval_heads.ipynb's model: the finished run of
-    needle_config() in needle_run_folder(), trained there first if it holds none (a stopped run resumes)."""
+    recall_config() in recall_run_folder(), trained there first if it holds none (a stopped run resumes)."""
     from transformer.training.checkpoint import Checkpointer, restore_for_inference
 
-    workdir, config = needle_run_folder(), needle_config()
+    workdir, config = recall_run_folder(), recall_config()
     done = os.path.isdir(os.path.join(workdir, "checkpoints")) and (
         Checkpointer(workdir, read_only=True).latest_step() or 0) >= config.train.steps
     if done:
-        _check_same_run(config, workdir, "_setup.needle_config()", RUN_FIELDS + NEEDLE_FIELDS)
+        _check_same_run(config, workdir, "_setup.recall_config()", RUN_FIELDS + NEEDLE_FIELDS)
     else:
         _train(config, workdir)
     cfg, params, tokenizer = restore_for_inference(workdir)
     ckpt = Checkpointer(workdir, read_only=True)
     provenance({"model": cfg}, run_fields(ckpt.config(), RUN_FIELDS + NEEDLE_FIELDS), model={
-        "run": _name(workdir), "from": NEEDLE_MODEL, "step": ckpt.latest_step(), "val_loss": _val_loss(workdir)})
+        "run": _name(workdir), "from": RECALL_MODEL, "step": ckpt.latest_step(), "val_loss": _val_loss(workdir)})
     return cfg, params, tokenizer, workdir
 
 

@@ -66,9 +66,9 @@ def builds_now(name):
         return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, _setup.run_fields(config), \
             _setup.OWN_MODEL
     if name == "retrieval_heads":
-        config = _setup.needle_config(smoke=False)
+        config = _setup.recall_config(smoke=False)
         fields = _setup.run_fields(config, _setup.RUN_FIELDS + _setup.NEEDLE_FIELDS)
-        return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, fields, _setup.NEEDLE_MODEL
+        return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, fields, _setup.RECALL_MODEL
     if name == "attention_sinks":  # its own runs (configs/sweeps/sinks.py) with their training fields, no one model
         return (*_setup.sinks_configs(smoke=False), None)
     if name == "looking_inside":  # its three runs of configs/modern.py
@@ -342,9 +342,9 @@ def looking_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def needle_model(tmp_path_factory):
-    """The folder of retrieval_heads.ipynb's tiny needle model, trained by the notebook."""
-    return tmp_path_factory.mktemp("needle_model")
+def recall_model(tmp_path_factory):
+    """The folder of retrieval_heads.ipynb's tiny recall model, trained by the notebook."""
+    return tmp_path_factory.mktemp("recall_model")
 
 
 # Every notebook on the user's run, but those of OWN_MODELS, which train models of their own (the needle task, a longer run) and
@@ -352,20 +352,20 @@ def needle_model(tmp_path_factory):
 @pytest.mark.parametrize("name,model", [  # one kept in `make test` (tests/end_to_end.py), the others slow
     pytest.param(name, model, marks=() if (name, model) == ("head_ablation", "notebook_model") else pytest.mark.slow)
     for name, model in [(n, "own_run") for n in NOTEBOOKS if n not in OWN_MODELS]
-    + [(n, "notebook_model") for n in NOTEBOOKS if uses_a_model(n)] + [("retrieval_heads", "needle_model"),
+    + [(n, "notebook_model") for n in NOTEBOOKS if uses_a_model(n)] + [("retrieval_heads", "recall_model"),
                                                                        ("looking_inside", "looking_model")]])
 def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
     work = tmp_path / "notebooks"
     shutil.copytree(os.path.join(ROOT, "notebooks"), work, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     for var in ("NOTEBOOK_CHECKPOINT", "NOTEBOOK_WORKDIR", "NOTEBOOK_FIGURES", "NOTEBOOK_DATA",
-                "NOTEBOOK_NEEDLE_WORKDIR", "NOTEBOOK_LOOKING_WORKDIR"):
+                "NOTEBOOK_RECALL_WORKDIR", "NOTEBOOK_LOOKING_WORKDIR"):
         monkeypatch.delenv(var, raising=False)
     if model == "notebook_model":
         run = str(request.getfixturevalue("notebook_model"))
         monkeypatch.setenv("NOTEBOOK_WORKDIR", run)
-    elif model == "needle_model":
-        run = str(request.getfixturevalue("needle_model"))
-        monkeypatch.setenv("NOTEBOOK_NEEDLE_WORKDIR", run)
+    elif model == "recall_model":
+        run = str(request.getfixturevalue("recall_model"))
+        monkeypatch.setenv("NOTEBOOK_RECALL_WORKDIR", run)
     elif model == "looking_model":
         run = str(request.getfixturevalue("looking_model"))
         monkeypatch.setenv("NOTEBOOK_LOOKING_WORKDIR", run)
@@ -397,9 +397,9 @@ def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
         assert f"model: {os.path.relpath(run, ROOT) if model == 'own_run' else run}, step" in text
         assert record["model"]["from"] == ("NOTEBOOK_CHECKPOINT" if model == "own_run" else _setup.OWN_MODEL)
         assert record["configs"]["model"]["attention"] == ("mla" if model == "own_run" else "mha")
-    if model == "needle_model":
+    if model == "recall_model":
         text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
-        assert f"model: {run}, step 10" in text and record["model"]["from"] == _setup.NEEDLE_MODEL
+        assert f"model: {run}, step 10" in text and record["model"]["from"] == _setup.RECALL_MODEL
         assert record["run"]["data.task"] == "needle"
     if model == "looking_model":
         runs = {"default": 10, "long": 20, "copying": 20}

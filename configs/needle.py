@@ -6,8 +6,11 @@ Each training row is one document (transformer/data/needle.py): Shakespeare fill
 Kelav is 48213. " planted at a random depth, then "\\nWhat is the code of Kelav? " and the answer;
 the loss grades only the answer's digits (data.needle.graded). Prompts of 64-128 bytes; RoPE and
 max_seq_len 1024, so that the same model can be asked about documents past the trained lengths
-(notebooks/retrieval_heads.ipynb).
-The README reports the run's time and accuracy.
+(docs/experiments/retrieval_heads.md reports the run of 2026-12-02).
+
+Kept as the one-fact case of the task (data.needle.facts = 1): the cheapest look at retrieval and its
+length generalisation. The retrieval-heads experiment uses configs/recall.py instead: with one number
+in the document a model can answer by copying it without reading the key.
 """
 
 from configs.common import base_config

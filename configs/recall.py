@@ -2,17 +2,24 @@
 
     python train.py --config configs/recall.py --workdir runs/recall
 
-Each training row is one document (transformer/data/needle.py with data.needle.facts = 4): Shakespeare
-filler with four facts " The code of Kelav is 482. " planted in it, distinct keys, one of them asked
-at the end ("\\nWhat is the code of Kelav? "), and its value; the loss grades only the value's digits.
-A model that copies any of the four values is right a quarter of the time (the chance line,
-`needle.copy_any_value_accuracy`): to do better it has to match the key.
+Each training row is one document (transformer/data/needle.py with data.needle.facts = 3): Shakespeare
+filler with three facts " The code of Kelav is 482. " planted in it, distinct keys, and at the end the
+needle's words for one of them, up to its value ("\nThe code of Morup is "; data.needle.question =
+'cloze'); the loss grades only the value's digits. A model that copies any of the three values is right
+a third of the time (the chance line, `needle.copy_any_value_accuracy`): to do better it has to match
+the key.
+
+Why the cloze rather than the question in words ("\nWhat is the code of Morup? "): with the question,
+this config stayed at the chance line, copying one of the values without matching the key (0.27 exact
+match over the trained lengths after 1,000 and 1,500 steps, docs/experiments/retrieval_heads.md). The
+cloze puts the answer after the same words as in the needle, the shape an induction-style head
+completes.
 
 4 layers x 8 heads of width 16: 32 heads, so that removing a few at random can leave retrieval
 intact and a top-k against random-k contrast has room (the one-fact needle model had 12, and 3 random
 heads off already broke it). The modern recipe of configs/modern.py (Muon, RoPE, RMSNorm, QK-norm,
-zero-initialised outputs) to train within the budget on 2 CPU cores; RoPE and max_seq_len 1024 so
-that the same model can be asked about documents 4x past the trained lengths.
+zero-initialised outputs); RoPE and max_seq_len 1024 so that the same model can be asked about
+documents 4x past the trained lengths.
 """
 
 from configs import modern
@@ -31,8 +38,9 @@ def get_config():
     ))
     c.data.task = "needle"
     c.data.needle.facts = 3
+    c.data.needle.question = "cloze"
     c.data.needle.digits = 3
-    c.data.needle.min_length = 120  # the 3 needles (27 bytes each) and the question (28) take 109
+    c.data.needle.min_length = 120  # the 3 needles (27 bytes each) and the cloze (22) take 103
     c.data.needle.max_length = 176
     c.data.needle.min_depth = 0.0
     c.data.needle.max_depth = 1.0

@@ -62,6 +62,29 @@ def test_ask_puts_the_question_on_another_fact_of_the_same_document():
     np.testing.assert_array_equal(needle.ask(doc, doc.asked).prompt, doc.prompt)
 
 
+def test_the_cloze_asks_with_the_needles_own_words_and_ask_keeps_it():
+    """question='cloze': the prompt ends with "\nThe code of KEY is ", so the answer follows the words it follows
+    in the needle; the facts are drawn as with the question in words (the same keys, values and places for the
+    same generator); `ask` asks another fact the same way; an unknown form is refused."""
+    doc = needle.make_document(FILLER, np.random.default_rng(11), 150, 0.4, digits=3, facts=3, question="cloze")
+    worded = needle.make_document(FILLER, np.random.default_rng(11), 150, 0.4, digits=3, facts=3)
+    asked = doc.facts[doc.asked]
+    cloze = needle.QUESTIONS["cloze"].format(key=asked.key)
+    assert text(doc.prompt).endswith(cloze) and len(doc.prompt) == 150 and doc.question == "cloze"
+    assert (text(doc.prompt[asked.start: asked.value_start]) == needle.NEEDLE.split("{value}")[0].format(key=asked.key)
+            and cloze.endswith(text(doc.prompt[asked.start + 1: asked.value_start])))  # the needle's words up to the value
+    assert [(f.key, text(f.value)) for f in doc.facts] == [(f.key, text(f.value)) for f in worded.facts]
+    np.testing.assert_array_equal(doc.answer, asked.value)
+    other = needle.ask(doc, (doc.asked + 1) % 3)
+    assert text(other.prompt).endswith(needle.QUESTIONS["cloze"].format(key=other.facts[other.asked].key))
+    assert len(other.prompt) == 150 and other.question == "cloze"
+    assert needle.shortest_prompt(3, 3, "cloze") == 3 * 27 + 22
+    with pytest.raises(ValueError, match="question='quiz' is not known"):
+        needle.make_document(FILLER, np.random.default_rng(0), 150, 0.4, digits=3, facts=3, question="quiz")
+    with pytest.raises(ValueError, match="data.needle.question='quiz' is not known"):
+        needle.NeedleTask(min_length=150, max_length=150, digits=3, facts=3, question="quiz")
+
+
 def test_the_chance_line_is_one_over_the_facts_and_counts_repeated_values():
     docs = [needle.make_document(FILLER, np.random.default_rng([9, k]), 300, 0.5, facts=4) for k in range(50)]
     assert all(len({text(f.value) for f in d.facts}) == 4 for d in docs)  # 5 random digits: no two alike here

@@ -300,6 +300,10 @@ def test_resuming_on_other_data_is_refused_naming_the_field(tmp_path):
         f"the checkpoints in {needle_workdir} were trained on other data (data.needle.facts: checkpoint 1, config 2; "
         "data.needle.max_length: checkpoint 58, config 90; data.needle.min_length: checkpoint 57, config 90); "
         "resume with the same data fields, or start a new --workdir")
+    cloze = config_with(tmp_path, **{**one_fact, "train.steps": 4, "data.needle.question": "cloze"})
+    assert refused(lambda: check_run(cloze, str(needle_workdir)), CheckpointError) == (
+        f"the checkpoints in {needle_workdir} were trained on other data (data.needle.question: checkpoint "
+        "'question', config 'cloze'); resume with the same data fields, or start a new --workdir")
 
 
 @pytest.mark.slow

@@ -47,6 +47,10 @@ from transformer.data.tasks import DataTask, register_task
 
 NEEDLE = " The code of {key} is {value}. "
 QUESTION = "\nWhat is the code of {key}? "
+# How the document asks: data.needle.question names one. 'question' asks in words; 'cloze' repeats the
+# needle's own words up to the value, so the answer follows the same context as in the needle (the
+# shape an induction head completes; associative recall in the form of Zoology's MQAR).
+QUESTIONS = {"question": QUESTION, "cloze": "\nThe code of {key} is "}
 KEY_LENGTH = 5  # consonant-vowel-consonant-vowel-consonant, capitalised: "Kelav", "Morup"
 CONSONANTS = "bcdfghjklmnprstvz"
 VOWELS = "aeiou"
@@ -66,13 +70,16 @@ class NeedleTask:
     digits: int = 5
     graded: str = "answer"  # 'answer': only the answer's tokens are graded; 'all': every token of the document
     facts: int = 1  # facts per document (distinct keys); the question asks one
+    question: str = "question"  # how the document asks: a key of QUESTIONS
 
     def __post_init__(self) -> None:
+        if self.question not in QUESTIONS:
+            raise ValueError(f"data.needle.question={self.question!r} is not known; use one of {sorted(QUESTIONS)}")
         if self.digits < 1:
             raise ValueError(f"data.needle.digits={self.digits} must be at least 1")
         if not 1 <= self.facts <= MAX_FACTS:
             raise ValueError(f"data.needle.facts={self.facts} must be in [1, {MAX_FACTS}]")
-        shortest = shortest_prompt(self.digits, self.facts)
+        shortest = shortest_prompt(self.digits, self.facts, self.question)
         if self.min_length < shortest:
             raise ValueError(f"data.needle.min_length={self.min_length} is below {shortest}, "
                              f"{_needles(self.facts)} and the question alone; raise it")
@@ -87,9 +94,9 @@ class NeedleTask:
     @classmethod
     def from_config(cls, needle: Any) -> NeedleTask:
         """From a config's data.needle section (a ConfigDict or a dict; one saved before `facts` existed
-        has one fact)."""
+        has one fact, asked in words)."""
         fields = {k: needle[k] for k in ("min_length", "max_length", "min_depth", "max_depth", "digits", "graded")}
-        return cls(**fields, facts=int(needle.get("facts", 1)))
+        return cls(**fields, facts=int(needle.get("facts", 1)), question=str(needle.get("question", "question")))
 
     def check(self, seq_len: int, tokenizer: str = "bytes") -> None:
         """Raises unless a batch of seq_len tokens holds the longest document and its answer, in bytes."""
@@ -106,10 +113,10 @@ class NeedleTask:
         return length + self.digits
 
 
-def shortest_prompt(digits: int, facts: int = 1) -> int:
+def shortest_prompt(digits: int, facts: int = 1, question: str = "question") -> int:
     """The shortest prompt: the needles and the question with no filler."""
     key = "K" * KEY_LENGTH
-    return facts * len(NEEDLE.format(key=key, value="0" * digits)) + len(QUESTION.format(key=key))
+    return facts * len(NEEDLE.format(key=key, value="0" * digits)) + len(QUESTIONS[question].format(key=key))
 
 
 @dataclass(frozen=True)
@@ -134,7 +141,8 @@ class Document:
     """One document. prompt: int32 [n], the haystack with its needles, then the question; answer: int32
     [digits], the asked fact's value. needle_start: index of the asked needle's first token in prompt;
     value_start: index of its value's first token, so prompt[value_start : value_start + digits] ==
-    answer. facts: every fact in the order of the text; asked: the index of the asked one there."""
+    answer. facts: every fact in the order of the text; asked: the index of the asked one there;
+    question: how it asks (a key of QUESTIONS)."""
 
     prompt: np.ndarray
     answer: np.ndarray
@@ -142,6 +150,7 @@ class Document:
     value_start: int
     facts: tuple[Fact, ...] = ()
     asked: int = 0
+    question: str = "question"
 
 
 def _needles(facts: int) -> str:
@@ -158,23 +167,26 @@ def random_key(rng: np.random.Generator) -> str:
 
 
 def make_document(filler: np.ndarray, rng: np.random.Generator, length: int, depth: float, digits: int = 5,
-                  facts: int = 1) -> Document:
+                  facts: int = 1, question: str = "question") -> Document:
     """A document of prompt length `length` with `facts` facts, the asked one at relative `depth` in
     [0, 1] (the others at places drawn uniformly).
 
     filler: the token stream [N] (bytes) the haystack is cut from, at an offset drawn from `rng`,
-    which also draws the keys, the values and the other facts' places.
+    which also draws the keys, the values and the other facts' places. question: how the document
+    asks (QUESTIONS; the draws do not depend on it).
     """
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth={depth} must be in [0, 1] (0: the needle first, 1: right before the question)")
-    if length < shortest_prompt(digits, facts):
-        raise ValueError(f"length={length} is below {shortest_prompt(digits, facts)}, {_needles(facts)} and "
+    if question not in QUESTIONS:
+        raise ValueError(f"question={question!r} is not known; use one of {sorted(QUESTIONS)}")
+    if length < shortest_prompt(digits, facts, question):
+        raise ValueError(f"length={length} is below {shortest_prompt(digits, facts, question)}, {_needles(facts)} and "
                          "the question alone")
     keys = [random_key(rng)]
     values = ["".join(str(d) for d in rng.integers(0, 10, size=digits))]
-    question = _bytes(QUESTION.format(key=keys[0]))
+    asking = _bytes(QUESTIONS[question].format(key=keys[0]))
     needle_length = len(NEEDLE.format(key=keys[0], value=values[0]))  # the same for every key and value
-    haystack = length - len(question)
+    haystack = length - len(asking)
     fill = haystack - facts * needle_length
     if len(filler) < fill:
         raise ValueError(f"the filler stream has {len(filler)} tokens, fewer than the {fill} a document of "
@@ -199,20 +211,20 @@ def make_document(filler: np.ndarray, rng: np.random.Generator, length: int, dep
         needle = _bytes(NEEDLE.format(key=keys[i], value=values[i]))
         parts.append(needle)
         made.append(Fact(keys[i], _bytes(values[i]), start, start + len(NEEDLE.split("{value}")[0].format(key=keys[i]))))
-    parts += [text[cut:], question]
+    parts += [text[cut:], asking]
     asked = order.index(0)
     return Document(prompt=np.concatenate(parts), answer=made[asked].value, needle_start=made[asked].start,
-                    value_start=made[asked].value_start, facts=tuple(made), asked=asked)
+                    value_start=made[asked].value_start, facts=tuple(made), asked=asked, question=question)
 
 
 def ask(document: Document, i: int) -> Document:
     """The same document with its question naming fact i (in the order of the text) instead: the same
     length, a different answer."""
     fact = document.facts[i]
-    question = _bytes(QUESTION.format(key=fact.key))
-    prompt = np.concatenate([document.prompt[: len(document.prompt) - len(question)], question])
+    asking = _bytes(QUESTIONS[document.question].format(key=fact.key))
+    prompt = np.concatenate([document.prompt[: len(document.prompt) - len(asking)], asking])
     return Document(prompt=prompt, answer=fact.value, needle_start=fact.start, value_start=fact.value_start,
-                    facts=document.facts, asked=i)
+                    facts=document.facts, asked=i, question=document.question)
 
 
 def copy_any_value_accuracy(documents: list[Document]) -> float:
@@ -242,7 +254,8 @@ def _rows(filler: np.ndarray, seeds: list[list[int]], task: NeedleTask, seq_len:
         rng = np.random.default_rng(seed)
         length = int(rng.integers(task.min_length, task.max_length, endpoint=True))
         depth = float(rng.uniform(task.min_depth, task.max_depth))
-        rows.append(_row(make_document(filler, rng, length, depth, task.digits, task.facts), seq_len, task.graded))
+        rows.append(_row(make_document(filler, rng, length, depth, task.digits, task.facts, task.question), seq_len,
+                         task.graded))
     inputs, targets = zip(*rows)
     return np.stack(inputs), np.stack(targets)
 
@@ -267,10 +280,11 @@ def eval_batches(tokens: np.ndarray, *, num_batches: int, batch_size: int, seq_l
 
 
 def document_grid(filler: np.ndarray, lengths: list[int], depths: list[float], per_cell: int, seed: int = 0,
-                  digits: int = 5, facts: int = 1) -> list[list[list[Document]]]:
+                  digits: int = 5, facts: int = 1, question: str = "question") -> list[list[list[Document]]]:
     """`per_cell` documents for each (length, depth) cell: grid[i][j][k] has prompt length lengths[i]
     and the asked fact at depth depths[j]; document k of a cell draws from (seed, i, j, k)."""
-    return [[[make_document(filler, np.random.default_rng([seed, i, j, k]), n, d, digits, facts) for k in range(per_cell)]
+    return [[[make_document(filler, np.random.default_rng([seed, i, j, k]), n, d, digits, facts, question)
+              for k in range(per_cell)]
              for j, d in enumerate(depths)] for i, n in enumerate(lengths)]
 
 

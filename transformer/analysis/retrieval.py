@@ -179,6 +179,12 @@ def _attention(params: dict, cfg: ModelConfig, tokens: Array, head_mask: Array |
     return attention_maps(params, cfg, tokens, [] if head_mask is None else [ablate_heads(cfg, head_mask)])
 
 
+def by_length(documents: list[Document]) -> list[tuple[int, list[int]]]:
+    """The documents' indices grouped by prompt length, shortest first: [(n, indices)], one batch shape each."""
+    lengths = [len(d.prompt) for d in documents]
+    return [(n, [i for i, m in enumerate(lengths) if m == n]) for n in sorted(set(lengths))]
+
+
 # --- The causal score: patching each head from the document asking another fact -----------------
 
 
@@ -239,8 +245,7 @@ def causal_scores(params: dict, cfg: ModelConfig, documents: list[Document], oth
     """
     other = [(d.asked + 1) % len(d.facts) for d in documents] if other is None else list(other)
     grid, clean, corrupted, count = 0.0, 0.0, 0.0, 0
-    for n in sorted({len(d.prompt) for d in documents}):
-        at = [i for i, d in enumerate(documents) if len(d.prompt) == n]
+    for n, at in by_length(documents):
         for start in range(0, len(at), batch_size):
             batch = at[start: start + batch_size]
             as_asked, as_other, asked_values, other_values = patching_pair([documents[i] for i in batch],
@@ -271,8 +276,7 @@ def lookup_weights(params: dict, cfg: ModelConfig, documents: list[Document], la
     if over not in ("key", "value"):
         raise ValueError(f"over={over!r}: use 'key' or 'value'")
     out = np.zeros((len(documents), len(documents[0].facts)))
-    for n in sorted({len(d.prompt) for d in documents}):
-        at = [i for i, d in enumerate(documents) if len(d.prompt) == n]
+    for n, at in by_length(documents):
         tokens = jnp.asarray(np.stack([documents[i].prompt for i in at]))
         weights = np.asarray(_attention(params, cfg, tokens, None)[layer, :, head, n - 1])  # [B, n]
         for row, i in enumerate(at):

@@ -57,6 +57,7 @@ def base_config(model: dict) -> ml_collections.ConfigDict:
     c.data.needle.graded = "answer"  # which targets the loss grades: 'answer' (the value's digits) or 'all'
     c.data.needle.facts = 1  # facts per document (distinct keys), one of them asked: > 1 is associative recall
     c.data.needle.question = "question"  # how it asks: 'question' in words, 'cloze' the needle's words up to the value
+    c.data.needle.questions = 1  # questions per training row, each on a fact drawn at random (validation rows ask one)
 
     c.optim = ml_collections.ConfigDict()
     c.optim.name = "adamw"  # 'adamw', or 'muon': Muon on the layers' matrices, AdamW on the rest (optim.py)

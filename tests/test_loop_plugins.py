@@ -37,7 +37,7 @@ register_task("abcd", lambda config: DataTask(
 def compile_param_count(cfg, mesh, state, rules, x):
     """A metric of this test: the number of parameters and the batch's rows, from the loop's arguments."""
     count = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state.params))
-    return lambda params, inputs: {"probe_params": float(count), "probe_rows": float(inputs.shape[0])}
+    return lambda params, eval_set: {"probe_params": float(count), "probe_rows": float(eval_set[0][0].shape[0])}
 
 
 register_eval_metric(EvalMetric("probe", enabled=lambda config: config.train.steps == 6,

@@ -3,6 +3,7 @@ every fact sits where the document says, keys are distinct, the question names t
 answer is its value; `ask` asks another fact of the same document; the chance line of a model that
 copies any value; the training rows grade the asked value; configs whose facts do not fit are refused."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -111,6 +112,46 @@ def test_a_recall_batch_grades_the_asked_value_only():
         np.testing.assert_array_equal(graded, np.arange(length - 1, length - 1 + 3))  # the answer's 3 digits
         np.testing.assert_array_equal(targets[b, graded], doc.answer)
         np.testing.assert_array_equal(inputs[b, :length], doc.prompt)
+
+
+def test_more_questions_ask_drawn_facts_after_the_answer_and_grade_each_value():
+    """questions=3: the row is the one-question row, then two clozes naming facts of the document, each
+    followed by its value; exactly the three values' digits are graded; validation rows ask one."""
+    task = needle.NeedleTask(min_length=130, max_length=170, digits=3, facts=3, question="cloze", questions=3)
+    one = needle.NeedleTask(min_length=130, max_length=170, digits=3, facts=3, question="cloze")
+    seq_len = task.row_length(task.max_length) - 1
+    assert seq_len == one.row_length(task.max_length) - 1 + 2 * (len("\nThe code of Kelav is ") + 3)
+    inputs, targets = needle.batch_at(FILLER, seed=0, step=2, batch_size=8, seq_len=seq_len, task=task)
+    alone, _ = needle.batch_at(FILLER, seed=0, step=2, batch_size=8, seq_len=seq_len, task=one)
+    asked_again = set()
+    for b in range(8):
+        rng = np.random.default_rng([0, 2, b])
+        length = int(rng.integers(task.min_length, task.max_length, endpoint=True))
+        depth = float(rng.uniform(task.min_depth, task.max_depth))
+        doc = needle.make_document(FILLER, rng, length, depth, 3, 3, "cloze")
+        np.testing.assert_array_equal(inputs[b, :length + 2], alone[b, :length + 2])  # the one-question row
+        tail = text(inputs[b, length + 3:][inputs[b, length + 3:] != 0])
+        asks = tail.split("\n")[1:]  # two more clozes, the last value less its last digit (the final target)
+        assert len(asks) == 2
+        keys = {f.key: text(f.value) for f in doc.facts}
+        for q, cloze in enumerate(asks):
+            key = cloze[len("The code of "): len("The code of ") + 5]
+            assert cloze[:len("The code of Kelav is ")] == f"The code of {key} is " and key in keys
+            assert cloze[len("The code of Kelav is "):] == (keys[key] if q == 0 else keys[key][:-1])
+            asked_again.add(key == doc.facts[doc.asked].key)
+        graded = np.flatnonzero(targets[b] != IGNORED)
+        assert len(graded) == 9
+        row = np.concatenate([inputs[b], [0]])
+        row[graded[-1] + 1] = targets[b, graded[-1]]  # the last target is not an input
+        np.testing.assert_array_equal(targets[b, graded], row[graded + 1])  # each graded target is the next byte
+        assert text(targets[b, graded]) == text(doc.answer) + "".join(keys[c[12:17]] for c in asks)
+    assert asked_again == {True, False}  # the asked fact may come again, or another
+    val = needle.eval_batches(FILLER, num_batches=1, batch_size=4, seq_len=seq_len, task=task)[0][1]
+    assert ((val != IGNORED).sum(axis=1) == 3).all()  # validation rows ask one question
+    with pytest.raises(ValueError, match="questions=0 must be at least 1"):
+        needle.NeedleTask(questions=0)
+    with pytest.raises(ValueError, match="and 2 more questions with theirs; set train.seq_len >= "):
+        task.check(seq_len - 1)
 
 
 def test_facts_that_do_not_fit_are_refused():
@@ -276,3 +317,47 @@ def test_lookup_weights_sum_the_heads_attention_over_each_entry(recall_model):
         assert (got.sum(axis=1) <= 1 + 1e-6).all()
     with pytest.raises(ValueError, match="'key' or 'value'"):
         retrieval.lookup_weights(params, cfg, docs, 1, 2, over="query")
+
+
+def test_the_loops_exact_match_metric_is_teacher_forced_exact_match(recall_model):
+    """The 'exact_match' evaluation metric, on for needle runs that grade the answer: over two validation
+    batches of documents of two lengths, some carrying the model's own greedy answer (right) and the
+    others a wrong one, it gives the fraction that `teacher_forced` answers exactly; text runs and
+    runs grading every byte do not measure it."""
+    import dataclasses
+
+    import optax
+
+    from configs import recall
+    from transformer.analysis import retrieval
+    from transformer.training.eval_metrics import enabled_metrics
+    from transformer.training.sharding import make_mesh, make_rules
+    from transformer.training.steps import create_state
+
+    cfg, params = recall_model
+    config = recall.get_config()
+    metric = {m.name: m for m in enabled_metrics(config)}["exact_match"]
+    config.data.needle.graded = "all"
+    assert "exact_match" not in [m.name for m in enabled_metrics(config)]
+    config.data.task = "text"
+    assert "exact_match" not in [m.name for m in enabled_metrics(config)]
+
+    seq_len, batches, right = 140, [], []
+    for n, keep in ((120, 3), (130, 1)):  # `keep` of 4 documents carry the model's own answer
+        docs = [needle.make_document(FILLER, np.random.default_rng([7, n, k]), n, 0.5, digits=3, facts=3)
+                for k in range(4)]
+        greedy = retrieval.answers(params, cfg, docs)
+        docs = [dataclasses.replace(d, answer=greedy[k].astype(np.int32)) if k < keep else d for k, d in enumerate(docs)]
+        right += retrieval.teacher_forced(params, cfg, docs).tolist()
+        inputs = np.zeros((4, seq_len), np.int32)
+        targets = np.full((4, seq_len), IGNORED, np.int32)
+        for k, d in enumerate(docs):
+            row = np.concatenate([d.prompt, d.answer])
+            inputs[k, :len(row) - 1] = row[:-1]
+            targets[k, n - 1: n + 2] = d.answer
+        batches.append((jnp.asarray(inputs), jnp.asarray(targets)))
+    assert 0 < np.mean(right) < 1
+    mesh = make_mesh(devices=jax.devices()[:1])
+    state = create_state(cfg, optax.sgd(0.1), 0, mesh, params=params)
+    measure = metric.compile(cfg, mesh, state, make_rules(cfg, mesh), batches[0][0])
+    assert measure(params, batches) == {"val_exact_match": pytest.approx(np.mean(right))}

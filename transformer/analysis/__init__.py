@@ -3,7 +3,7 @@ attribution (lens.py), activation patching (patching.py), induction heads (induc
 shares (sinks, registers), retrieval scores and head ablation, the attention explorer, and tree
 views. Sits above model, data, training and sampling.
 
-Importing the package registers the training loop's evaluation metrics: attention shares (sinks.py)
-and induction scores (induction.py)."""
+Importing the package registers the training loop's evaluation metrics: attention shares (sinks.py),
+induction scores (induction.py) and the needle task's exact match (retrieval.py)."""
 
-from transformer.analysis import induction, sinks  # noqa: F401  (register the 'induction' and 'attention_shares' metrics)
+from transformer.analysis import induction, retrieval, sinks  # noqa: F401  (register the loop's metrics)

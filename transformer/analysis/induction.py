@@ -118,11 +118,11 @@ def make_induction_step(cfg: ModelConfig, mesh: Mesh, state: TrainState, ids: Ar
 
 
 def _compile_induction_metrics(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules, x: Array):
-    """The loop's metric: (params, inputs) -> {induction_score_max, induction_score_l{l}h{h}, ...,
+    """The loop's metric: (params, eval_set) -> {induction_score_max, induction_score_l{l}h{h}, ...,
     repeat_loss, first_half_loss}; the sequences are drawn from the tokens of `x` (validation)."""
     step = make_induction_step(cfg, mesh, state, np.unique(np.asarray(x)), rules).lower(state.params).compile()
 
-    def metrics(params: Any, inputs: Array) -> dict[str, float]:
+    def metrics(params: Any, eval_set: list) -> dict[str, float]:
         scores, first, repeat = step(params)
         scores = np.asarray(scores)
         row = {"induction_score_max": float(scores.max()), "first_half_loss": float(first),

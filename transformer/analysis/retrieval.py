@@ -27,6 +27,12 @@ must be the digit's own position, so a repeated digit elsewhere in the value doe
 The causal score of a head (`causal_scores`) patches its output z, at every position, from the same
 document asking another of its facts (`needle.ask`), and measures the share of the metric that moves;
 the metric is the teacher-forced log-probability of the asked value minus that of the other value.
+
+Imported, this module registers the training loop's evaluation metric 'exact_match' (training/
+eval_metrics.py), on in every needle run that grades the answer only (data.needle.graded='answer'):
+at each evaluation, `val_exact_match` is the fraction of the validation documents answered exactly,
+read as `teacher_forced` reads it (every graded target the argmax), so a run's metrics.jsonl shows
+when it crosses a target accuracy.
 """
 
 from __future__ import annotations
@@ -36,13 +42,18 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from transformer.analysis.capture import attention_maps
 from transformer.analysis.patching import Patching, patch_heads
+from transformer.data.batches import IGNORED
 from transformer.data.needle import KEY_LENGTH, Document, ask
 from transformer.model.config import ModelConfig
 from transformer.model.edits import ablate_heads, run
 from transformer.sampling.sampler import generate
+from transformer.training.eval_metrics import EvalMetric, register_eval_metric
+from transformer.training.sharding import Rules, axis_rules, batch_sharding, state_sharding
+from transformer.training.steps import TrainState
 
 Array = jax.Array
 
@@ -295,3 +306,42 @@ def ablation_mask(cfg: ModelConfig, heads: list[tuple[int, int]]) -> Array:
     for layer, head in heads:
         mask[layer, head] = 0.0
     return jnp.asarray(mask)
+
+
+# --- The training loop's evaluation metric -------------------------------------------------------
+
+
+def rows_exact(logits: Array, targets: Array) -> Array:
+    """Whether every graded target of a row is the argmax of its logits: logits [B, T, V], targets
+    [B, T] (IGNORED where not graded) -> bool [B]; False for a row with nothing graded. On needle
+    rows grading the answer this is `teacher_forced`'s exact match."""
+    graded = targets != IGNORED
+    right = (jnp.argmax(logits, axis=-1) == targets) | ~graded
+    return jnp.all(right, axis=-1) & jnp.any(graded, axis=-1)
+
+
+def _compile_exact_match(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules, x: Array):
+    """The loop's metric: (params, eval_set) -> {val_exact_match}: the fraction of validation rows
+    whose graded targets are all the argmax, over every validation batch."""
+    data = batch_sharding(mesh, rules)
+
+    @axis_rules(mesh, rules)
+    def count(params: dict, inputs: Array, targets: Array) -> Array:
+        logits, _ = run(params, cfg, inputs, [])
+        return jnp.sum(rows_exact(logits, targets))
+
+    step = jax.jit(count, in_shardings=(state_sharding(state.params, mesh, rules), data, data))
+    step = step.lower(state.params, x, x).compile()
+
+    def metrics(params: dict, eval_set: list) -> dict[str, float]:
+        right = sum(int(step(params, inputs, targets)) for inputs, targets in eval_set)
+        return {"val_exact_match": right / sum(inputs.shape[0] for inputs, _ in eval_set)}
+
+    return metrics
+
+
+register_eval_metric(EvalMetric(
+    "exact_match",
+    enabled=lambda config: config.data.task == "needle" and config.data.needle.get("graded", "answer") == "answer",
+    compile=_compile_exact_match,
+))

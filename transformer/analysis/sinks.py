@@ -147,9 +147,10 @@ def make_shares_step(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rul
 
 
 def _compile_share_metrics(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules, x: Array):
-    """The training loop's attention-share metric: (params, inputs) -> share_metrics' row."""
+    """The training loop's attention-share metric: (params, eval_set) -> share_metrics' row on the
+    first validation batch."""
     step = make_shares_step(cfg, mesh, state, rules).lower(state.params, x).compile()
-    return lambda params, inputs: share_metrics(cfg, step(params, inputs))
+    return lambda params, eval_set: share_metrics(cfg, step(params, eval_set[0][0]))
 
 
 register_eval_metric(EvalMetric(

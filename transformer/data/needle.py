@@ -23,6 +23,12 @@ in bytes, the needle sits at an exact token position whatever the text around it
 tokens in the needle are the answer's tokens (a BPE would merge digits with their neighbours
 differently in the needle and after the question).
 
+More questions per training row (questions=Q > 1): after the answer, Q - 1 more questions follow,
+each naming a fact drawn uniformly from the document (repeats allowed, so no answer follows by
+elimination) and followed by its value, graded like the first; Q times the graded answers per row for
+the cost of Q - 1 questions' bytes (associative recall with several queries, as Zoology's MQAR). The
+validation documents, and every analysis, ask one question.
+
 Training batches (`batch_at`) are (inputs, targets) int32 [B, T] like `batches.batch_at`: one
 document per row, its length and depth drawn uniformly from the task's ranges, right-padded (padding
 targets are `batches.IGNORED`, which the loss leaves out). `graded` says which other targets count:
@@ -71,12 +77,15 @@ class NeedleTask:
     graded: str = "answer"  # 'answer': only the answer's tokens are graded; 'all': every token of the document
     facts: int = 1  # facts per document (distinct keys); the question asks one
     question: str = "question"  # how the document asks: a key of QUESTIONS
+    questions: int = 1  # questions per training row (the validation rows ask one)
 
     def __post_init__(self) -> None:
         if self.question not in QUESTIONS:
             raise ValueError(f"data.needle.question={self.question!r} is not known; use one of {sorted(QUESTIONS)}")
         if self.digits < 1:
             raise ValueError(f"data.needle.digits={self.digits} must be at least 1")
+        if self.questions < 1:
+            raise ValueError(f"data.needle.questions={self.questions} must be at least 1 (questions per training row)")
         if not 1 <= self.facts <= MAX_FACTS:
             raise ValueError(f"data.needle.facts={self.facts} must be in [1, {MAX_FACTS}]")
         shortest = shortest_prompt(self.digits, self.facts, self.question)
@@ -96,21 +105,25 @@ class NeedleTask:
         """From a config's data.needle section (a ConfigDict or a dict; one saved before `facts` existed
         has one fact, asked in words)."""
         fields = {k: needle[k] for k in ("min_length", "max_length", "min_depth", "max_depth", "digits", "graded")}
-        return cls(**fields, facts=int(needle.get("facts", 1)), question=str(needle.get("question", "question")))
+        return cls(**fields, facts=int(needle.get("facts", 1)), question=str(needle.get("question", "question")),
+                   questions=int(needle.get("questions", 1)))
 
     def check(self, seq_len: int, tokenizer: str = "bytes") -> None:
-        """Raises unless a batch of seq_len tokens holds the longest document and its answer, in bytes."""
+        """Raises unless a batch of seq_len tokens holds the longest training row (`row_length`), in bytes."""
         if tokenizer != "bytes":
             raise ValueError(f"data.task='needle' needs data.tokenizer='bytes' (got {tokenizer!r}): the needle "
                              "is placed and graded in byte tokens")
         if seq_len < self.row_length(self.max_length) - 1:
+            more = "" if self.questions == 1 else f" and {self.questions - 1} more questions with theirs"
             raise ValueError(f"train.seq_len={seq_len} cannot hold a document of data.needle.max_length="
-                             f"{self.max_length} and its {self.digits}-digit answer; set train.seq_len >= "
+                             f"{self.max_length} and its {self.digits}-digit answer{more}; set train.seq_len >= "
                              f"{self.row_length(self.max_length) - 1} or lower max_length")
 
     def row_length(self, length: int) -> int:
-        """Tokens of a document of prompt length `length` with its answer."""
-        return length + self.digits
+        """Tokens of a training row whose document has prompt length `length`: the prompt, its answer
+        and the further questions with theirs."""
+        asking = len(QUESTIONS[self.question].format(key="K" * KEY_LENGTH))
+        return length + self.digits + (self.questions - 1) * (asking + self.digits)
 
 
 def shortest_prompt(digits: int, facts: int = 1, question: str = "question") -> int:
@@ -233,29 +246,39 @@ def copy_any_value_accuracy(documents: list[Document]) -> float:
     return float(np.mean([np.mean([np.array_equal(f.value, d.answer) for f in d.facts]) for d in documents]))
 
 
-def _row(doc: Document, seq_len: int, graded: str) -> tuple[np.ndarray, np.ndarray]:
+def _row(doc: Document, seq_len: int, graded: str, more: list[int] = ()) -> tuple[np.ndarray, np.ndarray]:
     """A document as one training row: (inputs, targets) int32 [seq_len], the padding IGNORED and,
-    unless graded == 'all', every target but the answer's."""
-    tokens = np.concatenate([doc.prompt, doc.answer])
+    unless graded == 'all', every target but the answers'. more: the facts (indices in doc.facts) that
+    further questions ask after the answer, each followed by its value."""
+    parts, answers = [doc.prompt, doc.answer], [(len(doc.prompt), doc.answer)]
+    for i in more:
+        fact = doc.facts[i]
+        parts.append(_bytes(QUESTIONS[doc.question].format(key=fact.key)))
+        answers.append((sum(len(p) for p in parts), fact.value))
+        parts.append(fact.value)
+    tokens = np.concatenate(parts)
     inputs = np.zeros(seq_len, np.int32)
     targets = np.full(seq_len, IGNORED, np.int32)
     inputs[: len(tokens) - 1] = tokens[:-1]
     if graded == "all":
         targets[: len(tokens) - 1] = tokens[1:]
-    n = len(doc.prompt)  # targets[t] follows inputs[t]: the answer follows positions n-1 .. n+digits-2
-    targets[n - 1: n - 1 + len(doc.answer)] = doc.answer
+    for n, value in answers:  # targets[t] follows inputs[t]: a value at n.. follows positions n-1 .. n+digits-2
+        targets[n - 1: n - 1 + len(value)] = value
     return inputs, targets
 
 
-def _rows(filler: np.ndarray, seeds: list[list[int]], task: NeedleTask, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """One document per seed, each drawing its length, depth, key, value and filler from its own generator."""
+def _rows(filler: np.ndarray, seeds: list[list[int]], task: NeedleTask, seq_len: int, questions: int = 1
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """One document per seed, each drawing its length, depth, key, value and filler from its own generator,
+    then the facts its further questions ask (`questions` - 1 of them)."""
     rows = []
     for seed in seeds:
         rng = np.random.default_rng(seed)
         length = int(rng.integers(task.min_length, task.max_length, endpoint=True))
         depth = float(rng.uniform(task.min_depth, task.max_depth))
-        rows.append(_row(make_document(filler, rng, length, depth, task.digits, task.facts, task.question), seq_len,
-                         task.graded))
+        doc = make_document(filler, rng, length, depth, task.digits, task.facts, task.question)
+        more = [int(i) for i in rng.integers(0, task.facts, size=questions - 1)]
+        rows.append(_row(doc, seq_len, task.graded, more))
     inputs, targets = zip(*rows)
     return np.stack(inputs), np.stack(targets)
 
@@ -264,16 +287,17 @@ def batch_at(tokens: np.ndarray, *, seed: int, step: int, batch_size: int, seq_l
              host_index: int = 0, host_count: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Training batch `step`: one document per row, drawn from (seed, step, row) only; filler from
     `tokens` [N]. Returns (inputs, targets) int32 [batch_size // host_count, seq_len]; targets are
-    IGNORED except at the answer's tokens."""
+    IGNORED except at the answers' tokens (task.questions of them a row)."""
     task.check(seq_len)
     rows = range(batch_size)[_host_rows(batch_size, host_index, host_count)]
-    return _rows(tokens, [[seed, step, b] for b in rows], task, seq_len)
+    return _rows(tokens, [[seed, step, b] for b in rows], task, seq_len, task.questions)
 
 
 def eval_batches(tokens: np.ndarray, *, num_batches: int, batch_size: int, seq_len: int, task: NeedleTask,
                  host_index: int = 0, host_count: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
     """Fixed validation batches of documents, filler from `tokens` [N] (the validation split), as
-    `batches.eval_batches` returns them: `num_batches` (inputs, targets) pairs."""
+    `batches.eval_batches` returns them: `num_batches` (inputs, targets) pairs. Each asks one question,
+    whatever task.questions, as the analyses do."""
     task.check(seq_len)
     rows = range(batch_size)[_host_rows(batch_size, host_index, host_count)]
     return [_rows(tokens, [[EVAL_SEED, i, b] for b in rows], task, seq_len) for i in range(num_batches)]

@@ -5,11 +5,12 @@ The module that defines a metric registers it; the loop asks which metrics a run
 and knows none by name, so the training layer imports no analysis module:
 
     register_eval_metric(EvalMetric("attention_shares", enabled, compile))   # analysis/sinks.py
+    register_eval_metric(EvalMetric("exact_match", enabled, compile))        # analysis/retrieval.py
 
 `enabled(config)` says whether a run's config asks for the metric (e.g. train.eval_attention_shares).
-`compile(cfg, mesh, state, rules, inputs)` returns a function (params, inputs [B, T]) -> {name:
-float}, compiled once at set-up like the train step (inputs: the first validation batch, on the
-mesh). `transformer`'s package import loads the analysis modules that register metrics.
+`compile(cfg, mesh, state, rules, inputs)` returns a function (params, eval_set) -> {name: float},
+compiled once at set-up like the train step (inputs [B, T]: the first validation batch, on the mesh;
+eval_set: every validation batch, a list of (inputs, targets) on the mesh). `transformer`'s package import loads the analysis modules that register metrics.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-MetricFn = Callable[[Any, Any], dict[str, float]]  # (params, inputs [B, T]) -> metric row entries
+MetricFn = Callable[[Any, Any], dict[str, float]]  # (params, [(inputs, targets)]) -> metric row entries
 
 
 @dataclass(frozen=True)

@@ -217,7 +217,7 @@ def evaluate(run: Run, params, step: int) -> dict:
     row = {"step": step, "val_loss": loss, "val_perplexity": math.exp(min(loss, 50.0)),
            "val_bits_per_byte": loss / math.log(2) / run.bytes_per_token}
     for measure in run.steps.metrics.values():
-        row.update(measure(params, run.eval_set[0][0]))
+        row.update(measure(params, run.eval_set))
     return row
 
 

@@ -162,8 +162,9 @@ def check_resume(config: ConfigDict, ckpt: Checkpointer, workdir: str) -> dict:
     saved_data = {**saved_data_fields(saved), "task": saved.get("data", {}).get("task", "text")}
     differ = [f"data.{k}: checkpoint {v!r}, config {config.data[k]!r}"
               for k, v in saved_data.items() if v != config.data[k]]
-    if saved_data["task"] == config.data.task == "needle":  # the documents' fields (one fact asked in words before `facts`, `question` existed)
-        before = {"facts": 1, "question": "question", **saved["data"].get("needle", {})}
+    if saved_data["task"] == config.data.task == "needle":  # the documents' fields; a checkpoint from before
+        # `facts`, `question` and `questions` existed asked about one fact, in words, once
+        before = {"facts": 1, "question": "question", "questions": 1, **saved["data"].get("needle", {})}
         differ += [f"data.needle.{k}: checkpoint {v!r}, config {config.data.needle[k]!r}"
                    for k, v in sorted(before.items()) if k in config.data.needle and v != config.data.needle[k]]
     if differ:

@@ -5,7 +5,8 @@ training/ and sampling/ above hf/; analysis/ above those; load.py (a model in on
 (the attention explorer's command line) and cli.py (config-file flags) on top.
 
 Importing the package loads the plug-ins of the training loop: the data tasks 'text' and 'needle'
-(data/) and the evaluation metrics of attention shares and induction scores (analysis/) register themselves.
+(data/) and the evaluation metrics of attention shares, induction scores and the needle task's exact match
+(analysis/) register themselves.
 """
 
 import transformer.analysis  # noqa: F401  (registers the analysis layer's evaluation metrics)

@@ -327,6 +327,23 @@ def test_with_start_token_begins_every_window_with_it():
     assert with_start_token((inputs, targets), -1) == (inputs, targets)
 
 
+def test_with_start_token_keeps_a_needle_rows_ungraded_targets_ungraded():
+    """A needle row grades its answer only: begun by a start token, the same answer digits are graded,
+    each still the token after its input, and nothing else."""
+    from transformer.data import needle
+    from transformer.data.batches import IGNORED
+
+    filler = np.frombuffer(b"the quick brown fox jumps over the lazy dog; " * 100, np.uint8).astype(np.int32)
+    task = needle.NeedleTask(min_length=80, max_length=90, digits=3)
+    inputs, targets = needle.batch_at(filler, seed=0, step=1, batch_size=4, seq_len=100, task=task)
+    x, y = with_start_token((inputs, targets), 0)
+    for b in range(4):
+        before, after = np.flatnonzero(targets[b] != IGNORED), np.flatnonzero(y[b] != IGNORED)
+        np.testing.assert_array_equal(after, before + 1)
+        np.testing.assert_array_equal(y[b, after], targets[b, before])
+        np.testing.assert_array_equal(x[b, after], inputs[b, before])
+
+
 @pytest.mark.parametrize("start", [256, -2])
 def test_a_start_token_outside_the_vocabulary_is_named(start):
     config = tiny.get_config()

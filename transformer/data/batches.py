@@ -109,14 +109,17 @@ def with_start_token(batch: tuple[np.ndarray, np.ndarray], start_token: int) -> 
     """The same windows begun by a fixed start token (as a BOS token begins a document), or the
     batch unchanged for start_token = -1.
 
-    (inputs [x_0 .. x_{T-1}], targets [x_1 .. x_T]) -> (inputs [s, x_0 .. x_{T-2}], targets [x_0 .. x_{T-1}]):
-    every row's first token is then the same one (configs/sinks.py tries whether that grows a sink).
+    (inputs [x_0 .. x_{T-1}], targets [y_0 .. y_{T-1}]) -> (inputs [s, x_0 .. x_{T-2}], targets [x_0, y_0 ..
+    y_{T-2}]): every row's first token is then the same one (configs/sinks.py tries whether that grows a
+    sink). The targets move with their inputs, so a task's ungraded targets (IGNORED) stay ungraded; the
+    new first target, x_0, is graded where the row's first target was (text windows: x_0 .. x_{T-1}).
     """
     if start_token == -1:
         return batch
-    inputs, _ = batch
+    inputs, targets = batch
     start = np.full((inputs.shape[0], 1), start_token, inputs.dtype)
-    return np.concatenate([start, inputs[:, :-1]], axis=1), inputs
+    first = np.where(targets[:, :1] == IGNORED, IGNORED, inputs[:, :1])
+    return np.concatenate([start, inputs[:, :-1]], axis=1), np.concatenate([first, targets[:, :-1]], axis=1)
 
 
 register_task("text", lambda config: DataTask(batch_at, eval_batches))  # data.task='text': windows of the corpus

@@ -54,7 +54,7 @@ def base_config(model: dict) -> ml_collections.ConfigDict:
     c.data.needle.min_depth = 0.0  # where the needle sits in the haystack, drawn uniformly: 0 = first
     c.data.needle.max_depth = 1.0  # 1 = right before the question
     c.data.needle.digits = 5  # the value: this many random digits
-    c.data.needle.graded = "answer"  # which targets the loss grades: 'answer' (the value's digits), 'question' (and the questions' bytes) or 'all'
+    c.data.needle.graded = "answer"  # which targets the loss grades: 'answer' (the value's digits) or 'all'
     c.data.needle.facts = 1  # facts per document (distinct keys), one of them asked: > 1 is associative recall
     c.data.needle.question = "question"  # how it asks: 'question' in words, 'cloze' the needle's words up to the value
     c.data.needle.questions = 1  # questions per training row, each on a fact drawn at random (validation rows ask one)

@@ -154,30 +154,6 @@ def test_more_questions_ask_drawn_facts_after_the_answer_and_grade_each_value():
         task.check(seq_len - 1)
 
 
-def test_graded_question_grades_every_byte_after_the_haystack_and_validation_the_answer_alone():
-    """graded='question': the targets from the first question's first byte to the row's end are the
-    next bytes (the questions' words and keys, and the answers), the haystack's are not; the same
-    rows as graded='answer'; validation rows grade the answer's digits alone."""
-    kw = dict(min_length=130, max_length=170, digits=3, facts=3, question="cloze", questions=2)
-    task, answer = needle.NeedleTask(**kw, graded="question"), needle.NeedleTask(**kw)
-    seq_len = task.row_length(task.max_length) - 1
-    inputs, targets = needle.batch_at(FILLER, seed=0, step=3, batch_size=6, seq_len=seq_len, task=task)
-    same, answers = needle.batch_at(FILLER, seed=0, step=3, batch_size=6, seq_len=seq_len, task=answer)
-    np.testing.assert_array_equal(inputs, same)
-    for b in range(6):
-        end = int(np.flatnonzero(inputs[b])[-1]) + 1  # the row's tokens less the last
-        start = text(inputs[b, :end]).index("\nThe code of ")  # the first question's first byte
-        graded = np.flatnonzero(targets[b] != IGNORED)
-        np.testing.assert_array_equal(graded, np.arange(start, end))
-        np.testing.assert_array_equal(targets[b, start: end - 1], inputs[b, start + 1: end])
-        assert set(np.flatnonzero(answers[b] != IGNORED)) < set(graded)  # the answers' digits among them
-    val = needle.eval_batches(FILLER, num_batches=1, batch_size=4, seq_len=seq_len, task=task)[0][1]
-    np.testing.assert_array_equal(val, needle.eval_batches(FILLER, num_batches=1, batch_size=4, seq_len=seq_len,
-                                                           task=answer)[0][1])
-    with pytest.raises(ValueError, match="use one of 'answer', 'question', 'all'"):
-        needle.NeedleTask(graded="questions")
-
-
 def test_facts_that_do_not_fit_are_refused():
     with pytest.raises(ValueError, match="facts=0 must be in"):
         needle.NeedleTask(facts=0)
@@ -363,8 +339,6 @@ def test_the_loops_exact_match_metric_is_teacher_forced_exact_match(recall_model
     metric = {m.name: m for m in enabled_metrics(config)}["exact_match"]
     config.data.needle.graded = "all"
     assert "exact_match" not in [m.name for m in enabled_metrics(config)]
-    config.data.needle.graded = "question"  # validation rows grade the answer alone
-    assert "exact_match" in [m.name for m in enabled_metrics(config)]
     config.data.task = "text"
     assert "exact_match" not in [m.name for m in enabled_metrics(config)]
 

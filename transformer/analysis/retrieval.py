@@ -29,8 +29,7 @@ document asking another of its facts (`needle.ask`), and measures the share of t
 the metric is the teacher-forced log-probability of the asked value minus that of the other value.
 
 Imported, this module registers the training loop's evaluation metric 'exact_match' (training/
-eval_metrics.py), on in every needle run whose validation rows grade the answer only
-(data.needle.graded 'answer' or 'question'):
+eval_metrics.py), on in every needle run that grades the answer only (data.needle.graded='answer'):
 at each evaluation, `val_exact_match` is the fraction of the validation documents answered exactly,
 read as `teacher_forced` reads it (every graded target the argmax), so a run's metrics.jsonl shows
 when it crosses a target accuracy.
@@ -343,6 +342,6 @@ def _compile_exact_match(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules:
 
 register_eval_metric(EvalMetric(
     "exact_match",
-    enabled=lambda config: config.data.task == "needle" and config.data.needle.get("graded", "answer") != "all",
+    enabled=lambda config: config.data.task == "needle" and config.data.needle.get("graded", "answer") == "answer",
     compile=_compile_exact_match,
 ))

@@ -33,21 +33,17 @@ Training batches (`batch_at`) are (inputs, targets) int32 [B, T] like `batches.b
 document per row, its length and depth drawn uniformly from the task's ranges, right-padded (padding
 targets are `batches.IGNORED`, which the loss leaves out). `graded` says which other targets count:
 'answer' grades only the value's digits (the loss is then the answer's cross-entropy, ln 10 = 2.30
-per digit for a guess), 'question' also every byte of the questions after the haystack, 'all' every
-byte of the document, filler included. configs/needle.py grades the answer only: the filler's
-next-byte loss would dominate the loss (~100 filler bytes per 5 answer bytes), and in a comparison on
-this task (README, "Retrieval heads") grading every byte left the answer's digits at chance for
-longer. 'question' adds the asked key's bytes without the filler: after "The code of " the next byte
-begins one of the document's keys and the rest of the key is copied from where it stands, the
-copying (an induction head) that matching the key builds on. Validation rows grading 'question'
-grade the answer only, so that their loss and exact match measure the answer.
+per digit for a guess), 'all' every byte of the document, filler included. configs/needle.py grades
+the answer only: the filler's next-byte loss would dominate the loss (~100 filler bytes per 5 answer
+bytes), and in a comparison on this task (README, "Retrieval heads") grading every byte left the
+answer's digits at chance for longer.
 Batch `step` depends only on (seed, step), so a resumed run sees the batches an unbroken run would.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -61,7 +57,6 @@ QUESTION = "\nWhat is the code of {key}? "
 # needle's own words up to the value, so the answer follows the same context as in the needle (the
 # shape an induction head completes; associative recall in the form of Zoology's MQAR).
 QUESTIONS = {"question": QUESTION, "cloze": "\nThe code of {key} is "}
-GRADED = ("answer", "question", "all")  # which targets a training row grades (the module docstring)
 KEY_LENGTH = 5  # consonant-vowel-consonant-vowel-consonant, capitalised: "Kelav", "Morup"
 CONSONANTS = "bcdfghjklmnprstvz"
 VOWELS = "aeiou"
@@ -79,7 +74,7 @@ class NeedleTask:
     min_depth: float = 0.0
     max_depth: float = 1.0
     digits: int = 5
-    graded: str = "answer"  # 'answer': only the answer's tokens are graded; 'question': the questions' too; 'all': every token
+    graded: str = "answer"  # 'answer': only the answer's tokens are graded; 'all': every token of the document
     facts: int = 1  # facts per document (distinct keys); the question asks one
     question: str = "question"  # how the document asks: a key of QUESTIONS
     questions: int = 1  # questions per training row (the validation rows ask one)
@@ -99,8 +94,8 @@ class NeedleTask:
                              f"{_needles(self.facts)} and the question alone; raise it")
         if self.max_length < self.min_length:
             raise ValueError(f"data.needle.max_length={self.max_length} is below min_length={self.min_length}")
-        if self.graded not in GRADED:
-            raise ValueError(f"data.needle.graded={self.graded!r} is not known; use one of {', '.join(map(repr, GRADED))}")
+        if self.graded not in ("answer", "all"):
+            raise ValueError(f"data.needle.graded={self.graded!r} is not known; use 'answer' or 'all'")
         if not 0.0 <= self.min_depth <= self.max_depth <= 1.0:
             raise ValueError(f"data.needle depths [{self.min_depth}, {self.max_depth}] must satisfy "
                              "0 <= min_depth <= max_depth <= 1")
@@ -252,9 +247,9 @@ def copy_any_value_accuracy(documents: list[Document]) -> float:
 
 
 def _row(doc: Document, seq_len: int, graded: str, more: list[int] = ()) -> tuple[np.ndarray, np.ndarray]:
-    """A document as one training row: (inputs, targets) int32 [seq_len], the padding IGNORED, and the
-    targets `graded` names (GRADED) the others. more: the facts (indices in doc.facts) that further
-    questions ask after the answer, each followed by its value."""
+    """A document as one training row: (inputs, targets) int32 [seq_len], the padding IGNORED and,
+    unless graded == 'all', every target but the answers'. more: the facts (indices in doc.facts) that
+    further questions ask after the answer, each followed by its value."""
     parts, answers = [doc.prompt, doc.answer], [(len(doc.prompt), doc.answer)]
     for i in more:
         fact = doc.facts[i]
@@ -265,9 +260,8 @@ def _row(doc: Document, seq_len: int, graded: str, more: list[int] = ()) -> tupl
     inputs = np.zeros(seq_len, np.int32)
     targets = np.full(seq_len, IGNORED, np.int32)
     inputs[: len(tokens) - 1] = tokens[:-1]
-    if graded != "answer":  # from the document's start, or from the first question's first byte on
-        first = 0 if graded == "all" else len(doc.prompt) - len(QUESTIONS[doc.question].format(key=doc.facts[doc.asked].key))
-        targets[first: len(tokens) - 1] = tokens[first + 1:]
+    if graded == "all":
+        targets[: len(tokens) - 1] = tokens[1:]
     for n, value in answers:  # targets[t] follows inputs[t]: a value at n.. follows positions n-1 .. n+digits-2
         targets[n - 1: n - 1 + len(value)] = value
     return inputs, targets
@@ -303,12 +297,10 @@ def eval_batches(tokens: np.ndarray, *, num_batches: int, batch_size: int, seq_l
                  host_index: int = 0, host_count: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
     """Fixed validation batches of documents, filler from `tokens` [N] (the validation split), as
     `batches.eval_batches` returns them: `num_batches` (inputs, targets) pairs. Each asks one question,
-    whatever task.questions, as the analyses do, and grades the answer alone where training grades
-    the questions too."""
+    whatever task.questions, as the analyses do."""
     task.check(seq_len)
     rows = range(batch_size)[_host_rows(batch_size, host_index, host_count)]
-    answer = task if task.graded != "question" else replace(task, graded="answer")
-    return [_rows(tokens, [[EVAL_SEED, i, b] for b in rows], answer, seq_len) for i in range(num_batches)]
+    return [_rows(tokens, [[EVAL_SEED, i, b] for b in rows], task, seq_len) for i in range(num_batches)]
 
 
 def document_grid(filler: np.ndarray, lengths: list[int], depths: list[float], per_cell: int, seed: int = 0,

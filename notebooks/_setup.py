@@ -130,7 +130,7 @@ RECALL_MODEL = "configs/recall.py"  # model.from for retrieval_heads.ipynb's mod
 # The needle task's fields, recorded for retrieval_heads.ipynb's model besides RUN_FIELDS.
 NEEDLE_FIELDS = ("data.task", "data.needle.facts", "data.needle.question", "data.needle.min_length",
                  "data.needle.max_length", "data.needle.min_depth", "data.needle.max_depth", "data.needle.digits",
-                 "data.needle.graded", "data.needle.questions")
+                 "data.needle.graded")
 
 
 @functools.cache

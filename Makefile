@@ -85,7 +85,7 @@ plot: $(RUN_STAMP)
 	$(PY) scripts/plot_metrics.py $(RUN)/metrics.jsonl $(RUN)/loss_curve.png
 
 clean:
-	rm -rf .venv .cache runs
+	rm -rf .venv .cache .jax_cache runs
 
 # A sweep file's variants, each trained into runs/sweeps/NAME/VARIANT, then NAME/results.md and NAME/val_loss.png;
 # rerun to resume (finished variants are skipped).

@@ -12,21 +12,32 @@ $JAX_COMPILATION_CACHE_DIR), for this process and the train.py / sample.py proce
 second `make test` skips most of XLA's compiling (docs/performance.md: "The test suite"), and
 within one run the command-line tests share the programs of configs/tiny.py. Entries are written under
 JAX's file lock (it takes one when the cache has a size limit), so the two pytest workers and their
-subprocesses never read a half-written entry.
+subprocesses never read a half-written entry. Only programs that took at least MIN_COMPILE_SECONDS to
+compile are kept: with a size limit JAX reads every entry's size and time stamp under that lock at
+each write, so thousands of tiny entries (one per eagerly run op) made each write slower than most
+compiles, and the two workers waited on each other; a cache grown past MAX_ENTRIES over many runs is
+emptied at the start of a run for the same reason.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import shutil
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MIN_COMPILE_SECONDS = 0.5  # configs/tiny.py's init and train step take longer: the command-line tests share them
+MAX_ENTRIES = 2000
 CACHE = {"JAX_COMPILATION_CACHE_DIR": os.path.join(ROOT, ".jax_cache"),
-         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-         "JAX_COMPILATION_CACHE_MAX_SIZE": str(4 << 30)}
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": str(MIN_COMPILE_SECONDS),
+         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", "JAX_COMPILATION_CACHE_MAX_SIZE": str(4 << 30)}
 for name, value in CACHE.items():  # before JAX is imported here, and inherited by the subprocesses
     os.environ.setdefault(name, value)
+if "PYTEST_XDIST_WORKER" not in os.environ:  # once per run, before the workers start
+    if len(glob.glob(os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], "*-cache"))) > MAX_ENTRIES:
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -16,7 +16,7 @@ import sys
 import jax
 from absl import app, flags, logging
 
-from transformer.model.kv_cache import kv_cache_bytes_per_token
+from transformer.model.kv_cache import describe_cache_size
 from transformer.cli import exit_with_error
 from transformer.load import load_model
 from transformer.training.checkpoint import CheckpointError, quiet_checkpoint_failures
@@ -49,7 +49,7 @@ def main(argv: list[str]) -> None:
         check_seed(FLAGS.seed)  # and so does a bad seed
         cfg, params, tokenizer = load_model(FLAGS.workdir, FLAGS.hf_dir, FLAGS.step)
         print(f"model: {count_params(params):,} parameters, context {cfg.max_seq_len} tokens, KV cache "
-              f"{kv_cache_bytes_per_token(cfg):,} bytes per token; dtype {cfg.dtype}, attention "
+              f"{describe_cache_size(cfg)}; dtype {cfg.dtype}, attention "
               f"{cfg.attention_impl} on {jax.default_backend()}", file=sys.stderr)
         print_samples(cfg, params, tokenizer, prompt, FLAGS.num_samples, FLAGS.max_new_tokens, FLAGS.seed,
                       FLAGS.chunk_size, temperature=FLAGS.temperature, top_k=FLAGS.top_k or None,

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.model.kv_cache import Cache, init_cache
+from transformer.model.kv_cache import PAD_POSITION, Cache, init_cache
 from transformer.model.config import ModelConfig
 from transformer.model.edits import Edit, check_for_sampling, run
 from transformer.model.param_tree import unrolled
@@ -286,8 +286,11 @@ def prefill(
 ) -> DecodeState:
     """Runs the padded prompts through the model, fills the cache and draws each row's first token.
 
-    Row b's prompt sits at positions 0..n_b-1; the padding after it is written to slots >= n_b,
-    which the decoder treats as stale (masked, then overwritten by the row's next tokens).
+    Row b's prompt sits at positions 0..n_b-1; the padding after it sits at kv_cache.PAD_POSITION,
+    after every real position: no real token attends to it and no cache slot receives it (a ring
+    buffer's slots would otherwise take the padding in place of the prompt's last tokens). A stack
+    of local and global layers is unrolled for the prefill (its cache does not stack, see
+    Decoder._layers).
 
     Args:
       params: the Decoder's parameters.
@@ -298,7 +301,10 @@ def prefill(
       The decode state after the first new token: tokens [B] holds it, positions [B] = lengths.
     """
     batch, length = tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    steps = jnp.arange(length, dtype=jnp.int32)[None, :]  # [1, P]
+    positions = jnp.where(steps < lengths[:, None], steps, PAD_POSITION)  # [B, P]: padding at PAD_POSITION
+    if len(set(cfg.layer_windows())) > 1:
+        params, cfg = unrolled(params, cfg)
     logits, cache = run(params, cfg, tokens, edits, positions=positions, cache=init_cache(cfg, batch, cache_len))
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     first = _draw(last, keys, 0, options)
@@ -441,7 +447,7 @@ def _start(
     longest = max(len(r) for r in rows)
     cache_len = bucket(longest + max_new_tokens, cfg.max_seq_len)
     padded_len = bucket(longest, cache_len)
-    # Padding uses token 0, a valid id: its slots are stale and never attended to.
+    # Padding uses token 0, a valid id, at PAD_POSITION (prefill): never attended to, never written.
     tokens = np.zeros((len(rows), padded_len), np.int32)
     for b, row in enumerate(rows):
         tokens[b, : len(row)] = row

@@ -187,7 +187,8 @@ def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None
         news = jax.tree.map(lambda n: n + zero.astype(n.dtype), news)
     rows = jnp.arange(positions.shape[0])[:, None]  # [B, 1], broadcasts against positions [B, T]
     rings = cache.positions if cache.positions is not None else (None,) * cache_layers(cache)
-    slots = [positions + cache.registers if ring is None else ring_slots(positions, ring.shape[1]) for ring in rings]
+    full_slots = positions + cache.registers  # slot = position + R
+    slots = [full_slots if ring is None else ring_slots(positions, ring.shape[1]) for ring in rings]
 
     def put(c: Array, n: Array, slot: Array) -> Array:  # one layer's buffer
         if c.ndim == 3:  # latent [B, S, C + Kr]

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.model import ops
-from transformer.model.kv_cache import Cache, KVCache, LatentCache, slot_positions
+from transformer.model.kv_cache import PAD_POSITION, Cache, KVCache, LatentCache, ring_window, slot_positions
 from transformer.model.config import ModelConfig
 from transformer.model.linear import Linear, dense_init
 from transformer.model.norm import rms_norm_module
@@ -46,20 +46,62 @@ def segment_masks(positions: Array, cache_len: int | None, registers: int = 0,
     return _masks(positions, slots, window)
 
 
-def _masks(positions: Array, slots: Array | None, window: int | Array | None) -> list[Array]:
+def _masks(positions: Array, slots: Array | None, window: int | Array | None, sinks: int = 0) -> list[Array]:
     """`segment_masks` given the position each cached slot holds ([B, R + S], or None: no cache)."""
-    masks = [ops.causal_mask(positions, positions, window=window)]
+    masks = [ops.causal_mask(positions, positions, window=window, sinks=sinks)]
     if slots is not None:
         # Slots at or after this call's first position are stale: this call rewrites them.
         filled = slots < positions[:, :1]
-        masks.insert(0, ops.causal_mask(positions, slots, filled, window=window))
+        masks.insert(0, ops.causal_mask(positions, slots, filled, window=window, sinks=sinks))
     return masks
+
+
+def rotated_sinks(cached: Array, positions: Array, window: int, sinks: int, theta: float, slot_axis: int,
+                  rotary: slice = slice(None)) -> Array:
+    """A rolling layer's cached keys with the sinks' rotary features turned to StreamingLLM's
+    in-cache positions (re-rotation: keys are cached rotated by their own positions).
+
+    Once a row's query q runs past sinks + window - 1, StreamingLLM numbers the cache 0..S+M-1 and
+    puts the query last: it sees sink i at distance sinks + window - 1 - i, not q - i, while the
+    rolling keys keep their true distances. RoPE scores depend on the difference of positions
+    only, so turning each sink key by shift = q - (sinks + window - 1) more does just that, for S
+    keys per step. A call of several tokens per row uses its last (the sampler's calls past the
+    context are one token per row).
+
+    Args:
+      cached: the layer's keys, [B, G, slots, K] (slot_axis 2) or the MLA latent [B, slots, C + Kr]
+        (slot_axis 1, rotary: its last Kr features).
+      positions: [B, T] this call's positions (padding at PAD_POSITION).
+    """
+    real = jnp.where(positions < PAD_POSITION, positions, -1)
+    shift = jnp.maximum(real.max(axis=1) - (sinks + window - 1), 0)  # [B]
+    head = jnp.moveaxis(cached, slot_axis, 1)  # [B, slots, ...]
+    sink = head[:, :sinks, ..., rotary]  # [B, S, G, Kr] or [B, S, Kr]
+    flat = sink if sink.ndim == 4 else sink[:, :, None]  # [B, S, G or 1, Kr]
+    turned = ops.rope(flat, jnp.broadcast_to(shift[:, None], flat.shape[:2]), theta).reshape(sink.shape)
+    return jnp.moveaxis(head.at[:, :sinks, ..., rotary].set(turned), 1, slot_axis)
+
+
+def read_keys(cfg: ModelConfig, cached: Cache, keys: Array, positions: Array, slot_axis: int,
+              rotary: slice = slice(None)) -> Array:
+    """One layer's cached keys as this call's queries see them: as they lie, except in a rolling layer
+    with sinks and RoPE (`rotated_sinks`)."""
+    if cached.positions is None or not cached.sinks or cfg.position != "rope":
+        return keys
+    window, sinks = ring_window(cached)
+    return rotated_sinks(keys, positions, window, sinks, cfg.rope_theta, slot_axis, rotary)
 
 
 def cache_masks(positions: Array, cached: Cache | None, window: int | Array | None = None) -> list[Array]:
     """`segment_masks` for one layer's view of the cache (or None); a ring layer's slots hold the
-    positions its record says."""
-    return _masks(positions, None if cached is None else slot_positions(cached, positions.shape[0]), window)
+    positions its record says, and its window and sinks are the ring's (`kv_cache.ring_window`: a
+    local layer's W, or a rolling global layer's, see `init_rolling_cache`)."""
+    if cached is None:
+        return _masks(positions, None, window)
+    if cached.positions is None:
+        return _masks(positions, slot_positions(cached, positions.shape[0]), window)
+    window, sinks = ring_window(cached)
+    return _masks(positions, cached.positions, window, sinks)
 
 
 def key_positions(positions: Array, cached: Cache | None) -> Array:
@@ -135,7 +177,7 @@ class Attention(nn.Module):
 
         ks, vs, heads_first = [k], [v], [False]
         if cached is not None:  # one layer's cache, [B, G, S, K] as it lies
-            ks.insert(0, cached.k.astype(k.dtype))
+            ks.insert(0, read_keys(cfg, cached, cached.k.astype(k.dtype), positions, slot_axis=2))
             vs.insert(0, cached.v.astype(v.dtype))
             heads_first.insert(0, True)
         at = looking_at(self, cfg, positions, cached)  # the weights' points need the reference path
@@ -197,7 +239,9 @@ class LatentAttention(nn.Module):
         w_uk = self.param("k_up", dense_init(cfg), (h, k_nope, c_kv), jnp.float32).astype(cfg.dtype)
         w_uv = self.param("v_up", dense_init(cfg), (h, k_v, c_kv), jnp.float32).astype(cfg.dtype)
 
-        segments = [latent] if cached is None else [cached.latent.astype(latent.dtype), latent]
+        if cached is not None:  # a rolling layer's sinks turned in their rotary part (Kr features after C)
+            past = read_keys(cfg, cached, cached.latent.astype(latent.dtype), positions, 1, slice(c_kv, None))
+        segments = [latent] if cached is None else [past, latent]
         masks = cache_masks(positions, cached, window)
         sink = sink_logit(self, cfg)
         scale = (k_nope + k_r) ** -0.5  # the width of the original query/key dot product

@@ -150,7 +150,9 @@ class Decoder(nn.Module):
     S + T with one (cached slots first).
 
     Out-of-range inputs: a token id outside [0, vocab_size), or a position at or past max_seq_len
-    (with a cache: at or past its S slots). Concrete tokens and positions (not traced by jit)
+    (with a cache: at or past its S slots; a cache of ring buffers only, with RoPE or no positions,
+    takes positions past max_seq_len: `position_limit`). Padding at kv_cache.PAD_POSITION is seen by
+    no real token and written nowhere. Concrete tokens and positions (not traced by jit)
     raise a ValueError naming the id or position and where it is. Under jit nothing can raise;
     instead a row's logits are NaN from its first out-of-range token onwards (later tokens attend
     to it), while its earlier positions and the other rows are exactly what they would be without
@@ -294,7 +296,7 @@ def nan_from_out_of_range(cfg: ModelConfig, x: Array, tokens: Array, positions: 
       x: [B, T, D] hidden states. tokens, positions: [B, T] integers.
     """
     t = tokens.shape[1]
-    limit = cfg.max_seq_len if cache is None else min(cfg.max_seq_len, cache.max_len)
+    limit = position_limit(cfg, cache)
     bad = (tokens < 0) | (tokens >= cfg.vocab_size) | (positions >= limit)
     index = jnp.arange(t)
     first_bad = jnp.where(bad, index, t).min(axis=1, keepdims=True, initial=t)  # [B, 1], T if none
@@ -317,12 +319,24 @@ def check_tokens(cfg: ModelConfig, tokens: Array) -> None:
         )
 
 
+def position_limit(cfg: ModelConfig, cache: Cache | None) -> int:
+    """The first position a call may not use: the context (max_seq_len) or the cache's slots; a cache
+    of ring buffers only (every layer windowed, or `init_rolling_cache`) rolls past the context
+    when positions are relative (RoPE) or absent."""
+    if cache is None:
+        return cfg.max_seq_len
+    if cache.max_len >= kv_cache.PAD_POSITION and cfg.position in ("rope", "none"):
+        return kv_cache.PAD_POSITION
+    return min(cfg.max_seq_len, cache.max_len)
+
+
 def check_positions(cfg: ModelConfig, positions: Array, cache: Cache | None) -> None:
     """Raises a clear error for positions past the context or the cache, when they are known."""
     if isinstance(positions, jax.core.Tracer):
         return
-    top = int(positions.max()) if positions.size else -1
-    if top >= cfg.max_seq_len:
+    real = np.asarray(positions)[np.asarray(positions) != kv_cache.PAD_POSITION]  # padding is never written
+    top = int(real.max()) if real.size else -1
+    if top >= cfg.max_seq_len and position_limit(cfg, cache) < kv_cache.PAD_POSITION:
         raise ValueError(
             f"position {top} is past the model's context (max_seq_len={cfg.max_seq_len}); "
             "shorten the input or use a model with a longer context"

@@ -66,7 +66,8 @@ class KVCache:
     positions None without windows, else a tuple of L entries: [B, W] int32, the position each
     ring slot holds, or None for a layer whose slot is its position. One layer's view (what a layer
     reads): k, v arrays [B, G, S, K], positions [B, W] or None. A layer's new entries: k, v
-    [B, T, G, K].
+    [B, T, G, K]. sinks: per layer (a tuple of L; one layer's view: an int), how many first slots a
+    ring keeps for good, positions 0..S-1 (`init_rolling_cache`; 0 elsewhere).
     """
 
     k: Layers | Array
@@ -74,6 +75,7 @@ class KVCache:
     positions: tuple | Array | None = None  # ring layers: the position each slot holds
     registers: int = flax.struct.field(pytree_node=False, default=0)  # R leading register slots
     registers_written: bool = flax.struct.field(pytree_node=False, default=False)
+    sinks: int | tuple[int, ...] = flax.struct.field(pytree_node=False, default=0)  # kept first slots, per layer
 
     @property
     def max_len(self) -> int:
@@ -96,6 +98,7 @@ class LatentCache:
     positions: tuple | Array | None = None  # ring layers: the position each slot holds
     registers: int = flax.struct.field(pytree_node=False, default=0)  # R leading register slots
     registers_written: bool = flax.struct.field(pytree_node=False, default=False)
+    sinks: int | tuple[int, ...] = flax.struct.field(pytree_node=False, default=0)  # kept first slots, per layer
 
     @property
     def max_len(self) -> int:
@@ -156,6 +159,46 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: str | Non
     return KVCache(k=zeros(shape, axes), v=zeros(shape, axes), positions=positions, registers=r)
 
 
+def init_rolling_cache(cfg: ModelConfig, batch_size: int, sinks: int = 0, dtype: str | None = None) -> Cache:
+    """A cache of constant size for generating past the context (StreamingLLM, Xiao et al. 2023).
+
+    Every global layer is a ring of max_seq_len slots whose first `sinks` slots keep positions
+    0..S-1 for good (the attention sinks) while the other M = max_seq_len - S roll over the last M
+    positions; a local layer keeps its ring of W. A query sees at most max_seq_len keys in every
+    layer, the context it was trained with, however far the generation runs. Positions past
+    max_seq_len are then allowed; with RoPE the attention re-rotates the sinks' keys so that each
+    query sees them at the distance StreamingLLM's in-cache positions give (`rotated_sink_keys`).
+
+    Only for position='rope' or 'none': learned and sinusoidal positions are added into the token's
+    vector before the first layer, so every cached key holds its absolute position and no position
+    past max_seq_len exists (learned) or was trained (sinusoidal).
+    """
+    if cfg.position not in ("rope", "none"):
+        raise ValueError(
+            f"generation past the context needs position='rope' or 'none', not {cfg.position!r}: {cfg.position} "
+            "positions are added into every token's vector, so each cached key holds its absolute position and "
+            f"none exists past max_seq_len={cfg.max_seq_len}; generate at most the context (no sinks option)"
+        )
+    if cfg.num_registers:
+        raise ValueError("generation past the context is not implemented with register tokens (num_registers > 0)")
+    if not 0 <= sinks < cfg.max_seq_len:
+        raise ValueError(f"sinks must be in [0, max_seq_len={cfg.max_seq_len}), got {sinks}")
+    rolling = cfg.replace(attention_window=cfg.max_seq_len, global_every=0)  # every layer a ring of max_seq_len
+    cache = init_cache(rolling, batch_size, cfg.max_seq_len, dtype)
+    windows = cfg.layer_windows()  # local layers: back to their rings of W
+    local = init_cache(cfg, batch_size, 1, dtype) if cfg.attention_window else None
+    pick = lambda name, i: getattr(cache if windows[i] is None else local, name)[i]  # noqa: E731
+    fields = {name: tuple(pick(name, i) for i in range(cfg.num_layers)) for name in (*buffers(cache), "positions")}
+    return cache.replace(**fields, sinks=tuple(sinks if w is None else 0 for w in windows))
+
+
+def ring_window(cached: Cache) -> tuple[int, int]:
+    """(window, sinks) of one layer's ring: its slots roll over the last `window` positions and
+    keep the first `sinks` for good; a local layer's ring is its W slots (no sinks)."""
+    sinks = cached.sinks if isinstance(cached.sinks, int) else 0
+    return cached.positions.shape[1] - sinks, sinks
+
+
 def max_len(cache: Cache) -> int:
     """S, the number of slots per row for real tokens."""
     return cache.max_len
@@ -188,7 +231,8 @@ def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None
     rows = jnp.arange(positions.shape[0])[:, None]  # [B, 1], broadcasts against positions [B, T]
     rings = cache.positions if cache.positions is not None else (None,) * cache_layers(cache)
     full_slots = positions + cache.registers  # slot = position + R
-    slots = [full_slots if ring is None else ring_slots(positions, ring.shape[1]) for ring in rings]
+    sinks = cache.sinks if isinstance(cache.sinks, tuple) else (cache.sinks,) * len(rings)
+    slots = [full_slots if ring is None else ring_slots(positions, ring.shape[1], s) for ring, s in zip(rings, sinks)]
 
     def put(c: Array, n: Array, slot: Array) -> Array:  # one layer's buffer
         if c.ndim == 3:  # latent [B, S, C + Kr]
@@ -205,14 +249,18 @@ def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None
     return cache.replace(**written)
 
 
-def ring_slots(positions: Array, size: int) -> Array:
-    """[B, T] positions -> [B, T] slots in a ring of `size` slots: position mod size for each row's
-    last `size` positions (padding, at PAD_POSITION, excluded); `size` (out of range: dropped) for
-    the rest, so that no two kept entries share a slot."""
+def ring_slots(positions: Array, size: int, sinks: int = 0) -> Array:
+    """[B, T] positions -> [B, T] slots in a ring of `size` slots whose first `sinks` slots hold
+    positions 0..sinks-1 for good: position p < sinks in slot p; a later one in slot sinks + (p -
+    sinks) mod (size - sinks) if it is among its row's last size - sinks positions (padding, at
+    PAD_POSITION, excluded); `size` (out of range: dropped) for the rest, so that no two kept
+    entries share a slot. sinks=0: slot p mod size."""
+    rolling = size - sinks  # slots that roll
     real = positions < PAD_POSITION
     last = jnp.max(jnp.where(real, positions, -1), axis=1, keepdims=True)  # [B, 1]
-    keep = real & (positions > last - size)
-    return jnp.where(keep, positions % size, size)
+    keep = real & (positions >= sinks) & (positions > last - rolling)
+    slots = jnp.where(keep, sinks + (positions - sinks) % rolling, size)
+    return jnp.where(real & (positions < sinks), positions, slots) if sinks else slots
 
 
 def cache_layers(cache: Cache) -> int:

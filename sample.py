@@ -4,6 +4,11 @@
         --max_new_tokens 300 --temperature 0.8 --top_k 40
     python sample.py --workdir runs/shakespeare --prompt_file prompt.txt --step 1000
     python sample.py --hf_dir path/to/gpt2 --prompt "Hello, my name is"
+    python sample.py --workdir runs/shakespeare --max_new_tokens 1024 --sinks 4   # 8x the context of 128
+
+--sinks S continues past the model's context (max_seq_len) with a rolling cache of constant size:
+every layer sees the first S tokens and the last max_seq_len - S (StreamingLLM); RoPE or no
+positions only (a model with learned positions refuses, naming why).
 
 Restores the parameters, model config and tokenizer of a training run's checkpoint (the latest, or
 --step), or imports a Hugging Face model folder (--hf_dir). Each sample is drawn with its own key,
@@ -16,7 +21,7 @@ import sys
 import jax
 from absl import app, flags, logging
 
-from transformer.model.kv_cache import kv_cache_bytes_per_token
+from transformer.model.kv_cache import describe_cache_size
 from transformer.cli import exit_with_error
 from transformer.load import load_model
 from transformer.training.checkpoint import CheckpointError, quiet_checkpoint_failures
@@ -37,6 +42,9 @@ flags.DEFINE_integer("top_k", 40, "Keep only the k most likely tokens; 0 = all."
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass in (0, 1]; 1 = all tokens.")
 flags.DEFINE_integer("seed", 0, "Seed of the sampling keys, in [0, 2**63).")
 flags.DEFINE_integer("chunk_size", 16, "Tokens generated between two prints.", lower_bound=1)
+flags.DEFINE_integer("sinks", None, "Generate past the context: a rolling cache of constant size over the last "
+                     "max_seq_len - S positions that keeps the first S tokens (StreamingLLM); 0: a plain rolling "
+                     "window. RoPE or no positions only. Unset: stop at the context.", lower_bound=0)
 
 
 def main(argv: list[str]) -> None:
@@ -49,10 +57,10 @@ def main(argv: list[str]) -> None:
         check_seed(FLAGS.seed)  # and so does a bad seed
         cfg, params, tokenizer = load_model(FLAGS.workdir, FLAGS.hf_dir, FLAGS.step)
         print(f"model: {count_params(params):,} parameters, context {cfg.max_seq_len} tokens, KV cache "
-              f"{kv_cache_bytes_per_token(cfg):,} bytes per token; dtype {cfg.dtype}, attention "
+              f"{describe_cache_size(cfg)}; dtype {cfg.dtype}, attention "
               f"{cfg.attention_impl} on {jax.default_backend()}", file=sys.stderr)
         print_samples(cfg, params, tokenizer, prompt, FLAGS.num_samples, FLAGS.max_new_tokens, FLAGS.seed,
-                      FLAGS.chunk_size, temperature=FLAGS.temperature, top_k=FLAGS.top_k or None,
+                      FLAGS.chunk_size, sinks=FLAGS.sinks, temperature=FLAGS.temperature, top_k=FLAGS.top_k or None,
                       top_p=FLAGS.top_p if FLAGS.top_p != 1.0 else None)
     except (FileNotFoundError, CheckpointError, ValueError) as e:
         exit_with_error(e)

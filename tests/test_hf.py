@@ -29,6 +29,8 @@ from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
+    MistralConfig,
+    MistralForCausalLM,
     LlamaForCausalLM,
     OPTConfig,
     OPTForCausalLM,
@@ -36,6 +38,7 @@ from transformers import (
 
 from transformer.model.config import ModelConfig
 from transformer.hf import check_same_architecture, from_hf, to_hf
+from transformer.hf import mistral as mistral_family
 from transformer.model.decoder import Decoder
 from transformer.model.param_tree import unstack_layers
 from transformer.sampling.sampler import generate
@@ -60,6 +63,15 @@ def llama(**kw):
     return LlamaForCausalLM(LlamaConfig(**{**fields, **kw}))
 
 
+def mistral(**kw):
+    """Llama with a sliding window of 5 tokens, shorter than every test sequence (24 tokens)."""
+    fields = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, intermediate_size=96, vocab_size=V, max_position_embeddings=T,
+                  initializer_range=0.1, bos_token_id=0, eos_token_id=None, sliding_window=5,
+                  rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    return MistralForCausalLM(MistralConfig(**{**fields, **kw}))
+
+
 def deepseek(**kw):
     fields = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
                   intermediate_size=96, vocab_size=V, max_position_embeddings=T, first_k_dense_replace=2,
@@ -76,6 +88,7 @@ MODELS = {
                                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
     "deepseek_q_latent": deepseek,
     "deepseek_plain_q": functools.partial(deepseek, q_lora_rank=None),
+    "mistral_window": mistral,
 }
 
 
@@ -143,6 +156,21 @@ def test_imported_configs_map_the_fields():
     assert (cfg.attention, cfg.q_latent_dim, cfg.kv_latent_dim, cfg.head_dim, cfg.rope_head_dim,
             cfg.v_head_dim, cfg.rope_theta) == ("mla", 24, 16, 16, 8, 12, 1000.0)
     assert from_hf(hf_model("deepseek_plain_q"))[0].q_latent_dim is None
+    cfg, _ = from_hf(hf_model("mistral_window"))
+    assert (cfg.attention_window, cfg.global_every, cfg.num_kv_heads, cfg.use_bias) == (5, 0, 2, False)
+    # Mistral's window is the band of ours: the sequence is longer than it, and the window matters.
+    model, toks = hf_model("mistral_window"), tokens()
+    assert max_diff(cfg.replace(attention_window=0), from_hf(model)[1], model, toks) > 1e-2
+
+
+def test_mistral_without_the_window_key_has_transformers_default_and_null_is_full_attention(tmp_path):
+    hf_config = hf_model("mistral_window").config
+    fields = {k: v for k, v in json.loads(hf_config.to_json_string()).items() if k != "sliding_window"}
+    assert mistral_family.import_config({**mistral_family.DEFAULTS, **fields})[0].attention_window == 4096
+    null = {**mistral_family.DEFAULTS, **fields, "sliding_window": None}
+    assert mistral_family.import_config(null)[0].attention_window == 0  # full attention, as transformers
+    with pytest.raises(ValueError, match="layer_types"):
+        from_hf(config_dir(tmp_path / "types", hf_config, layer_types=["sliding_attention", "full_attention"]))
 
 
 def test_deepseek_rope_layout_without_interleave():
@@ -177,7 +205,7 @@ def test_unscanned_layout_and_sharded_bfloat16_folder(tmp_path):
     assert_trees_equal(jax.tree.map(np.asarray, params_bf16), rounded)
 
 
-@pytest.mark.parametrize("name", first_fast(["llama_gqa_untied", "gpt2", "deepseek_q_latent"]))
+@pytest.mark.parametrize("name", first_fast(["llama_gqa_untied", "gpt2", "deepseek_q_latent", "mistral_window"]))
 def test_cached_greedy_decoding_equals_transformers_generate(name):
     model = hf_model(name)
     cfg, params = from_hf(model)
@@ -205,6 +233,8 @@ EXPORTS = {
                               use_bias=True, tie_embeddings=True),
     "gpt2_relu2": dict(position="learned", activation="relu2", norm="layernorm", use_bias=True,
                        tie_embeddings=True),  # transformers' ACT2FN['relu2'], squared ReLU
+    "mistral_window": dict(position="rope", activation="swiglu", norm="rmsnorm", norm_bias=False, use_bias=False,
+                           tie_embeddings=False, num_kv_heads=2, head_dim=8, attention_window=5),
 }
 
 
@@ -229,7 +259,8 @@ def test_export_loads_in_transformers_and_round_trips_exactly(name, tmp_path):
     params = random_params(cfg)
     to_hf(cfg, params, tmp_path)
     model = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    expected = "GPT2LMHeadModel" if cfg.position == "learned" else "LlamaForCausalLM"
+    expected = ("GPT2LMHeadModel" if cfg.position == "learned" else
+                "MistralForCausalLM" if cfg.attention_window else "LlamaForCausalLM")
     assert type(model).__name__ == expected
     assert max_diff(cfg, params, model, tokens()) < TOL
 
@@ -266,6 +297,9 @@ def test_export_of_imported_gpt2_is_the_same_checkpoint(tmp_path):
     (dict(qk_norm=True), "qk_norm=True: neither GPT-2 nor Llama"),
     (dict(position="rope", norm="rmsnorm", activation="swiglu", logit_softcap=30.0), "logit_softcap=30.0"),
     (dict(position="rope", norm="rmsnorm", activation="relu2"), "activation='relu2'"),  # Llama's MLP is gated
+    (dict(attention_window=4), "attention_window=4 with position='learned': GPT-2 has no sliding window"),
+    (dict(position="rope", norm="rmsnorm", activation="swiglu", use_bias=False, attention_window=4, global_every=2),
+     "global_every=2: MistralForCausalLM applies its sliding_window to every layer"),
 ])
 def test_export_refuses_what_no_supported_architecture_represents(change, message, tmp_path):
     cfg = ModelConfig(vocab_size=V, max_seq_len=T, d_model=64, num_layers=2, num_heads=4, **change)
@@ -407,7 +441,7 @@ def test_unknown_architectures_are_refused(tmp_path):
     torch.manual_seed(0)
     opt = OPTForCausalLM(OPTConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, ffn_dim=32,
                                    vocab_size=V, max_position_embeddings=T, word_embed_proj_dim=16))
-    with pytest.raises(ValueError, match="'OPTForCausalLM'.*GPT2LMHeadModel, LlamaForCausalLM, DeepseekV3ForCausalLM"):
+    with pytest.raises(ValueError, match="'OPTForCausalLM'.*GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, DeepseekV3ForCausalLM"):
         from_hf(opt)
     with pytest.raises(ValueError, match="'bert'.*supported are"):
         from_hf(config_dir(tmp_path, BertConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2)))

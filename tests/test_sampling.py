@@ -179,6 +179,11 @@ VARIANTS = {  # between them: every attention, position, norm and MLP kind, tied
     # the training-recipe options: qk-normed keys in the cache, squared ReLU, soft-capped logits
     "recipe": ModelConfig(**TINY, num_kv_heads=2, position="rope", norm="rmsnorm", use_bias=False,
                           tie_embeddings=False, qk_norm=True, activation="relu2", logit_softcap=15.0),
+    # sliding windows: ring-buffer caches that wrap while decoding (prompts and generations longer than W)
+    "window": ModelConfig(**TINY, num_kv_heads=2, position="rope", attention_window=4, attention_sink=True),
+    # local and global MLA layers, scanned: the prefill unrolls them (a mixed cache does not stack)
+    "window_mixed": ModelConfig(**{**TINY, "num_layers": 4}, attention="mla", kv_latent_dim=16, position="none",
+                                attention_window=3, global_every=2),
 }
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]  # a ragged batch
 NEW = 10  # new tokens: the tests share it, so they share compiled functions too

@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints: import GPT-2, Llama and dense DeepSeek-V3 models; export GPT-2 / Llama.
+"""Hugging Face checkpoints: import GPT-2, Llama, Mistral and dense DeepSeek-V3 models; export GPT-2 /
+Llama / Mistral.
 
     cfg, params = from_hf("path/to/gpt2")          # a local folder: config.json + *.safetensors
     cfg, params = from_hf(hf_model)                # or a `transformers` model object in memory
@@ -13,13 +14,14 @@ checkpoints (model.safetensors.index.json) are read shard by shard. Nothing is d
     model_files.py reading a folder (config.json, safetensors) or a model object; writing a folder
     gpt2.py        GPT2LMHeadModel        import and export
     llama.py       LlamaForCausalLM       import and export (and the conventions DeepSeek shares)
+    mistral.py     MistralForCausalLM     import and export: Llama with a sliding window (attention_window)
     deepseek.py    DeepseekV3ForCausalLM  import: multi-head latent attention, dense MLPs only
     mapping.py     what each of those three gives from_hf and to_hf
     tokenizer.py   the tokenizer files to_hf writes
 
 Anything the model code does not implement raises a ValueError naming it, rather than giving a
 silently different model: rope scaling ('yarn', 'llama3', 'linear', 'dynamic', ...), mixture-of-
-experts layers, sliding windows, biases our layers lack, quantised weights, unknown architectures,
+experts layers, sliding windows (but Mistral's), biases our layers lack, quantised weights, unknown architectures,
 tensors of the wrong shape, and tensors the importer would not use.
 """
 
@@ -34,12 +36,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.model.config import ModelConfig
-from transformer.hf import deepseek, gpt2, llama, model_files
+from transformer.hf import deepseek, gpt2, llama, mistral, model_files
 from transformer.hf.tokenizer_files import check_tokenizer, write_tokenizer
 from transformer.model.param_tree import join_layers, layout_differences, split_layers
 from transformer.data.tokenizer import Tokenizer
 
-_FAMILIES = {family.ARCH: family for family in (gpt2, llama, deepseek)}
+_FAMILIES = {family.ARCH: family for family in (gpt2, llama, mistral, deepseek)}
 SUPPORTED = tuple(_FAMILIES)
 MODEL_TYPES = {family.MODEL_TYPE: family.ARCH for family in _FAMILIES.values()}
 
@@ -69,7 +71,7 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
         )
     family = _FAMILIES[arch]
     hf = {**family.DEFAULTS, **hf}
-    _check_common(hf, arch)
+    _check_common(hf, arch, windows=getattr(family, "SLIDING_WINDOW", False))
     cfg, convert = family.import_config(hf)
     if cfg.mlp_dim == 0:  # ModelConfig reads it as "no MLP"; a zero-width MLP is not worth importing
         raise ValueError(f"cannot import {arch} with an MLP width of 0: this importer expects an MLP in every layer")
@@ -93,10 +95,12 @@ def to_hf(
 
     GPT-2-shaped configs (learned positions, pre-norm layer norm, multi-head attention, a
     gelu_tanh / gelu / relu / relu2 MLP) become GPT2LMHeadModel; Llama-shaped configs (RoPE, pre-norm
-    RMSNorm, SwiGLU, optional grouped-query attention) become LlamaForCausalLM. A missing norm gain
+    RMSNorm, SwiGLU, optional grouped-query attention) become LlamaForCausalLM, or MistralForCausalLM
+    with a sliding window in every layer (attention_window, no biases). A missing norm gain
     or bias (norm_scale / norm_bias / use_bias False) is written as ones / zeros, so importing the
     export gives an equivalent model whose config has them. Anything else (post-norm, sinusoidal or
-    no positions, MLA, mlp_dim=0, a sink logit, registers, qk_norm, a logit soft-cap, ...) raises a
+    no positions, MLA, mlp_dim=0, a sink logit, registers, qk_norm, a logit soft-cap, local layers
+    between global ones (global_every), a window without RoPE, ...) raises a
     ValueError saying why, before anything is written. The initialisation fields (zero_init_out,
     zero_init_head) say nothing about the parameters: they are not exported.
 
@@ -139,8 +143,15 @@ def to_hf(
     if "params" in params and len(params) == 1:
         params = params["params"]
     top, layers = split_layers(jax.tree.map(np.asarray, params), cfg.num_layers)
+    if cfg.attention_window and cfg.position != "rope":
+        raise ValueError(
+            f"cannot export attention_window={cfg.attention_window} with position={cfg.position!r}: GPT-2 has no "
+            "sliding window, and Mistral (the supported architecture with one) has RoPE"
+        )
     if cfg.position == "learned":
         hf, tensors = gpt2.export(cfg, top, layers)
+    elif cfg.position == "rope" and cfg.attention_window:
+        hf, tensors = mistral.export(cfg, top, layers)
     elif cfg.position == "rope":
         hf, tensors = llama.export(cfg, top, layers)
     else:
@@ -179,8 +190,8 @@ def check_same_architecture(imported: ModelConfig, run: ModelConfig, *, seq_len:
         )
 
 
-def _check_common(hf: dict, arch: str) -> None:
-    """Features of a config that no importer implements."""
+def _check_common(hf: dict, arch: str, windows: bool = False) -> None:
+    """Features of a config that no importer implements (sliding windows: all but those that say so)."""
     if hf.get("quantization_config"):
         quant = hf["quantization_config"]
         method = quant.get("quant_method", "?") if isinstance(quant, Mapping) else "?"
@@ -188,8 +199,8 @@ def _check_common(hf: dict, arch: str) -> None:
             f"this {arch} checkpoint is quantised (quantization_config, quant_method={method!r}); "
             "only unquantised float32 / bfloat16 / float16 weights can be imported"
         )
-    if hf.get("sliding_window") or hf.get("use_sliding_window"):
+    if not windows and (hf.get("sliding_window") or hf.get("use_sliding_window")):
         raise ValueError(
             f"this {arch} config uses sliding-window attention (sliding_window={hf.get('sliding_window')}), "
-            "which the model code does not implement"
+            "which the importer of this architecture does not read (only MistralForCausalLM's is imported)"
         )

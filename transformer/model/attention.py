@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.model import ops
-from transformer.model.kv_cache import Cache, KVCache, LatentCache
+from transformer.model.kv_cache import PAD_POSITION, Cache, KVCache, LatentCache, ring_window, slot_positions
 from transformer.model.config import ModelConfig
 from transformer.model.linear import Linear, dense_init
 from transformer.model.norm import rms_norm_module
@@ -26,7 +26,8 @@ from transformer.model.points import capturing, point, touched
 Array = jax.Array
 
 
-def segment_masks(positions: Array, cache_len: int | None, registers: int = 0) -> list[Array]:
+def segment_masks(positions: Array, cache_len: int | None, registers: int = 0,
+                  window: int | Array | None = None) -> list[Array]:
     """Masks for the keys a query sees: cached slots (if any), then this call's tokens.
 
     Args:
@@ -34,30 +35,80 @@ def segment_masks(positions: Array, cache_len: int | None, registers: int = 0) -
         at -R..-1 before 0, see model.py).
       cache_len: S, the cache's number of slots for tokens, or None without a cache.
       registers: R, the cache's leading register slots (positions -R..-1).
+      window: W of a sliding-window layer (ops.causal_mask), or None.
     Returns:
       [cache mask [B, 1, T, R + S],] new-token mask [B, 1, T, T].
     """
-    masks = [ops.causal_mask(positions, positions)]
+    slots = None
     if cache_len is not None:
         slots = jnp.arange(registers + cache_len) - registers  # [R + S]: the position each slot holds
         slots = jnp.broadcast_to(slots, (positions.shape[0], registers + cache_len))
+    return _masks(positions, slots, window)
+
+
+def _masks(positions: Array, slots: Array | None, window: int | Array | None, sinks: int = 0) -> list[Array]:
+    """`segment_masks` given the position each cached slot holds ([B, R + S], or None: no cache)."""
+    masks = [ops.causal_mask(positions, positions, window=window, sinks=sinks)]
+    if slots is not None:
         # Slots at or after this call's first position are stale: this call rewrites them.
         filled = slots < positions[:, :1]
-        masks.insert(0, ops.causal_mask(positions, slots, filled))
+        masks.insert(0, ops.causal_mask(positions, slots, filled, window=window, sinks=sinks))
     return masks
 
 
-def cache_masks(positions: Array, cached: Cache | None) -> list[Array]:
-    """`segment_masks` for one layer's view of the cache (or None)."""
-    return segment_masks(positions, None) if cached is None else segment_masks(positions, cached.max_len, cached.registers)
+def rotated_sinks(cached: Array, positions: Array, window: int, sinks: int, theta: float, slot_axis: int,
+                  rotary: slice = slice(None)) -> Array:
+    """A rolling layer's cached keys with the sinks' rotary features turned to StreamingLLM's
+    in-cache positions (re-rotation: keys are cached rotated by their own positions).
+
+    Once a row's query q runs past sinks + window - 1, StreamingLLM numbers the cache 0..S+M-1 and
+    puts the query last: it sees sink i at distance sinks + window - 1 - i, not q - i, while the
+    rolling keys keep their true distances. RoPE scores depend on the difference of positions
+    only, so turning each sink key by shift = q - (sinks + window - 1) more does just that, for S
+    keys per step. A call of several tokens per row uses its last (the sampler's calls past the
+    context are one token per row).
+
+    Args:
+      cached: the layer's keys, [B, G, slots, K] (slot_axis 2) or the MLA latent [B, slots, C + Kr]
+        (slot_axis 1, rotary: its last Kr features).
+      positions: [B, T] this call's positions (padding at PAD_POSITION).
+    """
+    real = jnp.where(positions < PAD_POSITION, positions, -1)
+    shift = jnp.maximum(real.max(axis=1) - (sinks + window - 1), 0)  # [B]
+    head = jnp.moveaxis(cached, slot_axis, 1)  # [B, slots, ...]
+    sink = head[:, :sinks, ..., rotary]  # [B, S, G, Kr] or [B, S, Kr]
+    flat = sink if sink.ndim == 4 else sink[:, :, None]  # [B, S, G or 1, Kr]
+    turned = ops.rope(flat, jnp.broadcast_to(shift[:, None], flat.shape[:2]), theta).reshape(sink.shape)
+    return jnp.moveaxis(head.at[:, :sinks, ..., rotary].set(turned), 1, slot_axis)
+
+
+def read_keys(cfg: ModelConfig, cached: Cache, keys: Array, positions: Array, slot_axis: int,
+              rotary: slice = slice(None)) -> Array:
+    """One layer's cached keys as this call's queries see them: as they lie, except in a rolling layer
+    with sinks and RoPE (`rotated_sinks`)."""
+    if cached.positions is None or not cached.sinks or cfg.position != "rope":
+        return keys
+    window, sinks = ring_window(cached)
+    return rotated_sinks(keys, positions, window, sinks, cfg.rope_theta, slot_axis, rotary)
+
+
+def cache_masks(positions: Array, cached: Cache | None, window: int | Array | None = None) -> list[Array]:
+    """`segment_masks` for one layer's view of the cache (or None); a ring layer's slots hold the
+    positions its record says, and its window and sinks are the ring's (`kv_cache.ring_window`: a
+    local layer's W, or a rolling global layer's, see `init_rolling_cache`)."""
+    if cached is None:
+        return _masks(positions, None, window)
+    if cached.positions is None:
+        return _masks(positions, slot_positions(cached, positions.shape[0]), window)
+    window, sinks = ring_window(cached)
+    return _masks(positions, cached.positions, window, sinks)
 
 
 def key_positions(positions: Array, cached: Cache | None) -> Array:
     """[B, S_total]: the position of every key the queries see (cached slots first; registers < 0)."""
     if cached is None:
         return positions
-    b, slots = positions.shape[0], cached.registers + cached.max_len
-    cached_positions = jnp.broadcast_to(jnp.arange(slots, dtype=positions.dtype) - cached.registers, (b, slots))
+    cached_positions = slot_positions(cached, positions.shape[0]).astype(positions.dtype)
     return jnp.concatenate([cached_positions, positions], axis=1)
 
 
@@ -98,13 +149,15 @@ class Attention(nn.Module):
     each a gain [K] shared by the heads) before RoPE, so the cache holds normalised, rotated keys.
 
     x [B, T, D] -> out [B, T, D]; new cache entries KVCache(k, v) with arrays [B, T, G, K]. The
-    weights are the points attn.scores and attn.pattern (model/points.py).
+    weights are the points attn.scores and attn.pattern (model/points.py). window: this layer's
+    sliding window W (cfg.layer_windows), or None: a band in the causal mask.
     """
 
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x: Array, positions: Array, cached: KVCache | None = None) -> tuple[Array, KVCache]:
+    def __call__(self, x: Array, positions: Array, cached: KVCache | None = None,
+                 window: int | Array | None = None) -> tuple[Array, KVCache]:
         cfg = self.cfg
         dense = lambda heads, name: Linear(  # noqa: E731  W [heads, K, D]
             (heads, cfg.head_dim), use_bias=cfg.use_bias, dtype=cfg.dtype,
@@ -124,12 +177,12 @@ class Attention(nn.Module):
 
         ks, vs, heads_first = [k], [v], [False]
         if cached is not None:  # one layer's cache, [B, G, S, K] as it lies
-            ks.insert(0, cached.k.astype(k.dtype))
+            ks.insert(0, read_keys(cfg, cached, cached.k.astype(k.dtype), positions, slot_axis=2))
             vs.insert(0, cached.v.astype(v.dtype))
             heads_first.insert(0, True)
         at = looking_at(self, cfg, positions, cached)  # the weights' points need the reference path
         out, _ = ops.dot_product_attention(
-            q, ks, vs, cache_masks(positions, cached), at=at,
+            q, ks, vs, cache_masks(positions, cached, window), at=at,
             implementation="reference" if cached is not None or at else cfg.attention_impl,
             heads_first=heads_first, sink=sink_logit(self, cfg),
         )
@@ -163,14 +216,16 @@ class LatentAttention(nn.Module):
     reads only C + Kr numbers per token and layer. None (default): absorbed when decoding from a
     cache, naive (up-project every key and value) otherwise. Both compute the same function.
 
-    x [B, T, D] -> out [B, T, D]; new cache entries LatentCache(latent [B, T, C + Kr]).
+    x [B, T, D] -> out [B, T, D]; new cache entries LatentCache(latent [B, T, C + Kr]). window: as
+    Attention's.
     """
 
     cfg: ModelConfig
     absorb: bool | None = None
 
     @nn.compact
-    def __call__(self, x: Array, positions: Array, cached: LatentCache | None = None) -> tuple[Array, LatentCache]:
+    def __call__(self, x: Array, positions: Array, cached: LatentCache | None = None,
+                 window: int | Array | None = None) -> tuple[Array, LatentCache]:
         cfg = self.cfg
         h, k_nope, k_v, c_kv = cfg.num_heads, cfg.head_dim, cfg.v_head_dim, cfg.kv_latent_dim
         k_r = cfg.rope_head_dim or 0  # Kr, the rotary width (0 without RoPE)
@@ -184,8 +239,10 @@ class LatentAttention(nn.Module):
         w_uk = self.param("k_up", dense_init(cfg), (h, k_nope, c_kv), jnp.float32).astype(cfg.dtype)
         w_uv = self.param("v_up", dense_init(cfg), (h, k_v, c_kv), jnp.float32).astype(cfg.dtype)
 
-        segments = [latent] if cached is None else [cached.latent.astype(latent.dtype), latent]
-        masks = cache_masks(positions, cached)
+        if cached is not None:  # a rolling layer's sinks turned in their rotary part (Kr features after C)
+            past = read_keys(cfg, cached, cached.latent.astype(latent.dtype), positions, 1, slice(c_kv, None))
+        segments = [latent] if cached is None else [past, latent]
+        masks = cache_masks(positions, cached, window)
         sink = sink_logit(self, cfg)
         scale = (k_nope + k_r) ** -0.5  # the width of the original query/key dot product
         absorb = cached is not None if self.absorb is None else self.absorb

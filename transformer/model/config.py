@@ -64,6 +64,13 @@ class ModelConfig:
     zero_init_head=True the untied head (modded-nanogpt), so that every block starts as the identity
     and the first logits are uniform.
 
+    Sliding-window attention (off by default; docs/design.md, "Sliding windows"): attention_window=W
+    > 0 lets a query at position q see the keys at positions q - W + 1 .. q, itself and the W - 1
+    before it (Hugging Face Mistral's convention: a key W back is hidden), in every layer, or with
+    global_every=k > 0 in every layer but each k-th (layers k-1, 2k-1, ...: local layers interleaved
+    with global ones as in Gemma 2 (k=2) and 3 (k=6)). A local layer's KV cache is a ring buffer of
+    W slots (kv_cache.py). `layer_windows` gives each layer's window.
+
     The fields fall in three groups: the architecture (every field above `zero_init_out`: what the
     parameters mean), the initialisation (INIT_FIELDS: how they start) and the execution
     (EXECUTION_FIELDS: how they are computed). Fields left None
@@ -96,6 +103,8 @@ class ModelConfig:
     v_head_dim: int | None = None  # MLA: value head width (None: head_dim)
     attention_sink: bool = False  # a learned logit per head that joins every softmax row, with no value
     num_registers: int = 0  # learned register tokens placed before every sequence (no logits, no loss)
+    attention_window: int = 0  # W > 0: a query sees itself and the W - 1 tokens before it (Mistral); 0: all
+    global_every: int = 0  # k > 0 (with a window): every k-th layer (k-1, 2k-1, ...) attends to all; 0: none
     qk_norm: bool = False  # RMSNorm over K of each head's q and k, before RoPE (MHA / GQA / MQA)
     logit_softcap: float = 0.0  # > 0: logits = c * tanh(logits / c) in float32; 0: off
     # --- initialisation (INIT_FIELDS): how a random init starts the parameters ---
@@ -120,6 +129,7 @@ class ModelConfig:
         self._validate_numbers()
         self._validate_attention_impl()
         self._validate_sinks()
+        self._validate_window()
         self._validate_recipe()
         if self.attention == "mla":
             self._validate_mla()
@@ -196,6 +206,35 @@ class ModelConfig:
                 f"ModelConfig: attention_sink=True needs attention_impl='reference' (or 'auto', which "
                 f"chooses it; got {self.attention_impl!r}): jax.nn.dot_product_attention has no sink logit"
             )
+
+    def _validate_window(self) -> None:
+        """attention_window W >= 0 and global_every k >= 0 integers; k needs a window and k != 1."""
+        for name in ("attention_window", "global_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"ModelConfig.{name} must be an integer >= 0 (0: off), got {value!r}")
+        if self.global_every and not self.attention_window:
+            raise ValueError(
+                f"ModelConfig: global_every={self.global_every} interleaves global layers with windowed ones, "
+                "but attention_window=0 (no window): set attention_window=W > 0, or global_every=0"
+            )
+        if self.global_every == 1:
+            raise ValueError(
+                "ModelConfig: global_every=1 makes every layer global, so the window is never used; set "
+                "attention_window=0 for full attention, or global_every >= 2 for local layers between global ones"
+            )
+        if self.attention_window and self.num_registers:
+            raise ValueError(
+                f"ModelConfig: num_registers={self.num_registers} with attention_window={self.attention_window} "
+                "is not implemented: registers sit before position 0, outside every window past the first W "
+                "tokens; use attention_sink=True (a learned sink every row sees) or num_registers=0"
+            )
+
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's window: attention_window W for a local layer, None for a global one (all
+        layers without a window; with global_every=k, layers k-1, 2k-1, ...)."""
+        w, k = self.attention_window, self.global_every
+        return tuple(None if not w or (k and (i + 1) % k == 0) else w for i in range(self.num_layers))
 
     def _validate_recipe(self) -> None:
         for name in ("qk_norm", "zero_init_out", "zero_init_head"):

@@ -33,6 +33,8 @@ from transformer.model.norm import config_norm
 from transformer.model.points import COLLECTION, EDITS, point
 
 Array = jax.Array
+# A global layer's window in a scanned stack of local and global layers: wider than any distance.
+NO_WINDOW = kv_cache.PAD_POSITION
 
 
 def gelu_exact(x: Array) -> Array:
@@ -91,26 +93,31 @@ class Block(nn.Module):
     attention alone, no `mlp` or `mlp_norm` parameters).
 
     x [B, T, D] -> x [B, T, D], plus this layer's new cache entries. The signature (carry, inputs)
-    -> (carry, outputs) lets `nn.scan` stack the layers.
+    -> (carry, outputs) lets `nn.scan` stack the layers. window: the layer's sliding window W
+    (cfg.layer_windows), or None for full attention; in a scanned stack of local and global layers,
+    `layer_window` brings it per layer as a traced scalar instead (NO_WINDOW for a global layer).
     """
 
     cfg: ModelConfig
     deterministic: bool = True
+    window: int | None = None
 
     @nn.compact
-    def __call__(self, x: Array, positions: Array, cached: Cache | None) -> tuple[Array, Cache | None]:
+    def __call__(self, x: Array, positions: Array, cached: Cache | None,
+                 layer_window: Array | None = None) -> tuple[Array, Cache | None]:
         cfg = self.cfg
+        window = self.window if layer_window is None else layer_window
         drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
         attention = (LatentAttention if cfg.attention == "mla" else Attention)(cfg, name="attn")
         mlp = MLP(cfg, name="mlp")  # never called with mlp_dim=0, so it has no parameters then
         x = point(self, "resid_pre", x)  # the named points: model/points.py
         if cfg.prenorm:
-            a, new = attention(config_norm(cfg, "attn_norm")(x), positions, cached)
+            a, new = attention(config_norm(cfg, "attn_norm")(x), positions, cached, window)
             x = point(self, "resid_mid", x + drop(a))
             if cfg.mlp_dim:
                 x = x + drop(mlp(config_norm(cfg, "mlp_norm")(x)))
         else:
-            a, new = attention(x, positions, cached)
+            a, new = attention(x, positions, cached, window)
             x = point(self, "resid_mid", config_norm(cfg, "attn_norm")(x + drop(a)))
             if cfg.mlp_dim:
                 x = config_norm(cfg, "mlp_norm")(x + drop(mlp(x)))
@@ -143,7 +150,9 @@ class Decoder(nn.Module):
     S + T with one (cached slots first).
 
     Out-of-range inputs: a token id outside [0, vocab_size), or a position at or past max_seq_len
-    (with a cache: at or past its S slots). Concrete tokens and positions (not traced by jit)
+    (with a cache: at or past its S slots; a cache of ring buffers only, with RoPE or no positions,
+    takes positions past max_seq_len: `position_limit`). Padding at kv_cache.PAD_POSITION is seen by
+    no real token and written nowhere. Concrete tokens and positions (not traced by jit)
     raise a ValueError naming the id or position and where it is. Under jit nothing can raise;
     instead a row's logits are NaN from its first out-of-range token onwards (later tokens attend
     to it), while its earlier positions and the other rows are exactly what they would be without
@@ -222,24 +231,36 @@ class Decoder(nn.Module):
         L, as the cache holds them) or None).
 
         scan_layers: one `nn.scan` over a block whose params (and captured points and edits) have a
-        leading L axis (`layers`); otherwise a Python loop over layers_0 ... layers_{L-1}.
+        leading L axis (`layers`); otherwise a Python loop over layers_0 ... layers_{L-1}. Each
+        layer's sliding window (cfg.layer_windows) is static, except in a scan over local and
+        global layers: there it is a scanned input [L] (NO_WINDOW for a global layer), so the stack
+        still compiles one layer. Such a stack's cache mixes rings with full buffers, which do not
+        stack: it is read by unrolled layers (`param_tree.unrolled`; the sampler does so).
         """
         cfg = self.cfg
         block = nn.remat(Block) if cfg.remat else Block
+        windows = cfg.layer_windows()
         if cfg.scan_layers:
+            mixed = len(set(windows)) > 1  # local and global layers
+            if mixed and cache is not None:
+                raise ValueError(
+                    "a scanned stack of local and global layers cannot read a cache (ring buffers and full "
+                    "buffers do not stack): unroll it first, params, cfg = param_tree.unrolled(params, cfg)"
+                )
+            layer_windows = jnp.array([NO_WINDOW if w is None else w for w in windows], jnp.int32) if mixed else None
             layers = nn.scan(
                 block,
                 variable_axes={"params": 0, COLLECTION: 0, EDITS: 0},  # points and edits stack along L too
                 split_rngs={"params": True, "dropout": True},
-                in_axes=(nn.broadcast, 0),
+                in_axes=(nn.broadcast, 0, 0),
                 length=cfg.num_layers,
-            )(cfg, deterministic, name="layers")
+            )(cfg, deterministic, None if mixed else windows[0], name="layers")
             stack = None if cache is None else param_tree.stack_cache(cache)  # the scan takes [L, ...] arrays
-            x, new = layers(x, positions, stack)
+            x, new = layers(x, positions, stack, layer_windows)
             return x, None if cache is None else param_tree.unstack_cache(new)
         news = []  # unscanned: a Python loop, each layer its own params and cache buffers
         for i in range(cfg.num_layers):
-            x, new_i = block(cfg, deterministic, name=f"layers_{i}")(
+            x, new_i = block(cfg, deterministic, windows[i], name=f"layers_{i}")(
                 x, positions, None if cache is None else param_tree.cache_layer(cache, i))
             news.append(new_i)
         return x, None if cache is None else param_tree.join_cache(news)  # tuples of L
@@ -275,7 +296,7 @@ def nan_from_out_of_range(cfg: ModelConfig, x: Array, tokens: Array, positions: 
       x: [B, T, D] hidden states. tokens, positions: [B, T] integers.
     """
     t = tokens.shape[1]
-    limit = cfg.max_seq_len if cache is None else min(cfg.max_seq_len, cache.max_len)
+    limit = position_limit(cfg, cache)
     bad = (tokens < 0) | (tokens >= cfg.vocab_size) | (positions >= limit)
     index = jnp.arange(t)
     first_bad = jnp.where(bad, index, t).min(axis=1, keepdims=True, initial=t)  # [B, 1], T if none
@@ -298,12 +319,24 @@ def check_tokens(cfg: ModelConfig, tokens: Array) -> None:
         )
 
 
+def position_limit(cfg: ModelConfig, cache: Cache | None) -> int:
+    """The first position a call may not use: the context (max_seq_len) or the cache's slots; a cache
+    of ring buffers only (every layer windowed, or `init_rolling_cache`) rolls past the context
+    when positions are relative (RoPE) or absent."""
+    if cache is None:
+        return cfg.max_seq_len
+    if cache.max_len >= kv_cache.PAD_POSITION and cfg.position in ("rope", "none"):
+        return kv_cache.PAD_POSITION
+    return min(cfg.max_seq_len, cache.max_len)
+
+
 def check_positions(cfg: ModelConfig, positions: Array, cache: Cache | None) -> None:
     """Raises a clear error for positions past the context or the cache, when they are known."""
     if isinstance(positions, jax.core.Tracer):
         return
-    top = int(positions.max()) if positions.size else -1
-    if top >= cfg.max_seq_len:
+    real = np.asarray(positions)[np.asarray(positions) != kv_cache.PAD_POSITION]  # padding is never written
+    top = int(real.max()) if real.size else -1
+    if top >= cfg.max_seq_len and position_limit(cfg, cache) < kv_cache.PAD_POSITION:
         raise ValueError(
             f"position {top} is past the model's context (max_seq_len={cfg.max_seq_len}); "
             "shorten the input or use a model with a longer context"

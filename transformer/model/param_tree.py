@@ -125,8 +125,11 @@ def _is_layers(x) -> bool:
 
 
 def cache_layer(cache: Tree, i: int) -> Tree:
-    """Layer i's view of a cache: the same kind of cache holding that layer's arrays."""
-    return jax.tree.map(lambda layers: layers[i], cache, is_leaf=_is_layers)
+    """Layer i's view of a cache: the same kind of cache holding that layer's arrays (and, from a
+    per-layer `sinks` tuple, that layer's count)."""
+    view = jax.tree.map(lambda layers: layers[i], cache, is_leaf=_is_layers)
+    sinks = getattr(view, "sinks", 0)
+    return view.replace(sinks=sinks[i]) if isinstance(sinks, tuple) else view
 
 
 def join_cache(layers: Sequence[Tree]) -> Tree:

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.model.kv_cache import Cache, init_cache
+from transformer.model.kv_cache import PAD_POSITION, Cache, init_cache, init_rolling_cache
 from transformer.model.config import ModelConfig
 from transformer.model.edits import Edit, check_for_sampling, run
 from transformer.model.param_tree import unrolled
@@ -273,7 +273,7 @@ class DecodeState:
     done: Array
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "cache_len", "options"))
+@functools.partial(jax.jit, static_argnames=("cfg", "cache_len", "options", "sinks"))
 def prefill(
     params: dict,
     cfg: ModelConfig,
@@ -283,23 +283,33 @@ def prefill(
     cache_len: int,
     options: SamplingOptions,
     edits: Sequence[Edit] = (),
+    sinks: int | None = None,
 ) -> DecodeState:
     """Runs the padded prompts through the model, fills the cache and draws each row's first token.
 
-    Row b's prompt sits at positions 0..n_b-1; the padding after it is written to slots >= n_b,
-    which the decoder treats as stale (masked, then overwritten by the row's next tokens).
+    Row b's prompt sits at positions 0..n_b-1; the padding after it sits at kv_cache.PAD_POSITION,
+    after every real position: no real token attends to it and no cache slot receives it (a ring
+    buffer's slots would otherwise take the padding in place of the prompt's last tokens). A stack
+    of local and global layers is unrolled for the prefill (its cache does not stack, see
+    Decoder._layers).
 
     Args:
       params: the Decoder's parameters.
       tokens: [B, P] int32 prompts, right-padded. lengths: [B] int32 prompt lengths n_b >= 1.
       keys: [B] per-row PRNG keys. cache_len: S >= P. options: how to draw.
       edits: edits at named points (model/edits.py), applied at every position: e.g. an ablation.
+      sinks: None for a cache of cache_len slots; S >= 0 for a rolling cache of constant size that
+        decodes past the context, keeping the first S tokens (kv_cache.init_rolling_cache).
     Returns:
       The decode state after the first new token: tokens [B] holds it, positions [B] = lengths.
     """
     batch, length = tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-    logits, cache = run(params, cfg, tokens, edits, positions=positions, cache=init_cache(cfg, batch, cache_len))
+    steps = jnp.arange(length, dtype=jnp.int32)[None, :]  # [1, P]
+    positions = jnp.where(steps < lengths[:, None], steps, PAD_POSITION)  # [B, P]: padding at PAD_POSITION
+    if len(set(cfg.layer_windows())) > 1 or sinks is not None:  # rings of several sizes do not stack
+        params, cfg = unrolled(params, cfg)
+    cache = init_cache(cfg, batch, cache_len) if sinks is None else init_rolling_cache(cfg, batch, sinks)
+    logits, cache = run(params, cfg, tokens, edits, positions=positions, cache=cache)
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     first = _draw(last, keys, 0, options)
     return DecodeState(
@@ -375,7 +385,7 @@ def bucket(n: int, cap: int) -> int:
 
 def generate(
     params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
-    edits: Sequence[Edit] = (), **sampling: Any,
+    edits: Sequence[Edit] = (), sinks: int | None = None, **sampling: Any,
 ) -> GenerateOutput:
     """Continues each prompt by up to `max_new_tokens` tokens: one prefill, then one `lax.scan`.
 
@@ -383,9 +393,13 @@ def generate(
       params, cfg: the model.
       prompts: B token-id sequences, possibly of different lengths (each non-empty).
       key: a PRNG key (row b uses fold_in(key, b)) or one key per row, [B] (see `row_keys`).
-      max_new_tokens: N >= 1; the longest prompt + N must fit in cfg.max_seq_len.
+      max_new_tokens: N >= 1; the longest prompt + N must fit in cfg.max_seq_len, unless `sinks`.
       edits: edits at named points (model/edits.py) for every call, each applying at every position:
         e.g. `ablate_heads(cfg, head_mask)` switches heads off, `steer` adds a vector.
+      sinks: None: the request must fit the context. S >= 0: generation runs past max_seq_len at
+        constant memory, every layer attending to the first S tokens (StreamingLLM's attention
+        sinks; 0: none) and the last max_seq_len - S (a local layer: its W), through
+        kv_cache.init_rolling_cache; RoPE or no positions only. The prompts must fit the context.
       **sampling: the fields of `SamplingOptions`: temperature (1.0; 0 = greedy), top_k, top_p,
         stop_tokens (ids that end a row), pad_id (written after a row's stop token), vocab_limit
         (draw only ids below it: the tokenizer's size when the head is larger).
@@ -395,7 +409,7 @@ def generate(
     options = SamplingOptions(**sampling)
     edits = list(edits)
     check_for_sampling(edits, cfg)
-    state = _start(params, cfg, prompts, key, max_new_tokens, options, edits)
+    state = _start(params, cfg, prompts, key, max_new_tokens, options, edits, sinks)
     first = state.tokens[:, None]  # the first new token: no row is done before it
     _, rest, emitted = decode(params, cfg, state, max_new_tokens - 1, options, edits)
     tokens = np.asarray(jnp.concatenate([first, rest], axis=1))
@@ -405,18 +419,18 @@ def generate(
 
 def generate_stream(
     params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
-    chunk_size: int = 16, **sampling: Any,
+    chunk_size: int = 16, sinks: int | None = None, **sampling: Any,
 ) -> Iterator[np.ndarray]:
     """`generate`, yielding the new tokens as they are made: [B, 1] first, then [B, <= chunk_size].
 
     Each chunk is one `lax.scan`; the cache and the rest of the decode state pass from chunk to
     chunk, so the concatenated chunks equal `generate`'s tokens for the same key. The stream ends
-    early once every row has drawn a stop token (the rest would be pad_id).
+    early once every row has drawn a stop token (the rest would be pad_id). sinks: as `generate`'s.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
     options = SamplingOptions(**sampling)
-    state = _start(params, cfg, prompts, key, max_new_tokens, options)
+    state = _start(params, cfg, prompts, key, max_new_tokens, options, sinks=sinks)
     yield np.asarray(state.tokens)[:, None]  # the first token at once: time to first token
     params, cfg = unrolled(params, cfg)  # once for all chunks; see decode
     made = 1
@@ -435,24 +449,29 @@ def _start(
     max_new_tokens: int,
     options: SamplingOptions,
     edits: Sequence[Edit] = (),
+    sinks: int | None = None,
 ) -> DecodeState:
     """Checks the request, right-pads the prompts to a bucketed length and runs the prefill."""
-    rows = _check_prompts(cfg, prompts, max_new_tokens)
+    rows = _check_prompts(cfg, prompts, max_new_tokens, rolling=sinks is not None)
+    if sinks is not None:  # the rolling cache refuses learned positions and bad counts by name
+        init_rolling_cache(cfg, 1, sinks, dtype="float32")
     longest = max(len(r) for r in rows)
-    cache_len = bucket(longest + max_new_tokens, cfg.max_seq_len)
+    # A rolling cache has max_seq_len slots per global layer whatever the request (cache_len unused).
+    cache_len = cfg.max_seq_len if sinks is not None else bucket(longest + max_new_tokens, cfg.max_seq_len)
     padded_len = bucket(longest, cache_len)
-    # Padding uses token 0, a valid id: its slots are stale and never attended to.
+    # Padding uses token 0, a valid id, at PAD_POSITION (prefill): never attended to, never written.
     tokens = np.zeros((len(rows), padded_len), np.int32)
     for b, row in enumerate(rows):
         tokens[b, : len(row)] = row
     lengths = np.array([len(r) for r in rows], np.int32)
-    return prefill(params, cfg, tokens, lengths, row_keys(key, len(rows)), cache_len, options, edits)
+    return prefill(params, cfg, tokens, lengths, row_keys(key, len(rows)), cache_len, options, edits, sinks)
 
 
 def _check_prompts(
-    cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int
+    cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int, rolling: bool = False
 ) -> list[np.ndarray]:
-    """Each prompt as a 1-D integer array, or a ValueError saying what is wrong and what to do."""
+    """Each prompt as a 1-D integer array, or a ValueError saying what is wrong and what to do.
+    rolling: the generation may run past the context (a rolling cache), only the prompts must fit."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     rows = [np.asarray(p) for p in prompts]
@@ -474,11 +493,17 @@ def _check_prompts(
                 f"prompt {b} holds token ids outside [0, {cfg.vocab_size}) (min {row.min()}, max "
                 f"{row.max()}); encode it with the model's tokenizer"
             )
-        if len(row) + max_new_tokens > cfg.max_seq_len:
+        if rolling and len(row) > cfg.max_seq_len:
+            raise ValueError(
+                f"prompt {b} has {len(row)} tokens, past the model's context of max_seq_len={cfg.max_seq_len}: "
+                "a rolling cache continues past the context, but the prompt is read in one pass; shorten it"
+            )
+        if not rolling and len(row) + max_new_tokens > cfg.max_seq_len:
             raise ValueError(
                 f"prompt {b} has {len(row)} tokens and max_new_tokens is {max_new_tokens}: "
                 f"{len(row) + max_new_tokens} positions, past the model's context of "
                 f"max_seq_len={cfg.max_seq_len}; shorten the prompt or ask for at most "
-                f"{max(cfg.max_seq_len - len(row), 0)} new tokens"
+                f"{max(cfg.max_seq_len - len(row), 0)} new tokens, or pass sinks=S (sample.py --sinks) to "
+                "continue past the context with a rolling cache"
             )
     return rows

@@ -41,23 +41,25 @@ def stream_text(tokenizer: Any, chunks: Iterable[np.ndarray]) -> Iterator[str]:
 
 
 def print_samples(cfg: ModelConfig, params: Any, tokenizer: Any, prompt: str, num_samples: int, max_new_tokens: int,
-                  seed: int, chunk_size: int, **sampling: Any) -> None:
+                  seed: int, chunk_size: int, sinks: int | None = None, **sampling: Any) -> None:
     """Prints `num_samples` continuations of the prompt, each as it is generated; sample i is row i
     of a batch drawn with key `seed` (see seed_key). sampling: SamplingOptions' fields (temperature,
-    top_k, top_p); only ids the tokenizer has are drawn, whatever the size of the model's head."""
+    top_k, top_p); only ids the tokenizer has are drawn, whatever the size of the model's head.
+    sinks: None stops at the context; S >= 0 continues past it with a rolling cache keeping the
+    first S tokens (`generate`'s sinks)."""
     ids = encode_prompt(cfg, tokenizer, prompt)
     sampling = {"vocab_limit": tokenizer.vocab_size, **sampling}  # never an id the tokenizer cannot decode
     SamplingOptions(**sampling)  # a bad option fails here, before anything is printed
     keys = row_keys(seed_key(seed), num_samples)  # and so does a bad seed
     # The model cannot see past its context: generate fewer tokens rather than fail.
-    n = min(max_new_tokens, cfg.max_seq_len - len(ids))
+    n = max_new_tokens if sinks is not None else min(max_new_tokens, cfg.max_seq_len - len(ids))
     if n < max_new_tokens:
         print(f"note: generating {n} tokens, not {max_new_tokens}: the prompt has {len(ids)} tokens and the "
               f"model's context is {cfg.max_seq_len}", file=sys.stderr)
     for i in range(num_samples):
         print(f"--- sample {i + 1} of {num_samples} ---")
         print(prompt, end="", flush=True)
-        chunks = generate_stream(params, cfg, [ids], keys[i : i + 1], n, chunk_size=chunk_size, **sampling)
+        chunks = generate_stream(params, cfg, [ids], keys[i : i + 1], n, chunk_size=chunk_size, sinks=sinks, **sampling)
         for piece in stream_text(tokenizer, chunks):
             print(piece, end="", flush=True)
         print()

@@ -24,7 +24,7 @@ from transformer.data.tokenizer import Tokenizer, is_saved, load_tokenizer, make
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import count_params
 from transformer.model.execution import Resolved
-from transformer.model.kv_cache import kv_cache_bytes_per_token
+from transformer.model.kv_cache import describe_cache_size
 from transformer.training import steps as train_steps
 from transformer.training.checkpoint import CHECKPOINT_DIR, Checkpointer, latest_step
 from transformer.training.eval_metrics import MetricFn, enabled_metrics
@@ -133,7 +133,7 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, train_steps.Train
     flops_per_token = train_steps.flops_per_token(cfg, num_params, t.seq_len)
     if host == 0:
         print(f"model: {num_params:,} parameters, {flops_per_token / 1e6:.1f} MFLOP per token (6N + 12 L T d), "
-              f"KV cache {kv_cache_bytes_per_token(cfg):,} bytes per token; {len(jax.devices())} device(s), "
+              f"KV cache {describe_cache_size(cfg)}; {len(jax.devices())} device(s), "
               f"mesh {dict(mesh.shape)}; {checked.execution.describe()}; compiled in {steps.compile_seconds:.1f} s")
     run = Run(config=config, cfg=cfg, tokenizer=tokenizer, steps=steps, task=checked.task, corpus=corpus,
               train_tokens=train_tokens, eval_set=eval_set, bytes_per_token=bytes_per_token,

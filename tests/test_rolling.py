@@ -1,0 +1,81 @@
+"""Tests of generation past the context (kv_cache.init_rolling_cache, generate's `sinks`): one
+rolling layer is StreamingLLM's computation exactly (the first S tokens and the last max_seq_len - S,
+RoPE positions assigned within the cache), the cache keeps its size for 8x the context, a request that
+fits gives what the plain cache gives, and learned positions refuse by name."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.helpers.decoder import jit, random_params
+from transformer import ModelConfig, sampling
+from transformer.model import kv_cache
+from transformer.model.decoder import Decoder
+from transformer.sampling.sampler import _start, decode, SamplingOptions
+
+CONTEXT, S = 8, 2
+BASE = dict(vocab_size=64, max_seq_len=CONTEXT, d_model=32, num_heads=4, scan_layers=False)
+KINDS = {"gqa-rope": dict(num_kv_heads=2, position="rope"), "mha-none": dict(position="none"),
+         "mla-rope": dict(attention="mla", kv_latent_dim=12, rope_head_dim=4, position="rope"),
+         "mla-none": dict(attention="mla", kv_latent_dim=12, position="none")}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_rolling_layer_is_streaming_llm(kind):
+    """Decoding 20 tokens with a context of 8 and S = 2 sinks: the logit at t is the model's own
+    forward over tokens 0, 1 and the last 6 up to t, numbered 0..7 (StreamingLLM's positions within
+    the cache). One layer, so every cached key is a function of its token and position alone."""
+    cfg = ModelConfig(**BASE, num_layers=1, **KINDS[kind])
+    model = Decoder(cfg)
+    params = random_params(model)
+    step = jit(lambda p, x, pos, c: model.apply({"params": p}, x, pos, c))
+    forward = jit(lambda p, x: model.apply({"params": p}, x)[0])
+    x = np.random.default_rng(0).integers(0, 64, (2, 20)).astype(np.int32)
+    cache = kv_cache.init_rolling_cache(cfg, 2, S)
+    shapes = jax.tree.map(jnp.shape, cache)
+    logits, cache = step(params, x[:, :5], np.broadcast_to(np.arange(5), (2, 5)), cache)
+    np.testing.assert_allclose(logits, forward(params, x[:, :5]), rtol=1e-5, atol=1e-5)
+    for t in range(5, 20):
+        logits, cache = step(params, x[:, t : t + 1], np.full((2, 1), t), cache)
+        kept = list(range(S)) + list(range(max(S, t - (CONTEXT - S) + 1), t + 1))
+        np.testing.assert_allclose(logits[:, 0], forward(params, x[:, kept])[:, -1], rtol=1e-5, atol=1e-5,
+                                   err_msg=f"t={t}")
+        assert jax.tree.map(jnp.shape, cache) == shapes  # constant memory
+
+
+def test_generation_runs_8x_the_context_with_a_constant_cache():
+    """A 2-layer RoPE model with local and global layers: generate 8x its context; the cache's
+    arrays keep their shapes from the prefill to the last step, and inside the context the rolling
+    cache gives the plain cache's tokens."""
+    cfg = ModelConfig(**{**BASE, "max_seq_len": 16}, num_layers=2, num_kv_heads=2, position="rope",
+                      attention_window=4, global_every=2)
+    params = random_params(Decoder(cfg))
+    prompts, key, options = [[1, 2, 3], [4, 5, 6, 7, 8, 9]], jax.random.key(0), SamplingOptions(temperature=0.0)
+    state = _start(params, cfg, prompts, key, 8 * 16, options, sinks=4)
+    assert [b.shape[2] for b in state.cache.k] == [4, 16] and state.cache.sinks == (0, 4)
+    after, tokens, _ = decode(params, cfg, state, 8 * 16 - 1, options)
+    assert jax.tree.map(jnp.shape, after.cache) == jax.tree.map(jnp.shape, state.cache)
+    assert tokens.shape == (2, 8 * 16 - 1) and np.asarray(after.positions).tolist() == [3 + 127, 6 + 127]
+    assert int(np.asarray(after.cache.positions[1]).max()) == 6 + 126  # the last position written
+    fits = sampling.generate(params, cfg, prompts, key, 10, temperature=0.0)
+    rolled = sampling.generate(params, cfg, prompts, key, 10, sinks=4, temperature=0.0)
+    np.testing.assert_array_equal(rolled.tokens, fits.tokens)
+    long = sampling.generate(params, cfg, prompts, key, 8 * 16, sinks=4, temperature=0.0)
+    np.testing.assert_array_equal(long.tokens[:, :10], fits.tokens)
+
+
+def test_learned_positions_and_requests_past_the_context_are_refused_by_name():
+    learned = ModelConfig(**BASE, num_layers=1)
+    params = random_params(Decoder(learned))
+    with pytest.raises(ValueError, match="needs position='rope' or 'none', not 'learned'"):
+        sampling.generate(params, learned, [[1, 2]], jax.random.key(0), 20, sinks=2)
+    with pytest.raises(ValueError, match="pass sinks=S"):
+        sampling.generate(params, learned, [[1, 2]], jax.random.key(0), 20)
+    rope = learned.replace(position="rope")
+    with pytest.raises(ValueError, match=r"sinks must be in \[0, max_seq_len=8\)"):
+        kv_cache.init_rolling_cache(rope, 1, 8)
+    with pytest.raises(ValueError, match="prompt 0 has 9 tokens"):
+        sampling.generate(random_params(Decoder(rope)), rope, [list(range(9))], jax.random.key(0), 20, sinks=2)

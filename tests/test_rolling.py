@@ -20,30 +20,36 @@ CONTEXT, S = 8, 2
 BASE = dict(vocab_size=64, max_seq_len=CONTEXT, d_model=32, num_heads=4, scan_layers=False)
 KINDS = {"gqa-rope": dict(num_kv_heads=2, position="rope"), "mha-none": dict(position="none"),
          "mla-rope": dict(attention="mla", kv_latent_dim=12, rope_head_dim=4, position="rope"),
-         "mla-none": dict(attention="mla", kv_latent_dim=12, position="none")}
+         "mla-none": dict(attention="mla", kv_latent_dim=12, position="none"),
+         # register tokens stay in the cache for good, before the sinks, at positions -R..-1
+         "gqa-rope-registers": dict(num_kv_heads=2, position="rope", num_registers=2),
+         "mla-rope-registers": dict(attention="mla", kv_latent_dim=12, rope_head_dim=4, position="rope",
+                                    num_registers=3)}
+CASES = [(kind, S) for kind in KINDS] + [("gqa-rope-registers", 0), ("mla-rope-registers", 1)]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_one_rolling_layer_is_streaming_llm(kind):
-    """Decoding 20 tokens with a context of 8 and S = 2 sinks: the logit at t is the model's own
-    forward over tokens 0, 1 and the last 6 up to t, numbered 0..7 (StreamingLLM's positions within
-    the cache). One layer, so every cached key is a function of its token and position alone."""
+@pytest.mark.parametrize("kind,sinks", CASES)
+def test_one_rolling_layer_is_streaming_llm(kind, sinks):
+    """Decoding 20 tokens with a context of 8 and S sinks (2, or 0 and 1 with registers): the logit at
+    t is the model's own forward over tokens 0..S-1 and the last 8 - S up to t, numbered 0..7
+    (StreamingLLM's positions within the cache; registers, if any, before them at -R..-1). One
+    layer, so every cached key is a function of its token and position alone."""
     cfg = ModelConfig(**BASE, num_layers=1, **KINDS[kind])
     model = Decoder(cfg)
     params = random_params(model)
     step = jit(lambda p, x, pos, c: model.apply({"params": p}, x, pos, c))
     forward = jit(lambda p, x: model.apply({"params": p}, x)[0])
     x = np.random.default_rng(0).integers(0, 64, (2, 20)).astype(np.int32)
-    cache = kv_cache.init_rolling_cache(cfg, 2, S)
-    shapes = jax.tree.map(jnp.shape, cache)
+    cache = kv_cache.init_rolling_cache(cfg, 2, sinks)
+    shapes = [a.shape for a in jax.tree.leaves(cache)]
     logits, cache = step(params, x[:, :5], np.broadcast_to(np.arange(5), (2, 5)), cache)
     np.testing.assert_allclose(logits, forward(params, x[:, :5]), rtol=1e-5, atol=1e-5)
     for t in range(5, 20):
         logits, cache = step(params, x[:, t : t + 1], np.full((2, 1), t), cache)
-        kept = list(range(S)) + list(range(max(S, t - (CONTEXT - S) + 1), t + 1))
+        kept = list(range(sinks)) + list(range(max(sinks, t - (CONTEXT - sinks) + 1), t + 1))
         np.testing.assert_allclose(logits[:, 0], forward(params, x[:, kept])[:, -1], rtol=1e-5, atol=1e-5,
                                    err_msg=f"t={t}")
-        assert jax.tree.map(jnp.shape, cache) == shapes  # constant memory
+        assert [a.shape for a in jax.tree.leaves(cache)] == shapes  # constant memory
 
 
 def test_generation_runs_8x_the_context_with_a_constant_cache():
@@ -79,3 +85,23 @@ def test_learned_positions_and_requests_past_the_context_are_refused_by_name():
         kv_cache.init_rolling_cache(rope, 1, 8)
     with pytest.raises(ValueError, match="prompt 0 has 9 tokens"):
         sampling.generate(random_params(Decoder(rope)), rope, [list(range(9))], jax.random.key(0), 20, sinks=2)
+
+
+def test_rolling_nll_is_the_loss_of_streaming_llms_window():
+    """analysis.streaming.rolling_nll on a one-layer model with registers, context 8, S = 1, a text of
+    20: within the context the plain forward's loss; past it the loss of the forward over token 0 and
+    the last 7 tokens (StreamingLLM's window), each next token's -log p."""
+    from transformer.analysis.streaming import rolling_nll
+
+    cfg = ModelConfig(**BASE, num_layers=1, **KINDS["gqa-rope-registers"])
+    model = Decoder(cfg)
+    params = random_params(model)
+    forward = jit(lambda p, x: model.apply({"params": p}, x)[0])
+    x = np.random.default_rng(1).integers(0, 64, (2, 20)).astype(np.int32)
+    nll = np.asarray(rolling_nll(params, cfg, x, 1))
+    assert nll.shape == (2, 19)
+    for t in range(19):
+        kept = [0] + list(range(max(1, t - (CONTEXT - 1) + 1), t + 1)) if t >= CONTEXT else list(range(t + 1))
+        log_p = jax.nn.log_softmax(forward(params, x[:, kept])[:, -1])
+        np.testing.assert_allclose(nll[:, t], -log_p[np.arange(2), x[:, t + 1]], rtol=1e-5, atol=1e-5,
+                                   err_msg=f"t={t}")

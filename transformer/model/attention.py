@@ -46,8 +46,9 @@ def segment_masks(positions: Array, cache_len: int | None, registers: int = 0,
     return _masks(positions, slots, window)
 
 
-def _masks(positions: Array, slots: Array | None, window: int | Array | None, sinks: int = 0) -> list[Array]:
-    """`segment_masks` given the position each cached slot holds ([B, R + S], or None: no cache)."""
+def _masks(positions: Array, slots: Array | None, window: int | Array | None, sinks: int | None = None) -> list[Array]:
+    """`segment_masks` given the position each cached slot holds ([B, R + S], or None: no cache);
+    sinks: the positions below it stay visible past the window (ops.causal_mask), or None."""
     masks = [ops.causal_mask(positions, positions, window=window, sinks=sinks)]
     if slots is not None:
         # Slots at or after this call's first position are stale: this call rewrites them.
@@ -57,7 +58,7 @@ def _masks(positions: Array, slots: Array | None, window: int | Array | None, si
 
 
 def rotated_sinks(cached: Array, positions: Array, window: int, sinks: int, theta: float, slot_axis: int,
-                  rotary: slice = slice(None)) -> Array:
+                  rotary: slice = slice(None), registers: int = 0) -> Array:
     """A rolling layer's cached keys with the sinks' rotary features turned to StreamingLLM's
     in-cache positions (re-rotation: keys are cached rotated by their own positions).
 
@@ -66,7 +67,8 @@ def rotated_sinks(cached: Array, positions: Array, window: int, sinks: int, thet
     rolling keys keep their true distances. RoPE scores depend on the difference of positions
     only, so turning each sink key by shift = q - (sinks + window - 1) more does just that, for S
     keys per step. A call of several tokens per row uses its last (the sampler's calls past the
-    context are one token per row).
+    context are one token per row). R register slots before the sinks (positions -R..-1, numbered
+    so in the cache too) turn by the same shift.
 
     Args:
       cached: the layer's keys, [B, G, slots, K] (slot_axis 2) or the MLA latent [B, slots, C + Kr]
@@ -76,20 +78,21 @@ def rotated_sinks(cached: Array, positions: Array, window: int, sinks: int, thet
     real = jnp.where(positions < PAD_POSITION, positions, -1)
     shift = jnp.maximum(real.max(axis=1) - (sinks + window - 1), 0)  # [B]
     head = jnp.moveaxis(cached, slot_axis, 1)  # [B, slots, ...]
-    sink = head[:, :sinks, ..., rotary]  # [B, S, G, Kr] or [B, S, Kr]
-    flat = sink if sink.ndim == 4 else sink[:, :, None]  # [B, S, G or 1, Kr]
+    kept = registers + sinks
+    sink = head[:, :kept, ..., rotary]  # [B, R + S, G, Kr] or [B, R + S, Kr]
+    flat = sink if sink.ndim == 4 else sink[:, :, None]  # [B, R + S, G or 1, Kr]
     turned = ops.rope(flat, jnp.broadcast_to(shift[:, None], flat.shape[:2]), theta).reshape(sink.shape)
-    return jnp.moveaxis(head.at[:, :sinks, ..., rotary].set(turned), 1, slot_axis)
+    return jnp.moveaxis(head.at[:, :kept, ..., rotary].set(turned), 1, slot_axis)
 
 
 def read_keys(cfg: ModelConfig, cached: Cache, keys: Array, positions: Array, slot_axis: int,
               rotary: slice = slice(None)) -> Array:
     """One layer's cached keys as this call's queries see them: as they lie, except in a rolling layer
-    with sinks and RoPE (`rotated_sinks`)."""
-    if cached.positions is None or not cached.sinks or cfg.position != "rope":
+    with sinks or registers and RoPE (`rotated_sinks`)."""
+    if cached.positions is None or not (cached.sinks or cached.registers) or cfg.position != "rope":
         return keys
     window, sinks = ring_window(cached)
-    return rotated_sinks(keys, positions, window, sinks, cfg.rope_theta, slot_axis, rotary)
+    return rotated_sinks(keys, positions, window, sinks, cfg.rope_theta, slot_axis, rotary, cached.registers)
 
 
 def cache_masks(positions: Array, cached: Cache | None, window: int | Array | None = None) -> list[Array]:
@@ -101,7 +104,8 @@ def cache_masks(positions: Array, cached: Cache | None, window: int | Array | No
     if cached.positions is None:
         return _masks(positions, slot_positions(cached, positions.shape[0]), window)
     window, sinks = ring_window(cached)
-    return _masks(positions, cached.positions, window, sinks)
+    # A rolling layer's sinks, and its registers (before position 0), stay visible past its window.
+    return _masks(positions, cached.positions, window, sinks if sinks or cached.registers else None)
 
 
 def key_positions(positions: Array, cached: Cache | None) -> Array:

@@ -179,24 +179,40 @@ def init_rolling_cache(cfg: ModelConfig, batch_size: int, sinks: int = 0, dtype:
             "positions are added into every token's vector, so each cached key holds its absolute position and "
             f"none exists past max_seq_len={cfg.max_seq_len}; generate at most the context (no sinks option)"
         )
-    if cfg.num_registers:
-        raise ValueError("generation past the context is not implemented with register tokens (num_registers > 0)")
     if not 0 <= sinks < cfg.max_seq_len:
         raise ValueError(f"sinks must be in [0, max_seq_len={cfg.max_seq_len}), got {sinks}")
-    rolling = cfg.replace(attention_window=cfg.max_seq_len, global_every=0)  # every layer a ring of max_seq_len
+    # Every layer a ring of max_seq_len slots (registers and windows do not mix in a config, so the
+    # ring is built without them and the registers' slots are put in front below).
+    rolling = cfg.replace(attention_window=cfg.max_seq_len, global_every=0, num_registers=0)
     cache = init_cache(rolling, batch_size, cfg.max_seq_len, dtype)
     windows = cfg.layer_windows()  # local layers: back to their rings of W
     local = init_cache(cfg, batch_size, 1, dtype) if cfg.attention_window else None
     pick = lambda name, i: getattr(cache if windows[i] is None else local, name)[i]  # noqa: E731
     fields = {name: tuple(pick(name, i) for i in range(cfg.num_layers)) for name in (*buffers(cache), "positions")}
-    return cache.replace(**fields, sinks=tuple(sinks if w is None else 0 for w in windows))
+    cache = cache.replace(**fields, sinks=tuple(sinks if w is None else 0 for w in windows))
+    return with_register_slots(cache, cfg.num_registers)
+
+
+def with_register_slots(cache: Cache, registers: int) -> Cache:
+    """A rolling cache with R more leading slots in every ring, recording positions -R..-1: the
+    register tokens, kept for good before the sinks (a plain cache puts them at slot position + R)."""
+    if not registers:
+        return cache
+    slot_axis = 1 if isinstance(cache, LatentCache) else 2
+    grow = lambda a: jnp.concatenate(  # noqa: E731
+        [jnp.zeros_like(jax.lax.slice_in_dim(a, 0, registers, axis=slot_axis)), a], axis=slot_axis)
+    fields = {name: tuple(map(grow, layers)) for name, layers in buffers(cache).items()}
+    record = lambda p: jnp.concatenate(  # noqa: E731
+        [jnp.broadcast_to(jnp.arange(-registers, 0, dtype=p.dtype), (p.shape[0], registers)), p], axis=1)
+    return cache.replace(**fields, positions=tuple(map(record, cache.positions)), registers=registers)
 
 
 def ring_window(cached: Cache) -> tuple[int, int]:
     """(window, sinks) of one layer's ring: its slots roll over the last `window` positions and
-    keep the first `sinks` for good; a local layer's ring is its W slots (no sinks)."""
+    keep the first `sinks` (and the registers, `with_register_slots`) for good; a local layer's ring
+    is its W slots (no sinks)."""
     sinks = cached.sinks if isinstance(cached.sinks, int) else 0
-    return cached.positions.shape[1] - sinks, sinks
+    return cached.positions.shape[1] - cached.registers - sinks, sinks
 
 
 def max_len(cache: Cache) -> int:
@@ -232,7 +248,8 @@ def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None
     rings = cache.positions if cache.positions is not None else (None,) * cache_layers(cache)
     full_slots = positions + cache.registers  # slot = position + R
     sinks = cache.sinks if isinstance(cache.sinks, tuple) else (cache.sinks,) * len(rings)
-    slots = [full_slots if ring is None else ring_slots(positions, ring.shape[1], s) for ring, s in zip(rings, sinks)]
+    slots = [full_slots if ring is None else ring_slots(positions, ring.shape[1], s, cache.registers)
+             for ring, s in zip(rings, sinks)]
 
     def put(c: Array, n: Array, slot: Array) -> Array:  # one layer's buffer
         if c.ndim == 3:  # latent [B, S, C + Kr]
@@ -249,18 +266,21 @@ def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None
     return cache.replace(**written)
 
 
-def ring_slots(positions: Array, size: int, sinks: int = 0) -> Array:
+def ring_slots(positions: Array, size: int, sinks: int = 0, registers: int = 0) -> Array:
     """[B, T] positions -> [B, T] slots in a ring of `size` slots whose first `sinks` slots hold
     positions 0..sinks-1 for good: position p < sinks in slot p; a later one in slot sinks + (p -
     sinks) mod (size - sinks) if it is among its row's last size - sinks positions (padding, at
     PAD_POSITION, excluded); `size` (out of range: dropped) for the rest, so that no two kept
-    entries share a slot. sinks=0: slot p mod size."""
-    rolling = size - sinks  # slots that roll
+    entries share a slot. sinks=0: slot p mod size. R registers (positions -R..-1) take the first R
+    slots, and every other slot moves up by R."""
+    rolling = size - registers - sinks  # slots that roll
     real = positions < PAD_POSITION
     last = jnp.max(jnp.where(real, positions, -1), axis=1, keepdims=True)  # [B, 1]
     keep = real & (positions >= sinks) & (positions > last - rolling)
-    slots = jnp.where(keep, sinks + (positions - sinks) % rolling, size)
-    return jnp.where(real & (positions < sinks), positions, slots) if sinks else slots
+    slots = jnp.where(keep, registers + sinks + (positions - sinks) % rolling, size)
+    if sinks:
+        slots = jnp.where(real & (positions >= 0) & (positions < sinks), registers + positions, slots)
+    return jnp.where(positions < 0, positions + registers, slots) if registers else slots
 
 
 def cache_layers(cache: Cache) -> int:

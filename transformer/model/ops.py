@@ -38,11 +38,12 @@ def causal_mask(
     k_valid: Array | None = None,
     dtype: jnp.dtype = jnp.float32,
     window: int | Array | None = None,
-    sinks: int = 0,
+    sinks: int | None = None,
 ) -> Array:
     """Additive causal mask from explicit positions: key s is visible to query t iff pos_s <= pos_t,
     and with a window W also pos_t - pos_s < W (a band: the query and the W - 1 keys before it),
-    or pos_s < sinks (the first tokens stay visible: StreamingLLM's attention sinks).
+    or pos_s < sinks (the first tokens stay visible: StreamingLLM's attention sinks; register
+    tokens, at negative positions, too).
 
     The window follows Hugging Face Mistral (`sliding_window`): a key exactly W positions back is
     hidden, so each query sees at most W keys, itself included.
@@ -54,7 +55,8 @@ def causal_mask(
       dtype: dtype of the returned mask.
       window: W > 0 (a Python int, or a traced scalar for a layer of a scanned stack), or None for
         no window.
-      sinks: with a window, keys at positions below it are visible however far back (0: none).
+      sinks: with a window, keys at positions below it are visible however far back (None: none; 0:
+        only the registers, which sit before position 0).
 
     Returns:
       [B, 1, T, S] mask: 0 where attention is allowed, a large finite negative value elsewhere.
@@ -63,7 +65,7 @@ def causal_mask(
     allowed = k_positions[:, None, :] <= q_positions[:, :, None]  # [B, T, S]
     if window is not None:
         band = q_positions[:, :, None] - k_positions[:, None, :] < window  # [B, T, S]
-        allowed = allowed & ((k_positions[:, None, :] < sinks) | band if sinks else band)
+        allowed = allowed & (band if sinks is None else (k_positions[:, None, :] < sinks) | band)
     if k_valid is not None:
         allowed = allowed & k_valid[:, None, :]
     return jnp.where(allowed, 0.0, mask_value(dtype)).astype(dtype)[:, None, :, :]

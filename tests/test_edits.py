@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.decoder import jit
+from tests.helpers.marks import first_fast
 from tests.test_capture import T, model, tokens
 from transformer.analysis.capture import capture
 from transformer.model import edits
@@ -40,7 +41,7 @@ def forward(cfg):
     return jit(lambda p, x, e: edits.run(p, cfg, x, e)[0])
 
 
-@pytest.mark.parametrize("variant", ["mha", "mla", "sink_registers"])
+@pytest.mark.parametrize("variant", first_fast(["mha", "mla", "sink_registers"]))
 def test_an_identity_edit_changes_no_bit_of_the_logits(variant):
     """Identity edits at every point at once (unrolled layers), and one point at a time (scanned):
     bitwise the plain forward's logits."""
@@ -54,7 +55,7 @@ def test_an_identity_edit_changes_no_bit_of_the_logits(variant):
         np.testing.assert_array_equal(forward(scanned_cfg)(scanned, x, [identity(cfg, name)]), plain, err_msg=name)
 
 
-@pytest.mark.parametrize("variant, scan_layers", [("gqa_qk_norm", False), ("mla", True), ("sink_registers", True)])
+@pytest.mark.parametrize("variant, scan_layers", first_fast([("gqa_qk_norm", False), ("mla", True), ("sink_registers", True)]))
 def test_zeroing_a_head_is_its_head_mask_and_its_zeroed_pattern(variant, scan_layers):
     """zero(blocks.1.attn.z, head=2) == ablate_heads with head (1, 2) off (what head_mask did) ==
     zero(blocks.1.attn.pattern, head=2) (no weights: a zero output), and it changes the logits."""
@@ -69,7 +70,7 @@ def test_zeroing_a_head_is_its_head_mask_and_its_zeroed_pattern(variant, scan_la
     assert np.abs(by_z - run(params, x, [])).max() > 1e-3
 
 
-@pytest.mark.parametrize("variant, scan_layers", [("mha", False), ("sink_registers", True), ("mla", False)])
+@pytest.mark.parametrize("variant, scan_layers", first_fast([("mha", False), ("sink_registers", True), ("mla", False)]))
 def test_patching_a_clean_runs_points_into_a_corrupted_run_gives_the_clean_logits(variant, scan_layers):
     """Every editable point patched from the clean run at once; and each layer's residual stream
     alone, a cut through the whole model; and the tokens' embeddings alone (the only difference)."""
@@ -88,6 +89,7 @@ def test_patching_a_clean_runs_points_into_a_corrupted_run_gives_the_clean_logit
         np.testing.assert_allclose(run(params, corrupted, [edits.patch(cfg, "embed", got["embed"])]), clean_logits, **TOL)
 
 
+@pytest.mark.slow  # make test-all only (the default set's time: docs/performance.md)
 def test_patching_one_position_changes_that_position_and_later_ones_only():
     """A patch of blocks.0.resid_mid at position 3, with registers first: the captured point holds the
     clean value there and the corrupted one elsewhere; logits before position 3 are the corrupted run's."""
@@ -121,7 +123,7 @@ def test_mean_ablation_puts_the_mean_of_other_inputs_and_steering_adds_a_vector(
     np.testing.assert_allclose(steered - plain, np.broadcast_to(0.5 * unembed @ v, plain.shape), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("variant", ["gqa_qk_norm", "mla", "sink_registers"])
+@pytest.mark.parametrize("variant", first_fast(["gqa_qk_norm", "mla", "sink_registers"]))
 def test_the_sampler_decodes_with_edits_as_a_full_forward_pass_does(variant):
     """generate(..., edits) greedy == the argmax of full forward passes with the same edits, token by
     token (prefill and cached decoding, MLA's absorbed form included); the edits change the tokens."""

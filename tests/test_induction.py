@@ -66,6 +66,7 @@ def test_the_model_scores_read_the_models_attention_and_the_repeat_loss_is_the_c
     np.testing.assert_allclose(repeat, loss[:, 5:].mean(), rtol=1e-5)  # tokens 6..8: the repeat after its first
 
 
+@pytest.mark.slow  # make test-all only (the default set's time: docs/performance.md)
 def test_the_loops_induction_metric_is_the_scores_and_losses_of_repeated_validation_tokens():
     """The 'induction' evaluation metric, compiled as the loop compiles it, on the mesh: its row holds
     every head's score, their maximum and the two losses of `induction_scores` / `repeated_loss` on

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.decoder import jit
+from tests.helpers.marks import first_fast
 from tests.test_capture import model, tokens
 from transformer.analysis.capture import capture
 from transformer.analysis.lens import direct_logit_attribution, logit_lens, unembedding
@@ -45,8 +46,8 @@ def test_the_logit_lens_of_the_embedding_is_the_head_by_hand():
     np.testing.assert_allclose(lens, normed @ p["embed"]["embedding"].T, **TOL)
 
 
-@pytest.mark.parametrize("variant, scan_layers", [("mha", False), ("gqa_qk_norm", True), ("mla", False),
-                                                  ("sink_registers", False), ("attention_only", False)])
+@pytest.mark.parametrize("variant, scan_layers", first_fast([("mha", False), ("gqa_qk_norm", True), ("mla", False),
+                                                  ("sink_registers", False), ("attention_only", False)]))
 def test_direct_logit_attribution_adds_up_to_the_logit(variant, scan_layers):
     cfg, params = model(variant, scan_layers)
     x = tokens()

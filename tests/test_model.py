@@ -136,6 +136,7 @@ def test_scanned_and_unscanned_stacks_compute_the_same_function():
     chex.assert_trees_all_close(cache_u, cache_s, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # make test-all only (the default set's time: docs/performance.md)
 def test_jit_and_eager_agree():
     """An eager (op-by-op) cached prefill equals the jitted one (default compiler options):
     logits and the written cache."""

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.decoder import jit
+from tests.helpers.marks import first_fast
 from tests.test_capture import T, model, tokens
 from transformer.analysis.capture import capture
 from transformer.analysis.patching import logit_difference, patch_heads, patch_positions
@@ -23,7 +24,7 @@ def pair(changed: int = 3):
     return clean, clean.at[:, changed].set((clean[:, changed] + 7) % 64)
 
 
-@pytest.mark.parametrize("variant, scan_layers", [("gqa_qk_norm", False), ("sink_registers", True)])
+@pytest.mark.parametrize("variant, scan_layers", first_fast([("gqa_qk_norm", False), ("sink_registers", True)]))
 def test_each_cell_of_the_grids_is_that_patch_on_its_own(variant, scan_layers):
     cfg, params = model(variant, scan_layers)
     clean, corrupted = pair()

@@ -28,6 +28,7 @@ def run(tmp_path):
     return shutil.copytree(RUN, tmp_path / "run")
 
 
+@pytest.mark.slow  # make test-all only (the default set's time: docs/performance.md)
 def test_previous_layout_run_loads_with_the_same_numbers(run):
     cfg, params, tokenizer = restore_for_inference(str(run))
     assert count_params(params) == 87_552

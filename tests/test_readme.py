@@ -4,6 +4,7 @@ import os
 import re
 
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -15,6 +16,7 @@ def readme_example() -> str:
     return found.group(1)
 
 
+@pytest.mark.slow  # make test-all only (the default set's time: docs/performance.md)
 def test_readme_python_example_runs(monkeypatch):
     monkeypatch.chdir(ROOT)  # it reads configs/gpt2.py by a relative path
     names: dict = {}

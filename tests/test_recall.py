@@ -265,6 +265,7 @@ def test_the_patching_pair_differs_only_in_the_questions_key():
         retrieval.patching_pair(docs, [d.asked for d in docs])
 
 
+@pytest.mark.slow  # make test-all only (the default set's time: docs/performance.md)
 def test_the_causal_score_of_a_head_that_writes_nothing_is_zero_and_of_the_only_one_left_is_one():
     """One layer, two heads, head 1's W_o zeroed: the answer steps' logits are the embedding's path plus head 0
     (the tokens there are the same in both runs), so patching head 0 from the run asking the other fact gives

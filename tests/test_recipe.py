@@ -178,6 +178,7 @@ def test_cached_decoding_equals_forward_with_every_option(attention, activation,
     check_ragged_batch_equals_rows_alone(m)
 
 
+@pytest.mark.slow  # make test-all only (the default set's time: docs/performance.md)
 def test_scanned_and_unscanned_stacks_agree_with_every_option():
     m = build("gqa", "rope", activation="relu2", **RECIPE)
     unscanned = build("gqa", "rope", activation="relu2", **RECIPE, scan_layers=False)

@@ -25,7 +25,9 @@ KINDS = {"gqa-rope": dict(num_kv_heads=2, position="rope"), "mha-none": dict(pos
          "gqa-rope-registers": dict(num_kv_heads=2, position="rope", num_registers=2),
          "mla-rope-registers": dict(attention="mla", kv_latent_dim=12, rope_head_dim=4, position="rope",
                                     num_registers=3)}
-CASES = [(kind, S) for kind in KINDS] + [("gqa-rope-registers", 0), ("mla-rope-registers", 1)]
+FAST = {("gqa-rope", S), ("gqa-rope-registers", 0)}  # in make test; the other cases in make test-all
+CASES = [pytest.param(kind, sinks, marks=() if (kind, sinks) in FAST else pytest.mark.slow)
+         for kind, sinks in [(kind, S) for kind in KINDS] + [("gqa-rope-registers", 0), ("mla-rope-registers", 1)]]
 
 
 @pytest.mark.parametrize("kind,sinks", CASES)
@@ -52,6 +54,7 @@ def test_one_rolling_layer_is_streaming_llm(kind, sinks):
         assert [a.shape for a in jax.tree.leaves(cache)] == shapes  # constant memory
 
 
+@pytest.mark.slow  # make test-all only (the default set's time: docs/performance.md)
 def test_generation_runs_8x_the_context_with_a_constant_cache():
     """A 2-layer RoPE model with local and global layers: generate 8x its context; the cache's
     arrays keep their shapes from the prefill to the last step, and inside the context the rolling

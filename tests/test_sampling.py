@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tests.helpers.marks import first_fast
 
 from transformer import sampling
 from transformer.model.config import ModelConfig
@@ -231,7 +232,7 @@ def greedy_without_cache(variant: str, prompts: list[list[int]], steps: int) -> 
     return np.stack([buffer[b, len(p) : len(p) + steps] for b, p in enumerate(prompts)])
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", first_fast(list(VARIANTS), list(VARIANTS)))
 def test_greedy_generate_equals_argmax_loop_without_cache(variant):
     cfg, params = model(variant)
     out = sampling.generate(params, cfg, PROMPTS, jax.random.key(0), NEW, temperature=0.0)
@@ -368,6 +369,7 @@ def test_decode_updates_the_cache_in_place():
     assert updates == 2 * cfg.num_layers and copies == 0
 
 
+@pytest.mark.slow  # make test-all only (the default set's time: docs/performance.md)
 def test_a_head_larger_than_the_tokenizer_never_draws_an_id_the_tokenizer_lacks(capsys):
     """Logits over 300 ids that favour ids 256-299: with vocab_limit=256 greedy and sampled draws
     are all bytes; without it they are the ids past the byte tokenizer. sample.py's print_samples

@@ -18,6 +18,7 @@ import pytest
 from configs import tiny
 from tests.helpers.cli import run as run_train
 from tests.helpers.decoder import PREFILL, TOL, T, build, jit, max_diff
+from tests.helpers.marks import first_fast
 from tests.test_model import check_cached_decoding_equals_forward, check_causality, check_ragged_batch_equals_rows_alone
 from transformer import ModelConfig, init_cache
 from transformer.analysis import sinks
@@ -239,7 +240,7 @@ def test_ablating_heads_equals_zeroing_output_projection_rows(option):
     assert max_diff(masked, plain) > 1e-3
 
 
-@pytest.mark.parametrize("attention", ["gqa", "mla_q_rope"])
+@pytest.mark.parametrize("attention", first_fast(["gqa", "mla_q_rope"]))
 def test_scanned_and_unscanned_stacks_agree(attention):
     m = build(attention, "rope", **OPTIONS["both"])
     unscanned = build(attention, "rope", **OPTIONS["both"], scan_layers=False)

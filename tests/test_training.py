@@ -14,6 +14,7 @@ OPTIM = dict(learning_rate=1e-3, warmup_steps=10, min_lr_ratio=0.1, b1=0.9, b2=0
 CFG = ModelConfig(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)
 
 
+@pytest.mark.slow  # make test-all only (the default set's time: docs/performance.md)
 def test_grad_accumulation_equals_one_big_batch():
     mesh = make_mesh(devices=jax.devices()[:1])
     tx, schedule = make_optimizer(OPTIM, 10)

@@ -98,6 +98,7 @@ def _gaussian_mixture(rng: np.random.Generator, n: int, f: int, c: int, prior: T
     clusters = int(rng.integers(1, 4))
     spread = rng.uniform(prior.min_separation, prior.max_separation)
     informative = rng.random(f) < rng.uniform(0.3, 1.0)  # the other features are noise for every class
+    informative[rng.integers(f)] = True  # at least one
     centres = rng.normal(0.0, spread, (c, clusters, f)) * informative
     which = rng.integers(0, clusters, size=n)
     x = centres[y, which] + rng.normal(0.0, 1.0, (n, f)) * rng.uniform(0.5, 1.5, f)

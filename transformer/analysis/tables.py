@@ -31,6 +31,7 @@ from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
 
 METHODS = ("model", "knn", "logistic", "majority")  # majority: the training rows' most frequent class (chance)
+PAD_TO = 64  # `predict` pads a table to a multiple of this many rows: one compile serves many tables
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -49,9 +50,11 @@ def predict(params: Any, cfg: ModelConfig, x_train: np.ndarray, y_train: np.ndar
     out = []
     for start in range(0, len(x_test), chunk):
         part = rows[n + start: n + start + chunk]
-        padded = np.concatenate([part, np.zeros((chunk - len(part), part.shape[1]), np.float32)])
-        padded[len(part):, -1] = tables.UNLABELLED  # padding: rows to classify that no one reads
-        batch = np.concatenate([rows[:n], padded])[None]  # [1, n + chunk, F + 1]: one compile per table size
+        # Padding up to a multiple of PAD_TO rows, so that few shapes compile: unlabelled rows, which
+        # no other row sees (a row to classify), so they change nothing.
+        padding = np.zeros((-(n + len(part)) % PAD_TO, part.shape[1]), np.float32)
+        padding[:, -1] = tables.UNLABELLED
+        batch = np.concatenate([rows[:n], part, padding])[None]  # [1, T, F + 1]
         out.append(np.asarray(_probabilities(params, cfg, batch))[0, n: n + len(part)])
     return np.concatenate(out)
 

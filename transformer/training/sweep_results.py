@@ -10,7 +10,6 @@ import statistics
 from typing import TYPE_CHECKING
 
 import jax
-import jax.numpy as jnp
 
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder, count_params, example_input

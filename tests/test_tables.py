@@ -22,7 +22,7 @@ from transformer.model import ops, table
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder, example_input
 from transformer.training.optimizer import make_optimizer
-from transformer.training.sharding import make_mesh
+from transformer.training.sharding import make_mesh, make_rules, param_axes
 from transformer.training.steps import create_state, make_train_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,6 +104,16 @@ def test_the_config_refuses_what_a_table_model_cannot_read():
         table_cfg(num_classes=1)
     with pytest.raises(ValueError, match="inputs='table' only"):
         ModelConfig(vocab_size=8, max_seq_len=8, d_model=8, num_layers=1, num_heads=1, num_classes=3)
+
+
+def test_every_parameter_of_a_table_model_has_logical_axes():
+    for cfg in (table_cfg(), table_cfg(scan_layers=True)):
+        shapes = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), example_input(cfg)))["params"]
+        names = [tuple(k.key for k in path) for path, _ in jax.tree_util.tree_leaves_with_path(shapes)]
+        assert ("row_embed", "kernel") in names and ("head", "kernel") in names and ("embed", "embedding") not in names
+        for path, x in jax.tree_util.tree_leaves_with_path(shapes):
+            param_axes(tuple(k.key for k in path), x.ndim)  # raises for a parameter the table misses
+        make_rules(cfg, make_mesh())
 
 
 # --- the mask -----------------------------------------------------------------------------------
@@ -233,3 +243,18 @@ def test_train_py_trains_the_table_config_without_text(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "bits/byte" not in result.stdout and "--- sample ---" not in result.stdout
     assert not (workdir / "tokenizer").exists() and (workdir / "checkpoints").is_dir()
+
+
+def test_the_lookup_statistics_of_a_nearest_neighbour_look_up():
+    from transformer.analysis.tables import lookup_statistics
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(12, 3)), np.array([0, 1] * 4)
+    rows = tables.table_rows(x[:8], y, x[8:], 4)
+    targets = np.r_[np.full(8, IGNORED), [0, 1, 0, 1]]
+    nearest = np.linalg.norm(rows[8:, None, :-1] - rows[None, :8, :-1], axis=-1).argmin(axis=1)
+    weights = np.zeros((2, 12, 12))
+    weights[:, np.arange(8, 12), nearest] = 1.0  # every head: all weight on the nearest training row
+    found = lookup_statistics(weights, rows, targets)
+    assert found.top_is_nearest == 1.0 and found.on_nearest == 1.0 and found.on_itself == 0.0
+    assert found.uniform == 1 / 8 and found.same_class == np.mean(y[nearest] == targets[8:])

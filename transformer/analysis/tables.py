@@ -163,8 +163,9 @@ class Lookup:
     """How a test row's attention over the training rows compares with a nearest-neighbour look-up,
     averaged over the test rows (weights: the heads' mean)."""
 
+    on_itself: float  # attention weight on the test row itself (the one other key it sees)
     on_nearest: float  # attention weight on the nearest training row
-    uniform: float  # what a uniform look-up would give it: 1 / n_train
+    uniform: float  # what a uniform look-up over the training rows would give it: 1 / n_train
     top_is_nearest: float  # share of test rows whose most-attended training row is their nearest one
     top_in_5_nearest: float  # ... is among their 5 nearest (chance: 5 / n_train)
     same_class: float  # attention on training rows of the test row's true class
@@ -177,7 +178,8 @@ def lookup_statistics(weights: np.ndarray, rows: np.ndarray, targets: np.ndarray
     of one table -> `Lookup`, the heads' mean attention of each test row over the training rows
     against the training rows' Euclidean distances in the standardised features and their labels."""
     train = targets == tables.IGNORED
-    w = weights.mean(axis=0)[~train][:, train]  # [n_test, n_train]: the heads' mean; rows sum to <= 1
+    mean = weights.mean(axis=0)  # [T, T]: the heads' mean
+    w = mean[~train][:, train]  # [n_test, n_train]: a row sums to 1 - its weight on itself
     x, labels = rows[:, :-1], rows[:, -1].astype(int)
     d = np.linalg.norm(x[~train][:, None] - x[train][None], axis=-1)  # [n_test, n_train]
     nearest = d.argmin(axis=1)
@@ -185,7 +187,7 @@ def lookup_statistics(weights: np.ndarray, rows: np.ndarray, targets: np.ndarray
     top = w.argmax(axis=1)
     same = labels[train][None] == targets[~train][:, None]  # [n_test, n_train]
     return Lookup(
-        on_nearest=float(w[np.arange(len(w)), nearest].mean()), uniform=1.0 / train.sum(),
+        on_itself=float(np.diagonal(mean)[~train].mean()), on_nearest=float(w[np.arange(len(w)), nearest].mean()), uniform=1.0 / train.sum(),
         top_is_nearest=float(np.mean(top == nearest)),
         top_in_5_nearest=float(np.mean([t in f for t, f in zip(top, five)])),
         same_class=float((w * same).sum(axis=1).mean()), same_class_uniform=float(same.mean()),

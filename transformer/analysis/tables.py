@@ -161,7 +161,8 @@ def row_attention(params: Any, cfg: ModelConfig, rows: np.ndarray, layer: int = 
 @dataclass(frozen=True)
 class Lookup:
     """How a test row's attention over the training rows compares with a nearest-neighbour look-up,
-    averaged over the test rows (weights: the heads' mean)."""
+    averaged over the test rows (weights: the heads' mean). All but on_itself read the weights over
+    the training rows renormalised to sum to 1, so that they compare with a uniform look-up."""
 
     on_itself: float  # attention weight on the test row itself (the one other key it sees)
     on_nearest: float  # attention weight on the nearest training row
@@ -180,6 +181,7 @@ def lookup_statistics(weights: np.ndarray, rows: np.ndarray, targets: np.ndarray
     train = targets == tables.IGNORED
     mean = weights.mean(axis=0)  # [T, T]: the heads' mean
     w = mean[~train][:, train]  # [n_test, n_train]: a row sums to 1 - its weight on itself
+    w = w / w.sum(axis=1, keepdims=True)  # over the training rows alone
     x, labels = rows[:, :-1], rows[:, -1].astype(int)
     d = np.linalg.norm(x[~train][:, None] - x[train][None], axis=-1)  # [n_test, n_train]
     nearest = d.argmin(axis=1)

@@ -234,15 +234,16 @@ def test_the_bundled_real_tables_load_and_are_checked():
 @pytest.mark.slow
 def test_train_py_trains_the_table_config_without_text(tmp_path):
     workdir = tmp_path / "tables"
-    result = subprocess.run(
-        [sys.executable, "train.py", "--config", "configs/tables.py", f"--workdir={workdir}",
-         "--config.train.steps=4", "--config.optim.warmup_steps=1", "--config.train.eval_batches=1",
-         "--config.train.batch_size=4", "--config.train.seq_len=32", "--config.model.d_model=32",
-         "--config.model.num_layers=1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    command = [sys.executable, "train.py", "--config", "configs/tables.py", f"--workdir={workdir}",
+               "--config.optim.warmup_steps=1", "--config.train.eval_batches=1", "--config.train.batch_size=4",
+               "--config.train.seq_len=32", "--config.model.d_model=32", "--config.model.num_layers=1"]
+    result = subprocess.run(command + ["--config.train.steps=4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "bits/byte" not in result.stdout and "--- sample ---" not in result.stdout
     assert not (workdir / "tokenizer").exists() and (workdir / "checkpoints").is_dir()
+    other_prior = subprocess.run(command + ["--config.train.steps=6", "--config.data.tables.mlp_share=0.2"], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=300)
+    assert other_prior.returncode == 1 and "data.tables.mlp_share: checkpoint 0.5, config 0.2" in other_prior.stderr
 
 
 def test_the_lookup_statistics_of_a_nearest_neighbour_look_up():

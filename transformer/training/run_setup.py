@@ -134,8 +134,9 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, train_steps.Train
     num_params = count_params(state.params)
     flops_per_token = train_steps.flops_per_token(cfg, num_params, t.seq_len)
     if host == 0:
+        cache = f"KV cache {describe_cache_size(cfg)}" if cfg.inputs == "tokens" else "a table read in one pass, no KV cache"
         print(f"model: {num_params:,} parameters, {flops_per_token / 1e6:.1f} MFLOP per token (6N + 12 L T d), "
-              f"KV cache {describe_cache_size(cfg)}; {len(jax.devices())} device(s), "
+              f"{cache}; {len(jax.devices())} device(s), "
               f"mesh {dict(mesh.shape)}; {checked.execution.describe()}; compiled in {steps.compile_seconds:.1f} s")
     run = Run(config=config, cfg=cfg, tokenizer=tokenizer, steps=steps, task=checked.task, corpus=corpus,
               train_tokens=train_tokens, eval_set=eval_set, bytes_per_token=bytes_per_token,

@@ -244,6 +244,9 @@ def test_train_py_trains_the_table_config_without_text(tmp_path):
     other_prior = subprocess.run(command + ["--config.train.steps=6", "--config.data.tables.mlp_share=0.2"], cwd=ROOT,
                                  capture_output=True, text=True, timeout=300)
     assert other_prior.returncode == 1 and "data.tables.mlp_share: checkpoint 0.5, config 0.2" in other_prior.stderr
+    sampled = subprocess.run([sys.executable, "sample.py", f"--workdir={workdir}", "--prompt=x"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+    assert sampled.returncode == 1 and "holds a table model" in sampled.stderr and "eval_tables.py" in sampled.stderr
 
 
 def test_the_lookup_statistics_of_a_nearest_neighbour_look_up():

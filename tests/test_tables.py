@@ -170,9 +170,9 @@ def test_a_table_is_classified_the_same_in_any_batches_of_test_rows():
     cfg = table_cfg()
     params = Decoder(cfg).init(jax.random.key(1), example_input(cfg, 4))["params"]
     rows = rows_for(cfg, 8, 6)
-    whole = np.asarray(Decoder(cfg).apply({"params": params}, rows)[0])[0, 8:]
-    parts = [np.asarray(Decoder(cfg).apply({"params": params}, np.concatenate([rows[:, :8], rows[:, 8 + i:9 + i]], 1))[0])
-             [0, 8] for i in range(6)]
+    forward = jax.jit(lambda r: Decoder(cfg).apply({"params": params}, r)[0])
+    whole = np.asarray(forward(rows))[0, 8:]
+    parts = [np.asarray(forward(np.concatenate([rows[:, :8], rows[:, 8 + i:9 + i]], 1)))[0, 8] for i in range(6)]
     np.testing.assert_allclose(np.stack(parts), whole, atol=1e-5)
 
 
@@ -203,7 +203,7 @@ def test_a_few_steps_on_separable_tables_beat_chance():
         rows, targets = tables.batch_at(None, seed=0, step=s, batch_size=8, seq_len=32, prior=prior)
         state, _ = step(state, rows, targets)
     rows, targets = tables.eval_batches(None, num_batches=1, batch_size=64, seq_len=32, prior=prior)[0]
-    logits = Decoder(cfg).apply({"params": state.params}, rows)[0]
+    logits = jax.jit(lambda p, r: Decoder(cfg).apply({"params": p}, r)[0])(state.params, rows)
     graded = targets != IGNORED
     accuracy = float((np.asarray(logits).argmax(-1) == targets)[graded].mean())
     assert accuracy > 0.75, f"accuracy {accuracy:.2f} on separable two-class tables (chance 0.5)"

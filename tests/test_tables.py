@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from configs.tables import get_config
+from tests.helpers.marks import first_fast
 from transformer.data import tables
 from transformer.data.batches import IGNORED
 from transformer.data.tasks import data_task
@@ -23,7 +24,7 @@ from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder, example_input
 from transformer.training.optimizer import make_optimizer
 from transformer.training.sharding import make_mesh, make_rules, param_axes
-from transformer.training.steps import create_state, make_train_step
+from transformer.training.steps import create_state, init_params, make_train_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -143,12 +144,12 @@ def rows_for(cfg: ModelConfig, n_train: int, n_test: int, seed: int = 0) -> np.n
     return tables.table_rows(x[:n_train], y, x[n_train:], cfg.num_features)[None]
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("scan_layers", first_fast([False, True], ["loop", "scan"]))  # the scan: make test-all
 def test_no_test_row_sees_another_and_each_sees_every_training_row(scan_layers):
     cfg = table_cfg(scan_layers=scan_layers)
-    params = Decoder(cfg).init(jax.random.key(0), example_input(cfg, 4))["params"]
+    params = init_params(cfg, jax.random.key(0))
     rows = rows_for(cfg, 10, 6)
-    forward = jax.jit(lambda r: Decoder(cfg).apply({"params": params}, r)[0])
+    forward = jax.jit(lambda r, p=params: Decoder(cfg).apply({"params": p}, r)[0])
     logits = np.asarray(forward(rows))[0]  # [T, C]
     other = rows.copy()
     other[0, 12, :-1] += 3.0  # another test row's features
@@ -168,9 +169,9 @@ def test_no_test_row_sees_another_and_each_sees_every_training_row(scan_layers):
 
 def test_a_table_is_classified_the_same_in_any_batches_of_test_rows():
     cfg = table_cfg()
-    params = Decoder(cfg).init(jax.random.key(1), example_input(cfg, 4))["params"]
+    params = init_params(cfg, jax.random.key(1))
     rows = rows_for(cfg, 8, 6)
-    forward = jax.jit(lambda r: Decoder(cfg).apply({"params": params}, r)[0])
+    forward = jax.jit(lambda r, p=params: Decoder(cfg).apply({"params": p}, r)[0])
     whole = np.asarray(forward(rows))[0, 8:]
     parts = [np.asarray(forward(np.concatenate([rows[:, :8], rows[:, 8 + i:9 + i]], 1)))[0, 8] for i in range(6)]
     np.testing.assert_allclose(np.stack(parts), whole, atol=1e-5)
@@ -178,7 +179,7 @@ def test_a_table_is_classified_the_same_in_any_batches_of_test_rows():
 
 def test_bad_rows_get_a_clear_error():
     cfg = table_cfg()
-    params = Decoder(cfg).init(jax.random.key(0), example_input(cfg, 4))["params"]
+    params = init_params(cfg, jax.random.key(0))
     rows = rows_for(cfg, 4, 2)
     with pytest.raises(ValueError, match=r"reads rows \[B, T, 7\]"):
         Decoder(cfg).apply({"params": params}, rows[..., 1:])
@@ -262,3 +263,19 @@ def test_the_lookup_statistics_of_a_nearest_neighbour_look_up():
     found = lookup_statistics(weights, rows, targets)
     assert found.top_is_nearest == 1.0 and found.on_nearest == 1.0 and found.on_itself == 0.0
     assert found.uniform == 1 / 8 and found.same_class == np.mean(y[nearest] == targets[8:])
+
+
+def test_the_loop_metric_is_the_share_of_test_rows_classified_right():
+    from transformer.analysis.tables import _compile_accuracy
+    from transformer.training.eval_metrics import enabled_metrics
+
+    assert [m.name for m in enabled_metrics(get_config())] == ["table_accuracy"]
+    cfg = table_cfg(num_features=32, num_classes=4, num_layers=1)
+    mesh = make_mesh()
+    tx, _ = make_optimizer(get_config().optim, 1000)
+    state = create_state(cfg, tx, 0, mesh)
+    eval_set = tables.eval_batches(None, num_batches=2, batch_size=4, seq_len=32, prior=tables.TablePrior())
+    measure = _compile_accuracy(cfg, mesh, state, make_rules(cfg, mesh), eval_set[0][0])
+    forward = jax.jit(lambda r, p=state.params: Decoder(cfg).apply({"params": p}, r)[0])
+    right = [(np.asarray(forward(r)).argmax(-1) == t)[t != IGNORED] for r, t in eval_set]
+    assert measure(state.params, eval_set)["val_accuracy"] == pytest.approx(np.concatenate(right).mean())

@@ -8,6 +8,9 @@ logistic regression fitted on the same training rows, and its attention over the
     row_attention(params, cfg, rows)                         # the last layer's weights over the rows
     lookup_statistics(...)                                   # does attention act as a nearest-neighbour look-up?
 
+Imported, this module registers the training loop's evaluation metric 'table_accuracy' for runs of the
+table task: `val_accuracy`, the share of the held-out tables' test rows classified right.
+
 Every method sees the same rows: the training rows (subsampled to `max_train_rows`, what fits the
 model's context), standardised with their own mean and deviation (`tables.table_rows`); the test rows
 are the rest. A test row sees the training rows and itself only, so the test rows are classified in
@@ -23,12 +26,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from transformer.analysis.capture import attention_maps
 from transformer.data import tables
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
+from transformer.training.eval_metrics import EvalMetric, register_eval_metric
+from transformer.training.sharding import Rules, axis_rules, batch_sharding, state_sharding
+from transformer.training.steps import TrainState
 
 METHODS = ("model", "knn", "logistic", "majority")  # majority: the training rows' most frequent class (chance)
 PAD_TO = 64  # `predict` pads a table to a multiple of this many rows: one compile serves many tables
@@ -224,3 +232,32 @@ def evaluation(params: Any, cfg: ModelConfig, prior: tables.TablePrior, num_tabl
     for name in tables.REAL_TABLES:
         results[name] = real_accuracies(params, cfg, name, splits, max_train_rows)
     return results
+
+
+# ----------------------------------------------------------------------------- the loop's metric
+
+
+def _compile_accuracy(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules, x: jax.Array):
+    """The loop's metric: (params, eval_set) -> {val_accuracy}: the share of graded targets (the
+    held-out tables' test rows) whose class is the argmax, over every validation batch."""
+    data = batch_sharding(mesh, rules)
+
+    @axis_rules(mesh, rules)
+    def count(params: Any, rows: jax.Array, targets: jax.Array) -> jax.Array:
+        logits, _ = Decoder(cfg).apply({"params": params}, rows)
+        graded = targets != tables.IGNORED
+        return jnp.stack([jnp.sum((logits.argmax(-1) == targets) & graded), jnp.sum(graded)])
+
+    y = jnp.zeros(x.shape[:2], jnp.int32)  # [B, T]: the targets' shape
+    step = jax.jit(count, in_shardings=(state_sharding(state.params, mesh, rules), data, data))
+    step = step.lower(state.params, x, y).compile()
+
+    def metrics(params: Any, eval_set: list) -> dict[str, float]:
+        right, graded = np.sum([np.asarray(step(params, rows, targets)) for rows, targets in eval_set], axis=0)
+        return {"val_accuracy": float(right / max(graded, 1))}
+
+    return metrics
+
+
+register_eval_metric(EvalMetric("table_accuracy", enabled=lambda config: config.data.task == "tables",
+                                compile=_compile_accuracy))

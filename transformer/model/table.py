@@ -60,7 +60,10 @@ def class_logits(module: nn.Module, cfg: ModelConfig, h: Array) -> Array:
 
 
 def check_rows(cfg: ModelConfig, rows: Array) -> None:
-    """Raises a clear error for rows that are not [B, T, F + 1] with labels in {-1, 0..C-1}, when known."""
+    """Raises a clear error for rows that are not [B, T, F + 1] with labels in {-1, 0..C-1}, when known.
+
+    Under jit the labels cannot be checked: a label >= C has a zero one-hot (its features alone) and is
+    still a training row that every row sees. Check concrete rows before a jitted call."""
     if rows.ndim != 3 or rows.shape[-1] != cfg.row_width:
         raise ValueError(
             f"a table model of num_features={cfg.num_features} reads rows [B, T, {cfg.row_width}] (the features, "

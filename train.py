@@ -60,7 +60,7 @@ flags.DEFINE_string("workdir", None, "Folder for checkpoints, metrics and the to
 def print_sample(run: Run, state: TrainState) -> None:
     """At the end of a complete run: a short sample (train.sample_tokens), to see what it learned."""
     t = run.config.train
-    if not t.sample_tokens:
+    if not t.sample_tokens or run.tokenizer is None:  # None: the task reads no text (a table task)
         return
     if run.hosts > 1:  # the params span the hosts' devices
         if run.host == 0:

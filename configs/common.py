@@ -47,7 +47,7 @@ def base_config(model: dict) -> ml_collections.ConfigDict:
     c.data.val_fraction = 0.05  # the last 5% of the token stream is the validation set
     c.data.start_token = -1  # a token id that begins every window (a fixed start token, like a BOS); -1 = none
     c.data.cache_dir = ""  # memory-mapped token arrays, reused across runs; "" = .cache/tokens in the repository
-    c.data.task = "text"  # 'text': windows of the corpus; 'needle': needle-in-a-haystack documents (needle.py)
+    c.data.task = "text"  # 'text': windows of the corpus; 'needle': documents (needle.py); 'tables': tables.py
     c.data.needle = ml_collections.ConfigDict()  # the needle documents (data.task='needle'), filler from the corpus
     c.data.needle.min_length = 64  # prompt length in tokens (bytes), drawn uniformly in [min_length, max_length]
     c.data.needle.max_length = 256  # train.seq_len must hold it and the answer
@@ -58,6 +58,14 @@ def base_config(model: dict) -> ml_collections.ConfigDict:
     c.data.needle.facts = 1  # facts per document (distinct keys), one of them asked: > 1 is associative recall
     c.data.needle.question = "question"  # how it asks: 'question' in words, 'cloze' the needle's words up to the value
     c.data.needle.questions = 1  # questions per training row, each on a fact drawn at random (validation rows ask one)
+    c.data.tables = ml_collections.ConfigDict()  # the synthetic tables (data.task='tables', tables.py); no corpus
+    c.data.tables.max_features = 32  # tables have 1..max_features features (= model.num_features), zero-padded
+    c.data.tables.max_classes = 4  # tables have 2..max_classes classes (<= model.num_classes)
+    c.data.tables.min_train_rows = 8  # labelled rows of a table of train.seq_len rows: at least this many
+    c.data.tables.min_test_rows = 8  # and at least this many rows to classify (the loss grades only those)
+    c.data.tables.mlp_share = 0.5  # share of tables from a random MLP; the rest are Gaussian mixtures
+    c.data.tables.min_separation = 0.5  # Gaussian mixtures: spread of the class centres, drawn in [min, max]
+    c.data.tables.max_separation = 3.0
 
     c.optim = ml_collections.ConfigDict()
     c.optim.name = "adamw"  # 'adamw', or 'muon': Muon on the layers' matrices, AdamW on the rest (optim.py)

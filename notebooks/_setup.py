@@ -165,6 +165,58 @@ def load_recall_model():
     return cfg, params, tokenizer, workdir
 
 
+TABLES_MODEL = "configs/tables.py"  # model.from for tables.ipynb's model
+# The table task's fields, recorded for tables.ipynb's model besides RUN_FIELDS.
+TABLES_FIELDS = ("data.task", "data.tables.max_features", "data.tables.max_classes", "data.tables.min_train_rows",
+                 "data.tables.min_test_rows", "data.tables.mlp_share", "data.tables.min_separation",
+                 "data.tables.max_separation")
+
+
+def tables_config(smoke: bool = SMOKE):
+    """tables.ipynb's model: configs/tables.py as it is (docs/experiments/tables.md's run), or a tiny
+    one trained for a few steps in smoke mode."""
+    from configs import tables
+
+    c = tables.get_config()
+    if smoke:
+        c.model.update(dict(d_model=32, num_layers=2, num_heads=2, mlp_dim=64))
+        c.train.update(dict(steps=10, batch_size=4, seq_len=32, eval_every=10, eval_batches=1, checkpoint_every=10))
+        c.optim.warmup_steps = 2
+    return c
+
+
+@functools.cache
+def _smoke_tables_workdir() -> str:
+    return tempfile.mkdtemp(prefix="notebook-smoke-tables-")
+
+
+def tables_run_folder(env: Mapping[str, str] = os.environ, smoke: bool = SMOKE) -> str:
+    """tables.ipynb's run: NOTEBOOK_TABLES_WORKDIR, else runs/tables (what the command of
+    docs/experiments/tables.md trains; a temporary folder in smoke mode)."""
+    if env.get("NOTEBOOK_TABLES_WORKDIR"):
+        return resolve(env["NOTEBOOK_TABLES_WORKDIR"])
+    return _smoke_tables_workdir() if smoke else os.path.join(ROOT, "runs", "tables")
+
+
+def load_tables_model():
+    """(cfg, params, run config, workdir) of tables.ipynb's model: the finished run of tables_config()
+    in tables_run_folder(), trained there first if it holds none (a stopped run resumes)."""
+    from transformer.training.checkpoint import Checkpointer, restore_for_inference
+
+    workdir, config = tables_run_folder(), tables_config()
+    done = os.path.isdir(os.path.join(workdir, "checkpoints")) and (
+        Checkpointer(workdir, read_only=True).latest_step() or 0) >= config.train.steps
+    if done:
+        _check_same_run(config, workdir, "_setup.tables_config()", RUN_FIELDS + TABLES_FIELDS)
+    else:
+        _train(config, workdir)
+    cfg, params, _ = restore_for_inference(workdir)
+    ckpt = Checkpointer(workdir, read_only=True)
+    provenance({"model": cfg}, run_fields(ckpt.config(), RUN_FIELDS + TABLES_FIELDS), model={
+        "run": _name(workdir), "from": TABLES_MODEL, "step": ckpt.latest_step(), "val_loss": _val_loss(workdir)})
+    return cfg, params, ckpt.config(), workdir
+
+
 def load_model():
     """(cfg, params, tokenizer, workdir): NOTEBOOK_CHECKPOINT's model, else the notebooks' own one,
     trained first if its workdir holds no finished run (a stopped run resumes)."""
@@ -304,8 +356,8 @@ def _train(config, workdir: str) -> None:
     print(f"training {config.train.steps} steps into {workdir} (progress in train.log there) ...", flush=True)
     with open(log, "a") as f, contextlib.redirect_stdout(f):  # the evaluation lines and sample
         metrics = train(config, workdir, progress=False)
-    print(f"done: validation loss {metrics['val_loss']:.3f} nats/token "
-          f"({metrics['val_bits_per_byte']:.2f} bits/byte) after {metrics['step']} steps")
+    bits = f" ({metrics['val_bits_per_byte']:.2f} bits/byte)" if "val_bits_per_byte" in metrics else ""  # text only
+    print(f"done: validation loss {metrics['val_loss']:.3f} nats/token{bits} after {metrics['step']} steps")
 
 
 def data_path(workdir: str) -> str | None:

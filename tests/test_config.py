@@ -8,11 +8,10 @@ import importlib
 import pathlib
 
 import jax
-import jax.numpy as jnp
 import pytest
 
 from transformer.model.config import ModelConfig
-from transformer.model.decoder import Decoder
+from transformer.model.decoder import Decoder, example_input
 from transformer.model.execution import resolve_auto
 
 BASE = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)
@@ -185,8 +184,12 @@ def test_every_config_file_builds_the_model_it_states(name):
     assert {k: getattr(cfg, k) for k in stated} == stated
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
     built = resolve_auto(cfg, backend="cpu").cfg
-    params = jax.eval_shape(Decoder(built).init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
-    assert params["embed"]["embedding"].shape == (model.vocab_size, model.d_model)
+    params = jax.eval_shape(Decoder(built).init, jax.random.key(0), example_input(built))["params"]
+    if built.inputs == "table":  # rows in, classes out (configs/tables.py)
+        assert params["row_embed"]["kernel"].shape == (model.d_model, model.num_features + model.num_classes)
+        assert params["head"]["kernel"].shape == (model.num_classes, model.d_model)
+    else:
+        assert params["embed"]["embedding"].shape == (model.vocab_size, model.d_model)
     assert blocks(params) == model.num_layers
 
 

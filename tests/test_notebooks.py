@@ -29,8 +29,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = ["attention_basics", "attention_maps", "attention_sinks", "head_ablation", "kv_cache", "looking_inside",
-             "retrieval_heads"]
-OWN_MODELS = ("looking_inside", "retrieval_heads")  # they train models of their own tasks or lengths: no user's run
+             "retrieval_heads", "tables"]
+OWN_MODELS = ("looking_inside", "retrieval_heads", "tables")  # they train models of their own tasks or lengths: no user's run
 KERNEL = "transformer-notebook-test"
 import _setup  # noqa: E402  (the notebooks' shared set-up; notebooks/ is on pytest's pythonpath)
 from scripts import plot_metrics  # noqa: E402
@@ -69,6 +69,10 @@ def builds_now(name):
         config = _setup.recall_config(smoke=False)
         fields = _setup.run_fields(config, _setup.RUN_FIELDS + _setup.NEEDLE_FIELDS)
         return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, fields, _setup.RECALL_MODEL
+    if name == "tables":
+        config = _setup.tables_config(smoke=False)
+        fields = _setup.run_fields(config, _setup.RUN_FIELDS + _setup.TABLES_FIELDS)
+        return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, fields, _setup.TABLES_MODEL
     if name == "attention_sinks":  # its own runs (configs/sweeps/sinks.py) with their training fields, no one model
         return (*_setup.sinks_configs(smoke=False), None)
     if name == "looking_inside":  # its three runs of configs/modern.py
@@ -342,6 +346,12 @@ def looking_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def tables_model(tmp_path_factory):
+    """The folder of tables.ipynb's tiny table model, trained by the notebook."""
+    return tmp_path_factory.mktemp("tables_model")
+
+
+@pytest.fixture(scope="module")
 def recall_model(tmp_path_factory):
     """The folder of retrieval_heads.ipynb's tiny recall model, trained by the notebook."""
     return tmp_path_factory.mktemp("recall_model")
@@ -353,12 +363,13 @@ def recall_model(tmp_path_factory):
     pytest.param(name, model, marks=() if (name, model) == ("head_ablation", "notebook_model") else pytest.mark.slow)
     for name, model in [(n, "own_run") for n in NOTEBOOKS if n not in OWN_MODELS]
     + [(n, "notebook_model") for n in NOTEBOOKS if uses_a_model(n)] + [("retrieval_heads", "recall_model"),
-                                                                       ("looking_inside", "looking_model")]])
+                                                                       ("looking_inside", "looking_model"),
+                                                                       ("tables", "tables_model")]])
 def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
     work = tmp_path / "notebooks"
     shutil.copytree(os.path.join(ROOT, "notebooks"), work, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     for var in ("NOTEBOOK_CHECKPOINT", "NOTEBOOK_WORKDIR", "NOTEBOOK_FIGURES", "NOTEBOOK_DATA",
-                "NOTEBOOK_RECALL_WORKDIR", "NOTEBOOK_LOOKING_WORKDIR"):
+                "NOTEBOOK_RECALL_WORKDIR", "NOTEBOOK_LOOKING_WORKDIR", "NOTEBOOK_TABLES_WORKDIR"):
         monkeypatch.delenv(var, raising=False)
     if model == "notebook_model":
         run = str(request.getfixturevalue("notebook_model"))
@@ -369,6 +380,9 @@ def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
     elif model == "looking_model":
         run = str(request.getfixturevalue("looking_model"))
         monkeypatch.setenv("NOTEBOOK_LOOKING_WORKDIR", run)
+    elif model == "tables_model":
+        run = str(request.getfixturevalue("tables_model"))
+        monkeypatch.setenv("NOTEBOOK_TABLES_WORKDIR", run)
     else:
         relative = request.getfixturevalue("own_run")
         assert not (work / relative).exists()  # so it must be found from the repository root
@@ -401,6 +415,10 @@ def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
         text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
         assert f"model: {run}, step 10" in text and record["model"]["from"] == _setup.RECALL_MODEL
         assert record["run"]["data.task"] == "needle"
+    if model == "tables_model":
+        text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
+        assert f"model: {run}, step 10" in text and record["model"]["from"] == _setup.TABLES_MODEL
+        assert record["run"]["data.task"] == "tables"
     if model == "looking_model":
         runs = {"default": 10, "long": 20, "copying": 20}
         assert record["model"]["step"] == runs and set(record["configs"]) == set(runs)

@@ -57,7 +57,11 @@ def load_model(workdir: str | None, hf_dir: str | None, step: int | None) -> tup
     if (workdir is None) == (hf_dir is None):
         raise ValueError("give exactly one of --workdir (a training run) or --hf_dir (a Hugging Face model)")
     if hf_dir is None:
-        return load_run(workdir, step=step)
+        cfg, params, tokenizer = load_run(workdir, step=step)
+        if cfg.inputs == "table":  # no tokenizer, no text: nothing to sample or explore
+            raise ValueError(f"{workdir} holds a table model (model.inputs='table'): it classifies the rows of a table "
+                             "and reads no text; evaluate it with python scripts/eval_tables.py " + workdir)
+        return cfg, params, tokenizer
     # Imported here: only this branch needs the Hugging Face conversion code.
     from transformer.data.tokenizer import load_tokenizer
     from transformer.hf import from_hf

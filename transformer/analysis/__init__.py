@@ -4,6 +4,7 @@ shares (sinks, registers), retrieval scores and head ablation, the attention exp
 views. Sits above model, data, training and sampling.
 
 Importing the package registers the training loop's evaluation metrics: attention shares (sinks.py),
-induction scores (induction.py) and the needle task's exact match (retrieval.py)."""
+induction scores (induction.py), the needle task's exact match (retrieval.py) and the table task's
+accuracy (tables.py)."""
 
-from transformer.analysis import induction, retrieval, sinks  # noqa: F401  (register the loop's metrics)
+from transformer.analysis import induction, retrieval, sinks, tables  # noqa: F401  (register the loop's metrics)

@@ -8,10 +8,16 @@ it here; the training loop looks it up by name and knows no task:
 
     register_task("text", build)     # batches.py: windows of the corpus
     register_task("needle", build)   # needle.py: needle-in-a-document questions
+    register_task("tables", build)   # tables.py: synthetic classification tables (text=False)
 
 `build(config)` gets the run's whole config (a ConfigDict), checks what the task needs of it and
 returns the task's DataTask. A new task is a module that calls register_task when imported
-(`transformer.data` imports the two above).
+(`transformer.data` imports the three above).
+
+A task says whether it reads text (`DataTask.text`). A text task's batches come from the corpus's
+token stream, and the run makes a tokenizer, loads the corpus, reports bits per byte and prints a
+text sample. A task with text=False makes its own batches (the tables: float rows [B, T, F + 1] and
+targets [B, T]); the run skips all four, and `batch_at` / `eval_batches` get tokens=None.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class DataTask:
 
     batch_at: Callable[..., tuple[Any, Any]]
     eval_batches: Callable[..., list[tuple[Any, Any]]]
+    text: bool = True  # reads the corpus's token stream; False: no tokenizer, corpus, bits per byte or sample
 
 
 _TASKS: dict[str, Callable[[Any], DataTask]] = {}

@@ -240,15 +240,19 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     raise ValueError(f"{kind_file} names kind {kind!r}; expected one of {list(KINDS)}.")
 
 
-def tokenizer_to_json(tok: Tokenizer) -> dict:
-    """The tokenizer as a JSON-able dict (stored inside each checkpoint)."""
+def tokenizer_to_json(tok: Tokenizer | None) -> dict:
+    """The tokenizer as a JSON-able dict (stored inside each checkpoint); None: a run without text."""
+    if tok is None:
+        return {"kind": "none"}
     if isinstance(tok, ByteTokenizer):
         return {"kind": "bytes"}
     return {"kind": "bpe", "tokenizer_json": tok.hf.to_str()}
 
 
-def tokenizer_from_json(obj: dict) -> Tokenizer:
+def tokenizer_from_json(obj: dict) -> Tokenizer | None:
     """Inverse of `tokenizer_to_json`."""
+    if obj.get("kind") == "none":
+        return None
     if obj.get("kind") == "bytes":
         return ByteTokenizer()
     if obj.get("kind") == "bpe":

@@ -46,10 +46,12 @@ def segment_masks(positions: Array, cache_len: int | None, registers: int = 0,
     return _masks(positions, slots, window)
 
 
-def _masks(positions: Array, slots: Array | None, window: int | Array | None, sinks: int | None = None) -> list[Array]:
+def _masks(positions: Array, slots: Array | None, window: int | Array | None, sinks: int | None = None,
+           context: Array | None = None) -> list[Array]:
     """`segment_masks` given the position each cached slot holds ([B, R + S], or None: no cache);
-    sinks: the positions below it stay visible past the window (ops.causal_mask), or None."""
-    masks = [ops.causal_mask(positions, positions, window=window, sinks=sinks)]
+    sinks: the positions below it stay visible past the window (ops.causal_mask), or None; context:
+    [B, T] bool, this call's keys every query sees (a table's training rows, `ops.causal_mask`)."""
+    masks = [ops.causal_mask(positions, positions, window=window, sinks=sinks, k_context=context)]
     if slots is not None:
         # Slots at or after this call's first position are stale: this call rewrites them.
         filled = slots < positions[:, :1]
@@ -95,12 +97,16 @@ def read_keys(cfg: ModelConfig, cached: Cache, keys: Array, positions: Array, sl
     return rotated_sinks(keys, positions, window, sinks, cfg.rope_theta, slot_axis, rotary, cached.registers)
 
 
-def cache_masks(positions: Array, cached: Cache | None, window: int | Array | None = None) -> list[Array]:
+def cache_masks(positions: Array, cached: Cache | None, window: int | Array | None = None,
+                context: Array | None = None) -> list[Array]:
     """`segment_masks` for one layer's view of the cache (or None); a ring layer's slots hold the
     positions its record says, and its window and sinks are the ring's (`kv_cache.ring_window`: a
-    local layer's W, or a rolling global layer's, see `init_rolling_cache`)."""
+    local layer's W, or a rolling global layer's, see `init_rolling_cache`). context: a table's
+    training rows [B, T] (model/table.py), read in one call without a cache."""
     if cached is None:
-        return _masks(positions, None, window)
+        return _masks(positions, None, window, context=context)
+    if context is not None:
+        raise ValueError("a table's rows (context) are read in one forward pass, without a KV cache; pass cache=None")
     if cached.positions is None:
         return _masks(positions, slot_positions(cached, positions.shape[0]), window)
     window, sinks = ring_window(cached)
@@ -154,14 +160,15 @@ class Attention(nn.Module):
 
     x [B, T, D] -> out [B, T, D]; new cache entries KVCache(k, v) with arrays [B, T, G, K]. The
     weights are the points attn.scores and attn.pattern (model/points.py). window: this layer's
-    sliding window W (cfg.layer_windows), or None: a band in the causal mask.
+    sliding window W (cfg.layer_windows), or None: a band in the causal mask. context: [B, T] bool,
+    a table's training rows (model/table.py): then each row sees those and itself (`ops.causal_mask`).
     """
 
     cfg: ModelConfig
 
     @nn.compact
     def __call__(self, x: Array, positions: Array, cached: KVCache | None = None,
-                 window: int | Array | None = None) -> tuple[Array, KVCache]:
+                 window: int | Array | None = None, context: Array | None = None) -> tuple[Array, KVCache]:
         cfg = self.cfg
         dense = lambda heads, name: Linear(  # noqa: E731  W [heads, K, D]
             (heads, cfg.head_dim), use_bias=cfg.use_bias, dtype=cfg.dtype,
@@ -186,7 +193,7 @@ class Attention(nn.Module):
             heads_first.insert(0, True)
         at = looking_at(self, cfg, positions, cached)  # the weights' points need the reference path
         out, _ = ops.dot_product_attention(
-            q, ks, vs, cache_masks(positions, cached, window), at=at,
+            q, ks, vs, cache_masks(positions, cached, window, context), at=at,
             implementation="reference" if cached is not None or at else cfg.attention_impl,
             heads_first=heads_first, sink=sink_logit(self, cfg),
         )
@@ -221,7 +228,7 @@ class LatentAttention(nn.Module):
     cache, naive (up-project every key and value) otherwise. Both compute the same function.
 
     x [B, T, D] -> out [B, T, D]; new cache entries LatentCache(latent [B, T, C + Kr]). window: as
-    Attention's.
+    Attention's, and context.
     """
 
     cfg: ModelConfig
@@ -229,7 +236,7 @@ class LatentAttention(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, positions: Array, cached: LatentCache | None = None,
-                 window: int | Array | None = None) -> tuple[Array, LatentCache]:
+                 window: int | Array | None = None, context: Array | None = None) -> tuple[Array, LatentCache]:
         cfg = self.cfg
         h, k_nope, k_v, c_kv = cfg.num_heads, cfg.head_dim, cfg.v_head_dim, cfg.kv_latent_dim
         k_r = cfg.rope_head_dim or 0  # Kr, the rotary width (0 without RoPE)
@@ -246,7 +253,7 @@ class LatentAttention(nn.Module):
         if cached is not None:  # a rolling layer's sinks turned in their rotary part (Kr features after C)
             past = read_keys(cfg, cached, cached.latent.astype(latent.dtype), positions, 1, slice(c_kv, None))
         segments = [latent] if cached is None else [past, latent]
-        masks = cache_masks(positions, cached, window)
+        masks = cache_masks(positions, cached, window, context)
         sink = sink_logit(self, cfg)
         scale = (k_nope + k_r) ** -0.5  # the width of the original query/key dot product
         absorb = cached is not None if self.absorb is None else self.absorb

@@ -18,6 +18,7 @@ CHOICES = {
     "attention": ("mha", "mla"),
     "dtype": ("float32", "bfloat16", "float16", "auto"),
     "attention_impl": ("reference", "xla", "cudnn", "auto"),
+    "inputs": ("tokens", "table"),
 }
 # A value chosen at start-up from the backend JAX runs on (transformer/model/execution.py: resolve_auto).
 AUTO = "auto"
@@ -71,6 +72,11 @@ class ModelConfig:
     with global ones as in Gemma 2 (k=2) and 3 (k=6)). A local layer's KV cache is a ring buffer of
     W slots (kv_cache.py). `layer_windows` gives each layer's window.
 
+    A table instead of text (inputs='table', model/table.py; docs/experiments/tables.md): the decoder
+    reads the rows of a classification table, each row's num_features features and, for a training
+    row, its label, and gives num_classes logits per row. A test row attends to every training row
+    and to itself only (`ops.causal_mask`'s k_context); the rows are a set, so position='none'.
+
     The fields fall in three groups: the architecture (every field above `zero_init_out`: what the
     parameters mean), the initialisation (INIT_FIELDS: how they start) and the execution
     (EXECUTION_FIELDS: how they are computed). Fields left None
@@ -107,6 +113,9 @@ class ModelConfig:
     global_every: int = 0  # k > 0 (with a window): every k-th layer (k-1, 2k-1, ...) attends to all; 0: none
     qk_norm: bool = False  # RMSNorm over K of each head's q and k, before RoPE (MHA / GQA / MQA)
     logit_softcap: float = 0.0  # > 0: logits = c * tanh(logits / c) in float32; 0: off
+    inputs: str = "tokens"  # 'tokens': ids [B, T] -> vocabulary logits; 'table': rows [B, T, F + 1] -> class logits
+    num_features: int = 0  # inputs='table': F, the features a row holds (a table with fewer is zero-padded)
+    num_classes: int = 0  # inputs='table': C, the class head's width (vocab_size is then unused)
     # --- initialisation (INIT_FIELDS): how a random init starts the parameters ---
     zero_init_out: bool = False  # W_o and the MLP's fc_out start at zero (each block starts as the identity)
     zero_init_head: bool = False  # the untied head starts at zero (uniform first logits); needs tie_embeddings=False
@@ -131,6 +140,7 @@ class ModelConfig:
         self._validate_sinks()
         self._validate_window()
         self._validate_recipe()
+        self._validate_table()
         if self.attention == "mla":
             self._validate_mla()
         else:
@@ -258,6 +268,34 @@ class ModelConfig:
                 "ModelConfig: zero_init_head=True needs an untied head (tie_embeddings=False): tied logits "
                 "use the token embedding matrix, which must not start at zero"
             )
+
+    def _validate_table(self) -> None:
+        """inputs='table' needs F >= 1 and C >= 2, and none of the options that read token order or ids."""
+        for name in ("num_features", "num_classes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"ModelConfig.{name} must be an integer >= 0, got {value!r}")
+        if self.inputs == "tokens":
+            if self.num_features or self.num_classes:
+                raise ValueError("ModelConfig: num_features and num_classes are read with inputs='table' only; "
+                                 "set inputs='table' or leave them 0")
+            return
+        if self.num_features < 1 or self.num_classes < 2:
+            raise ValueError(f"ModelConfig: inputs='table' needs num_features >= 1 and num_classes >= 2 (got "
+                             f"{self.num_features} and {self.num_classes}): the widest table the model will read")
+        refused = {"position": (self.position != "none", "a table's rows are a set: set position='none'"),
+                   "tie_embeddings": (self.tie_embeddings, "rows have no token embedding to tie: set "
+                                      "tie_embeddings=False"),
+                   "num_registers": (self.num_registers, "set num_registers=0"),
+                   "attention_window": (self.attention_window, "rows have no order to window: set attention_window=0")}
+        for name, (bad, fix) in refused.items():
+            if bad:
+                raise ValueError(f"ModelConfig: inputs='table' does not take {name}={getattr(self, name)!r}; {fix}")
+
+    @property
+    def row_width(self) -> int:
+        """A table row's input width, F + 1: the features, then the label (model/table.py)."""
+        return self.num_features + 1
 
     def _validate_mha(self) -> None:
         """MHA / GQA / MQA: no MLA field is set, and RoPE rotates pairs of the K features of a head."""

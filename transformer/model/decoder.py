@@ -31,6 +31,7 @@ from transformer.model.config import ModelConfig
 from transformer.model.linear import Linear, dense_init
 from transformer.model.norm import config_norm
 from transformer.model.points import COLLECTION, EDITS, point
+from transformer.model import table
 
 Array = jax.Array
 # A global layer's window in a scanned stack of local and global layers: wider than any distance.
@@ -96,6 +97,7 @@ class Block(nn.Module):
     -> (carry, outputs) lets `nn.scan` stack the layers. window: the layer's sliding window W
     (cfg.layer_windows), or None for full attention; in a scanned stack of local and global layers,
     `layer_window` brings it per layer as a traced scalar instead (NO_WINDOW for a global layer).
+    context: [B, T] bool, a table's training rows, which every row sees (model/table.py), or None.
     """
 
     cfg: ModelConfig
@@ -104,7 +106,7 @@ class Block(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, positions: Array, cached: Cache | None,
-                 layer_window: Array | None = None) -> tuple[Array, Cache | None]:
+                 layer_window: Array | None = None, context: Array | None = None) -> tuple[Array, Cache | None]:
         cfg = self.cfg
         window = self.window if layer_window is None else layer_window
         drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
@@ -112,12 +114,12 @@ class Block(nn.Module):
         mlp = MLP(cfg, name="mlp")  # never called with mlp_dim=0, so it has no parameters then
         x = point(self, "resid_pre", x)  # the named points: model/points.py
         if cfg.prenorm:
-            a, new = attention(config_norm(cfg, "attn_norm")(x), positions, cached, window)
+            a, new = attention(config_norm(cfg, "attn_norm")(x), positions, cached, window, context)
             x = point(self, "resid_mid", x + drop(a))
             if cfg.mlp_dim:
                 x = x + drop(mlp(config_norm(cfg, "mlp_norm")(x)))
         else:
-            a, new = attention(x, positions, cached, window)
+            a, new = attention(x, positions, cached, window, context)
             x = point(self, "resid_mid", config_norm(cfg, "attn_norm")(x + drop(a)))
             if cfg.mlp_dim:
                 x = config_norm(cfg, "mlp_norm")(x + drop(mlp(x)))
@@ -173,6 +175,8 @@ class Decoder(nn.Module):
     ) -> tuple[Array, Cache | None]:
         cfg = self.cfg
         cfg.check_resolved()  # dtype / attention_impl 'auto' are chosen before any model is built
+        if cfg.inputs == "table":  # rows of a table [B, T, F + 1], not tokens (model/table.py)
+            return self._classify_rows(tokens, cache, deterministic), None
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)  # [B, T]: 0..T-1
         check_tokens(cfg, tokens)  # ids in [0, V), when they are known (not traced)
@@ -195,6 +199,26 @@ class Decoder(nn.Module):
             cache = kv_cache.write(cache, new, positions_all, after=x)  # x, not h: 0 * NaN would poison every row
             cache = cache.replace(registers_written=cache.registers_written or bool(r))
         return logits, cache
+
+    @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
+    def _classify_rows(self, rows: Array, cache: Cache | None, deterministic: bool) -> Array:
+        """rows [B, T, F + 1] -> class logits [B, T, C] float32 (cfg.inputs='table', model/table.py):
+        the rows embedded, the blocks with the table's mask (a row sees the training rows and
+        itself), the final norm and the class head. The points are the text model's (embed: the
+        rows' vectors; logits [B, T, C])."""
+        cfg = self.cfg
+        if cache is not None:
+            raise ValueError("a table model reads a table in one forward pass, without a KV cache; pass cache=None")
+        table.check_rows(cfg, rows)
+        x = point(self, "token_embedding", table.embed_rows(self, cfg, rows))  # [B, T, D]: the point embed
+        x = nn.Dropout(cfg.dropout, deterministic=deterministic)(x)
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        positions = jnp.broadcast_to(jnp.arange(rows.shape[1]), rows.shape[:2])  # [B, T]: tells a row from another
+        x, _ = self._layers(x, positions, None, deterministic, context=table.training_rows(rows))
+        if cfg.prenorm:
+            x = config_norm(cfg, "final_norm")(x)  # [B, T, D]
+        logits = table.class_logits(self, cfg, x)  # [B, T, C] float32
+        return point(self, "logits", nn.with_logical_constraint(logits, ("batch", "length", "vocab")))
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
     def _embed(self, embed: nn.Embed, tokens: Array, positions: Array, deterministic: bool) -> Array:
@@ -225,7 +249,7 @@ class Decoder(nn.Module):
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
     def _layers(
-        self, x: Array, positions: Array, cache: Cache | None, deterministic: bool
+        self, x: Array, positions: Array, cache: Cache | None, deterministic: bool, context: Array | None = None
     ) -> tuple[Array, Cache | None]:
         """x [B, T, D] through the L blocks -> (x [B, T, D], the layers' new cache entries (tuples of
         L, as the cache holds them) or None).
@@ -235,7 +259,8 @@ class Decoder(nn.Module):
         layer's sliding window (cfg.layer_windows) is static, except in a scan over local and
         global layers: there it is a scanned input [L] (NO_WINDOW for a global layer), so the stack
         still compiles one layer. Such a stack's cache mixes rings with full buffers, which do not
-        stack: it is read by unrolled layers (`param_tree.unrolled`; the sampler does so).
+        stack: it is read by unrolled layers (`param_tree.unrolled`; the sampler does so). context:
+        [B, T] bool, a table's training rows (model/table.py), which every row sees; None for text.
         """
         cfg = self.cfg
         block = nn.remat(Block) if cfg.remat else Block
@@ -252,16 +277,16 @@ class Decoder(nn.Module):
                 block,
                 variable_axes={"params": 0, COLLECTION: 0, EDITS: 0},  # points and edits stack along L too
                 split_rngs={"params": True, "dropout": True},
-                in_axes=(nn.broadcast, 0, 0),
+                in_axes=(nn.broadcast, 0, 0, nn.broadcast),
                 length=cfg.num_layers,
             )(cfg, deterministic, None if mixed else windows[0], name="layers")
             stack = None if cache is None else param_tree.stack_cache(cache)  # the scan takes [L, ...] arrays
-            x, new = layers(x, positions, stack, layer_windows)
+            x, new = layers(x, positions, stack, layer_windows, context)
             return x, None if cache is None else param_tree.unstack_cache(new)
         news = []  # unscanned: a Python loop, each layer its own params and cache buffers
         for i in range(cfg.num_layers):
             x, new_i = block(cfg, deterministic, windows[i], name=f"layers_{i}")(
-                x, positions, None if cache is None else param_tree.cache_layer(cache, i))
+                x, positions, None if cache is None else param_tree.cache_layer(cache, i), None, context)
             news.append(new_i)
         return x, None if cache is None else param_tree.join_cache(news)  # tuples of L
 
@@ -346,6 +371,14 @@ def check_positions(cfg: ModelConfig, positions: Array, cache: Cache | None) -> 
             f"position {top} does not fit in the cache of {cache.max_len} slots; "
             "init_cache with a larger max_len (prompt length + new tokens)"
         )
+
+
+def example_input(cfg: ModelConfig, length: int = 1) -> Array:
+    """Zeros a model of `cfg` reads, to build its parameters: tokens int32 [1, length], or a table's
+    rows float32 [1, length, F + 1] (cfg.inputs='table')."""
+    if cfg.inputs == "table":
+        return jnp.zeros((1, length, cfg.row_width), jnp.float32)
+    return jnp.zeros((1, length), jnp.int32)
 
 
 def count_params(params) -> int:

@@ -39,11 +39,18 @@ def causal_mask(
     dtype: jnp.dtype = jnp.float32,
     window: int | Array | None = None,
     sinks: int | None = None,
+    k_context: Array | None = None,
 ) -> Array:
     """Additive causal mask from explicit positions: key s is visible to query t iff pos_s <= pos_t,
     and with a window W also pos_t - pos_s < W (a band: the query and the W - 1 keys before it),
     or pos_s < sinks (the first tokens stay visible: StreamingLLM's attention sinks; register
     tokens, at negative positions, too).
+
+    With k_context (a table's rows, model/table.py) the order of positions no longer decides: key s
+    is visible to query t iff s is a context key (a training row, seen by every row) or
+    pos_s == pos_t (the row itself). A test row then reads every training row and no other test
+    row; no position order can say that, since each test row must see keys "after" it and not
+    the test rows "before" it.
 
     The window follows Hugging Face Mistral (`sliding_window`): a key exactly W positions back is
     hidden, so each query sees at most W keys, itself included.
@@ -57,12 +64,17 @@ def causal_mask(
         no window.
       sinks: with a window, keys at positions below it are visible however far back (None: none; 0:
         only the registers, which sit before position 0).
+      k_context: optional [B, S] bool, True for keys every query sees (a table's training rows); the
+        other keys are seen by the query at their own position only. Replaces the causal order.
 
     Returns:
       [B, 1, T, S] mask: 0 where attention is allowed, a large finite negative value elsewhere.
       The singleton axis broadcasts over heads.
     """
-    allowed = k_positions[:, None, :] <= q_positions[:, :, None]  # [B, T, S]
+    if k_context is None:
+        allowed = k_positions[:, None, :] <= q_positions[:, :, None]  # [B, T, S]: the causal order
+    else:  # [B, T, S]: the context keys, and each query itself
+        allowed = k_context[:, None, :] | (k_positions[:, None, :] == q_positions[:, :, None])
     if window is not None:
         band = q_positions[:, :, None] - k_positions[:, None, :] < window  # [B, T, S]
         allowed = allowed & (band if sinks is None else (k_positions[:, None, :] < sinks) | band)

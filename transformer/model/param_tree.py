@@ -154,9 +154,9 @@ def layout_differences(cfg: ModelConfig, params: Tree) -> list[str]:
 
     `params` may hold arrays or anything with a .shape (jax.ShapeDtypeStruct, orbax metadata).
     """
-    from transformer.model.decoder import Decoder  # here: model.py imports this module
+    from transformer.model.decoder import Decoder, example_input  # here: model.py imports this module
 
-    model = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))
+    model = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), example_input(cfg)))
 
     def shapes(tree) -> dict[str, tuple]:
         return {jax.tree_util.keystr(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(tree)}

@@ -108,7 +108,7 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         return list(self.manager.all_steps())
 
-    def save(self, step: int, state: Any, config: Mapping[str, Any], tokenizer: Tokenizer,
+    def save(self, step: int, state: Any, config: Mapping[str, Any], tokenizer: Tokenizer | None,
              val_loss: float) -> None:
         """Writes checkpoint `step` (asynchronously; `wait` blocks until it is on disk)."""
         try:

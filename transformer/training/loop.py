@@ -116,7 +116,7 @@ def write_run_files(run: Run, workdir: str, ckpt: Checkpointer | None) -> Checkp
     the first host: the hosts share the workdir); the checkpointer (every host: each saves its shards)."""
     os.makedirs(workdir, exist_ok=True)
     tok_dir = os.path.join(workdir, "tokenizer")
-    if run.host == 0 and not is_saved(tok_dir):  # kept once complete: a resume reads it
+    if run.host == 0 and run.tokenizer is not None and not is_saved(tok_dir):  # kept once complete: a resume reads it
         save_tokenizer(run.tokenizer, tok_dir)
     if run.host == 0:
         save_json(os.path.join(workdir, "config.json"), run.config.to_dict())
@@ -211,11 +211,12 @@ def log_train_metrics(run: Run, report: Report, step: int, metrics: dict) -> Non
 
 
 def evaluate(run: Run, params, step: int) -> dict:
-    """The validation loss of `params` (and its perplexity and bits per byte), and the enabled
-    evaluation metrics (eval_metrics.py) on the first validation batch."""
+    """The validation loss of `params` (and its perplexity and, for a text task, bits per byte), and
+    the enabled evaluation metrics (eval_metrics.py) on the first validation batch."""
     loss = float(np.mean([float(run.steps.eval(params, x, y)) for x, y in run.eval_set]))
-    row = {"step": step, "val_loss": loss, "val_perplexity": math.exp(min(loss, 50.0)),
-           "val_bits_per_byte": loss / math.log(2) / run.bytes_per_token}
+    row = {"step": step, "val_loss": loss, "val_perplexity": math.exp(min(loss, 50.0))}
+    if run.bytes_per_token:
+        row["val_bits_per_byte"] = loss / math.log(2) / run.bytes_per_token
     for measure in run.steps.metrics.values():
         row.update(measure(params, run.eval_set))
     return row
@@ -231,8 +232,13 @@ def timed(report: Report, evaluation: dict) -> dict:
 def log_evaluation(report: Report, evaluation: dict) -> None:
     """Writes an evaluation row and prints it above the progress bar."""
     report.writer.write(evaluation)
-    report.bar.write(f"step {evaluation['step']}: val loss {evaluation['val_loss']:.4f} nats/token, "
-                     f"{evaluation['val_bits_per_byte']:.3f} bits/byte")
+    report.bar.write(f"step {evaluation['step']}: val loss {evaluation['val_loss']:.4f} nats/token"
+                     + bits_per_byte(evaluation))
+
+
+def bits_per_byte(evaluation: dict) -> str:
+    """', 1.234 bits/byte' for an evaluation of a text task, '' for one without text."""
+    return f", {evaluation['val_bits_per_byte']:.3f} bits/byte" if "val_bits_per_byte" in evaluation else ""
 
 
 def save_checkpoint(run: Run, state: TrainState, ckpt: Checkpointer, report: Report, last_eval: dict) -> dict:
@@ -267,8 +273,7 @@ def print_summary(run: Run, step: int, steps: int, last_eval: dict, ckpt: Checkp
     """One line: the step reached, wall time (set-up and compiling included), training throughput
     over this invocation's `steps`, the last validation loss, where the checkpoints are."""
     tokens_per_sec = steps * run.config.train.batch_size * run.config.train.seq_len / max(training_seconds, 1e-9)
-    loss = (f"; val loss {last_eval['val_loss']:.4f} nats/token, {last_eval['val_bits_per_byte']:.3f} bits/byte"
-            if last_eval else "")
+    loss = f"; val loss {last_eval['val_loss']:.4f} nats/token{bits_per_byte(last_eval)}" if last_eval else ""
     print(f"done: step {step} of {run.config.train.steps} in {seconds:.0f} s "
           f"({run.steps.compile_seconds:.1f} s compiling; {tokens_per_sec:,.0f} tokens/s training){loss}; "
           f"checkpoints in {ckpt.directory}")

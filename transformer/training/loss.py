@@ -6,7 +6,9 @@
 targets[:, t] is the token that follows inputs[:, t]; the loss is the mean over the graded
 positions of -log softmax(logits)[target], computed in float32 whatever the model's dtype. A target
 of `batches.IGNORED` is not graded (the needle task grades only the answer); text windows grade all
-B x T positions.
+B x T positions. A table model (ModelConfig.inputs='table') takes rows [B, T, F + 1] as its inputs
+and gives class logits [B, T, C]: the same loss, its targets the test rows' classes, the training
+rows' IGNORED (data/tables.py).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ def cross_entropy(logits: Array, targets: Array) -> Array:
 
 
 def loss_fn(params: Any, cfg: ModelConfig, inputs: Array, targets: Array, dropout_key: Array | None) -> Array:
-    """The training objective: cross-entropy of the decoder's logits on [B, T] token windows."""
+    """The training objective: cross-entropy of the decoder's logits on [B, T] token windows (or a
+    table's rows [B, T, F + 1])."""
     deterministic = dropout_key is None or cfg.dropout == 0.0
     rngs = None if deterministic else {"dropout": dropout_key}
     logits, _ = Decoder(cfg).apply({"params": params}, inputs, deterministic=deterministic, rngs=rngs)

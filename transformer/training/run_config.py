@@ -167,6 +167,10 @@ def check_resume(config: ConfigDict, ckpt: Checkpointer, workdir: str) -> dict:
         before = {"facts": 1, "question": "question", "questions": 1, **saved["data"].get("needle", {})}
         differ += [f"data.needle.{k}: checkpoint {v!r}, config {config.data.needle[k]!r}"
                    for k, v in sorted(before.items()) if k in config.data.needle and v != config.data.needle[k]]
+    if saved_data["task"] == config.data.task == "tables":  # the prior the tables are drawn from
+        before = saved["data"].get("tables", {})
+        differ += [f"data.tables.{k}: checkpoint {v!r}, config {config.data.tables[k]!r}"
+                   for k, v in sorted(before.items()) if k in config.data.tables and v != config.data.tables[k]]
     if differ:
         raise CheckpointError(f"the checkpoints in {workdir} were trained on other data ({'; '.join(differ)}); "
                               "resume with the same data fields, or start a new --workdir")

@@ -91,13 +91,13 @@ class Run:
 
     config: ConfigDict
     cfg: ModelConfig
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None  # None: the task reads no text (DataTask.text)
     steps: Steps
     task: DataTask
-    corpus: list[list[str]]  # [[path, SHA-256], ...] of the corpus files: the workdir's corpus.json
-    train_tokens: np.ndarray  # [N] the training token stream, memory-mapped
+    corpus: list[list[str]]  # [[path, SHA-256], ...] of the corpus files: the workdir's corpus.json ([]: no text)
+    train_tokens: np.ndarray | None  # [N] the training token stream, memory-mapped (None: no text)
     eval_set: list[tuple[jax.Array, jax.Array]]  # fixed validation batches, on the mesh
-    bytes_per_token: float  # of the validation text: bits/byte = loss / ln 2 / this
+    bytes_per_token: float | None  # of the validation text: bits/byte = loss / ln 2 / this (None: no text)
     flops_per_token: float
     host: int
     hosts: int
@@ -109,14 +109,16 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, train_steps.Train
     checked = check_run(config, workdir)
     config, cfg, t = checked.config, checked.cfg, checked.config.train
     host, hosts = jax.process_index(), jax.process_count()
-    tokenizer = run_tokenizer(checked, workdir)
-    train_tokens, val_tokens, bytes_per_token = load_corpus(
-        config.data.path or None, tokenizer, config.data.cache_dir, config.data.val_fraction
-    )
-    corpus = file_digests(corpus_files(config.data.path or None), Path(config.data.cache_dir))
+    tokenizer, corpus, (train_tokens, val_tokens, bytes_per_token) = None, [], (None, None, None)
+    if checked.task.text:  # a task that makes its own batches (tables) reads no corpus
+        tokenizer = run_tokenizer(checked, workdir)
+        train_tokens, val_tokens, bytes_per_token = load_corpus(
+            config.data.path or None, tokenizer, config.data.cache_dir, config.data.val_fraction
+        )
+        corpus = file_digests(corpus_files(config.data.path or None), Path(config.data.cache_dir))
     if checked.saved:
         check_corpus_kept(workdir, corpus)
-    if host == 0 and (skipped := skipped_files(config.data.path or None)):
+    if host == 0 and checked.task.text and (skipped := skipped_files(config.data.path or None)):
         print(f"data: left out {len(skipped)} files under {config.data.path} that are not UTF-8 text, "
               f"e.g. {skipped[0]}")
     mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
@@ -132,8 +134,9 @@ def set_up_run(config: ConfigDict, workdir: str) -> tuple[Run, train_steps.Train
     num_params = count_params(state.params)
     flops_per_token = train_steps.flops_per_token(cfg, num_params, t.seq_len)
     if host == 0:
+        cache = f"KV cache {describe_cache_size(cfg)}" if cfg.inputs == "tokens" else "a table read in one pass, no KV cache"
         print(f"model: {num_params:,} parameters, {flops_per_token / 1e6:.1f} MFLOP per token (6N + 12 L T d), "
-              f"KV cache {describe_cache_size(cfg)}; {len(jax.devices())} device(s), "
+              f"{cache}; {len(jax.devices())} device(s), "
               f"mesh {dict(mesh.shape)}; {checked.execution.describe()}; compiled in {steps.compile_seconds:.1f} s")
     run = Run(config=config, cfg=cfg, tokenizer=tokenizer, steps=steps, task=checked.task, corpus=corpus,
               train_tokens=train_tokens, eval_set=eval_set, bytes_per_token=bytes_per_token,

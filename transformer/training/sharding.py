@@ -41,7 +41,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -86,6 +85,8 @@ PARAM_AXES = {
     ("attn", "v_up"): ("heads", "head_dim", "latent"),  # W_UV [H, Kv, C]
     ("attn", "sink"): ("heads",),  # the sink logit per head [H] (attention_sink)
     ("registers",): ("length", "embed"),  # register tokens [R, D] (num_registers)
+    # a table model's row embedding W [D, F + C] (model/table.py): its few inputs replicated, like a norm's
+    ("row_embed", "kernel"): ("embed", "norm"), ("row_embed", "bias"): ("embed",),
 }
 # Of every *_norm module (attn_norm, mlp_norm, final_norm; MLA's kv_norm, q_norm; qk_norm's q_norm,
 # k_norm): [D], [latent width] or [K], replicated ("norm").
@@ -223,7 +224,7 @@ def _first_axis(axes: Any) -> str:
 
 def _param_shapes(cfg: ModelConfig) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
     """(path, shape) of every parameter Decoder(cfg) has (abstract: nothing is allocated)."""
-    from transformer.model.decoder import Decoder  # here: model sits above this module (docs/design.md, Layering)
+    from transformer.model.decoder import Decoder, example_input  # here: model sits above this module (docs/design.md, Layering)
 
-    shapes = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"]
+    shapes = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), example_input(cfg)))["params"]
     return [(_names(p), tuple(x.shape)) for p, x in jax.tree_util.tree_leaves_with_path(shapes)]

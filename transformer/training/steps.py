@@ -26,7 +26,7 @@ from jax.sharding import Mesh
 
 from transformer.model.config import ModelConfig
 from transformer.training.loss import loss_fn
-from transformer.model.decoder import Decoder
+from transformer.model.decoder import Decoder, example_input
 from transformer.training.sharding import Rules, axis_rules, batch_sharding, make_rules, state_sharding
 
 Array = jax.Array
@@ -45,7 +45,7 @@ class TrainState:
 @functools.partial(jax.jit, static_argnums=0)  # eager Flax init is slow; cfg is hashable
 def init_params(cfg: ModelConfig, key: Array) -> Any:
     """Fresh float32 parameters for `cfg`."""
-    return Decoder(cfg).init(key, jnp.zeros((1, min(8, cfg.max_seq_len)), jnp.int32))["params"]
+    return Decoder(cfg).init(key, example_input(cfg, min(8, cfg.max_seq_len)))["params"]
 
 
 def create_state(

@@ -10,10 +10,9 @@ import statistics
 from typing import TYPE_CHECKING
 
 import jax
-import jax.numpy as jnp
 
 from transformer.model.config import ModelConfig
-from transformer.model.decoder import Decoder, count_params
+from transformer.model.decoder import Decoder, count_params, example_input
 from transformer.model.execution import resolve_auto
 from transformer.model.kv_cache import kv_cache_bytes_per_token
 from transformer.training.checkpoint import latest_step
@@ -25,7 +24,7 @@ if TYPE_CHECKING:  # a sweep.Job; sweep.py imports this module
 
 def num_params(cfg: ModelConfig) -> int:
     """The model's parameter count, from shapes alone (jax.eval_shape: nothing is allocated)."""
-    shapes = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))
+    shapes = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), example_input(cfg)))
     return count_params(shapes["params"])
 
 

@@ -57,7 +57,7 @@ def main(argv: list[str]) -> None:
         check_seed(FLAGS.seed)  # and so does a bad seed
         cfg, params, tokenizer = load_model(FLAGS.workdir, FLAGS.hf_dir, FLAGS.step)
         print(f"model: {count_params(params):,} parameters, context {cfg.max_seq_len} tokens, KV cache "
-              f"{describe_cache_size(cfg)}; dtype {cfg.dtype}, attention "
+              f"{describe_cache_size(cfg, FLAGS.sinks)}; dtype {cfg.dtype}, attention "
               f"{cfg.attention_impl} on {jax.default_backend()}", file=sys.stderr)
         print_samples(cfg, params, tokenizer, prompt, FLAGS.num_samples, FLAGS.max_new_tokens, FLAGS.seed,
                       FLAGS.chunk_size, sinks=FLAGS.sinks, temperature=FLAGS.temperature, top_k=FLAGS.top_k or None,

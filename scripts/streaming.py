@@ -50,25 +50,28 @@ def measure(workdir: str, rows: int, times: int, sinks: list[int]) -> dict:
     tokens = validation_rows(workdir, tokenizer, rows, length)
     if start_token >= 0:  # the run saw this token first in every window
         tokens = np.concatenate([np.full((rows, 1), start_token, np.int32), tokens], axis=1)
-    result = {"curves": {}}
+    result, past = {"curves": {}, "context": context}, {}
+    mean_se = lambda x: (x.mean(), x.std(ddof=1) / np.sqrt(len(x)))  # noqa: E731  over the rows
     for s in sinks:
         nll = np.asarray(rolling_nll(params, cfg, tokens, s))  # [rows, N - 1]
         result["curves"][s] = nll.mean(axis=0)
-        inside, past = nll[:, :context - 1].mean(axis=1), nll[:, context - 1:].mean(axis=1)  # per row
-        result["inside"] = (inside.mean(), inside.std(ddof=1) / np.sqrt(rows))
-        result[s] = (past.mean(), past.std(ddof=1) / np.sqrt(rows))
-    result["context"] = context
+        inside, past[s] = nll[:, :context - 1].mean(axis=1), nll[:, context - 1:].mean(axis=1)  # per row
+        result["inside"], result[s] = mean_se(inside), mean_se(past[s])
+    # Paired by row (the same text read both ways): what the most sinks change against none.
+    result["difference"] = mean_se(past[sinks[-1]] - past[sinks[0]])
     return result
 
 
 def table(results: dict, sinks: list[int], rows: int, times: int) -> str:
-    head = ["run", "inside the context (t < C)"] + [f"past it, S = {s}" for s in sinks]
+    head = (["run", "inside the context (t < C)"] + [f"past it, S = {s}" for s in sinks]
+            + [f"S = {sinks[-1]} minus S = {sinks[0]}, paired"])
     lines = ["| " + " | ".join(head) + " |", "| --- |" + " --: |" * (len(head) - 1)]
     for name, r in results.items():
-        cells = [f"{r['inside'][0]:.3f} ± {r['inside'][1]:.3f}"] + [f"{r[s][0]:.3f} ± {r[s][1]:.3f}" for s in sinks]
+        cells = [f"{m:.3f} ± {se:.3f}" for m, se in [r["inside"], *(r[s] for s in sinks)]]
+        cells.append(f"{r['difference'][0]:+.4f} ± {r['difference'][1]:.4f}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + (f"\n\nnats per byte, mean ± standard error over {rows} rows of {times} x C bytes "
-                               "(C = the context); S: first tokens kept in the rolling cache.")
+                               "(C = the context); S: first tokens kept in the rolling cache; the last column row by row.")
 
 
 def plot(results: dict, sinks: list[int], path: str) -> None:

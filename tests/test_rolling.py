@@ -108,3 +108,13 @@ def test_rolling_nll_is_the_loss_of_streaming_llms_window():
         log_p = jax.nn.log_softmax(forward(params, x[:, kept])[:, -1])
         np.testing.assert_allclose(nll[:, t], -log_p[np.arange(2), x[:, t + 1]], rtol=1e-5, atol=1e-5,
                                    err_msg=f"t={t}")
+
+
+def test_the_model_line_gives_the_rolling_caches_constant_size():
+    """sample.py --sinks S: the model line's size is the bytes of the cache generate builds (its
+    buffers and slot records), whatever the length."""
+    cfg = ModelConfig(**BASE, num_layers=2, num_kv_heads=2, position="rope", num_registers=2)
+    size = kv_cache.measured_bytes(kv_cache.init_rolling_cache(cfg, 1, S))
+    assert f"a constant {size:,} bytes a row (the first {S} tokens and the last {CONTEXT - S} in every layer)" in \
+        kv_cache.describe_cache_size(cfg, S)
+    assert "constant" not in kv_cache.describe_cache_size(cfg)

@@ -320,10 +320,16 @@ def kv_cache_bytes(cfg: ModelConfig, length: int, dtype: str | None = None) -> i
     return per_layer * sum(length if w is None else min(length, w) for w in cfg.layer_windows())
 
 
-def describe_cache_size(cfg: ModelConfig) -> str:
+def describe_cache_size(cfg: ModelConfig, sinks: int | None = None) -> str:
     """The KV cache's size in words, for the model line of sample.py: bytes per token, and with
-    windows what stays bounded past W."""
+    windows what stays bounded past W; with `sinks` (generation past the context) the rolling
+    cache's constant size."""
     per_token = kv_cache_bytes_per_token(cfg)
+    if sinks is not None:
+        rolling = jax.eval_shape(lambda: init_rolling_cache(cfg, 1, sinks))  # shapes only, nothing allocated
+        return (f"{per_token:,} bytes per token; past the context a rolling cache of a constant "
+                f"{measured_bytes(rolling):,} bytes a row (the first {sinks} tokens and the last "
+                f"{cfg.max_seq_len - sinks} in every {'global ' if cfg.attention_window else ''}layer)")
     if not cfg.attention_window:
         return f"{per_token:,} bytes per token"
     w, windows = cfg.attention_window, cfg.layer_windows()

@@ -4,7 +4,7 @@
     python bench/window_decode.py --quick    # n up to 4x, fewer rounds
 
 configs/modern.py's model (RoPE, context C = 128), random weights, float32 on the CPU, greedy, batch
-1, a 16-token prompt, decoded to n = C, 2C, 4C, 8C tokens in three forms with the same weights:
+8, a 16-token prompt, decoded to n = C, 2C, 4C, 8C tokens in three forms with the same weights:
 
 - full     the plain model with its context stretched to n (RoPE has no position table): a cache of
            n slots per layer, growing with n;
@@ -13,7 +13,7 @@ configs/modern.py's model (RoPE, context C = 128), random weights, float32 on th
 - rolling  the plain model past its context, generate's `sinks=4` (StreamingLLM): every layer a
            ring of C slots whose first 4 keep the first tokens.
 
-For each n: ms per decode step, timed over 32 steps that end at n (the cache then holds n tokens;
+For each n: ms per decode step, timed over 96 steps that end at n (the cache then holds n tokens;
 the fastest of a few rounds), and the cache's bytes (every array of the pytree, measured). These
 machines are shared and noisy: compare ratios from one run.
 """
@@ -32,14 +32,14 @@ from transformer import sampling
 from transformer.model import kv_cache
 from transformer.model.param_tree import unrolled
 
-PROMPT_LEN, TIMED = 16, 32
+BATCH, PROMPT_LEN, TIMED = 8, 16, 96
 
 
 def start(cfg, params, cache_len: int, sinks: int | None):
     """The decode state after the prefill of one random prompt."""
-    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, PROMPT_LEN), dtype=np.int32)
-    keys = sampling.row_keys(jax.random.key(0), 1)
-    return sampling.prefill(params, cfg, tokens, np.array([PROMPT_LEN], np.int32), keys, cache_len, GREEDY,
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (BATCH, PROMPT_LEN), dtype=np.int32)
+    keys = sampling.row_keys(jax.random.key(0), BATCH)
+    return sampling.prefill(params, cfg, tokens, np.full(BATCH, PROMPT_LEN, np.int32), keys, cache_len, GREEDY,
                             sinks=sinks)
 
 
@@ -64,9 +64,9 @@ def main() -> None:
     context = base.max_seq_len
     params = random_params(base)  # RoPE: the same parameters serve every context and window
     lengths = [context * k for k in ((1, 2, 4) if args.quick else (1, 2, 4, 8))]
-    rounds = 2 if args.quick else 5
+    rounds = 2 if args.quick else 7
     print(f"configs/modern.py: d_model {base.d_model}, {base.num_layers} layers, context C = {context}; "
-          f"batch 1, {jax.default_backend()}, float32\n")
+          f"batch {BATCH}, {jax.default_backend()}, float32\n")
     print("| n (tokens) | full: ms/step | full: cache bytes | window C: ms/step | window C: cache bytes "
           "| rolling, 4 sinks: ms/step | rolling: cache bytes |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

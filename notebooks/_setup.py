@@ -149,20 +149,29 @@ def recall_run_folder(env: Mapping[str, str] = os.environ, smoke: bool = SMOKE) 
 def load_recall_model():
     """(cfg, params, tokenizer, workdir) of retrieval_heads.ipynb's model: the finished run of
     recall_config() in recall_run_folder(), trained there first if it holds none (a stopped run resumes)."""
+    workdir = recall_run_folder()
+    cfg, params, tokenizer, _ = _finished_run(recall_config(), workdir, "_setup.recall_config()", NEEDLE_FIELDS,
+                                              RECALL_MODEL)
+    return cfg, params, tokenizer, workdir
+
+
+def _finished_run(config, workdir: str, builder: str, task_fields: tuple[str, ...], source: str):
+    """(cfg, params, tokenizer, the run's saved config) of the finished run of `config` in `workdir`,
+    trained there first if it holds none (a stopped run resumes), else checked to be that run
+    (RUN_FIELDS + task_fields, `builder` named in the error); its provenance is printed."""
     from transformer.training.checkpoint import Checkpointer, restore_for_inference
 
-    workdir, config = recall_run_folder(), recall_config()
     done = os.path.isdir(os.path.join(workdir, "checkpoints")) and (
         Checkpointer(workdir, read_only=True).latest_step() or 0) >= config.train.steps
     if done:
-        _check_same_run(config, workdir, "_setup.recall_config()", RUN_FIELDS + NEEDLE_FIELDS)
+        _check_same_run(config, workdir, builder, RUN_FIELDS + task_fields)
     else:
         _train(config, workdir)
     cfg, params, tokenizer = restore_for_inference(workdir)
     ckpt = Checkpointer(workdir, read_only=True)
-    provenance({"model": cfg}, run_fields(ckpt.config(), RUN_FIELDS + NEEDLE_FIELDS), model={
-        "run": _name(workdir), "from": RECALL_MODEL, "step": ckpt.latest_step(), "val_loss": _val_loss(workdir)})
-    return cfg, params, tokenizer, workdir
+    provenance({"model": cfg}, run_fields(ckpt.config(), RUN_FIELDS + task_fields), model={
+        "run": _name(workdir), "from": source, "step": ckpt.latest_step(), "val_loss": _val_loss(workdir)})
+    return cfg, params, tokenizer, ckpt.config()
 
 
 TABLES_MODEL = "configs/tables.py"  # model.from for tables.ipynb's model
@@ -201,20 +210,10 @@ def tables_run_folder(env: Mapping[str, str] = os.environ, smoke: bool = SMOKE) 
 def load_tables_model():
     """(cfg, params, run config, workdir) of tables.ipynb's model: the finished run of tables_config()
     in tables_run_folder(), trained there first if it holds none (a stopped run resumes)."""
-    from transformer.training.checkpoint import Checkpointer, restore_for_inference
-
-    workdir, config = tables_run_folder(), tables_config()
-    done = os.path.isdir(os.path.join(workdir, "checkpoints")) and (
-        Checkpointer(workdir, read_only=True).latest_step() or 0) >= config.train.steps
-    if done:
-        _check_same_run(config, workdir, "_setup.tables_config()", RUN_FIELDS + TABLES_FIELDS)
-    else:
-        _train(config, workdir)
-    cfg, params, _ = restore_for_inference(workdir)
-    ckpt = Checkpointer(workdir, read_only=True)
-    provenance({"model": cfg}, run_fields(ckpt.config(), RUN_FIELDS + TABLES_FIELDS), model={
-        "run": _name(workdir), "from": TABLES_MODEL, "step": ckpt.latest_step(), "val_loss": _val_loss(workdir)})
-    return cfg, params, ckpt.config(), workdir
+    workdir = tables_run_folder()
+    cfg, params, _, saved = _finished_run(tables_config(), workdir, "_setup.tables_config()", TABLES_FIELDS,
+                                          TABLES_MODEL)
+    return cfg, params, saved, workdir
 
 
 def load_model():

@@ -113,7 +113,10 @@ def main() -> None:
         if not os.path.isdir(workdir):
             raise SystemExit(f"no run at {workdir}: train the sweep first (python sweep.py --sweep "
                              f"configs/sweeps/sinks.py --workdir {args.sweep_dir}) or pass --sweep_dir")
-        results[name] = measure(workdir, args.rows, args.times, sinks)
+        try:
+            results[name] = measure(workdir, args.rows, args.times, sinks)
+        except ValueError as e:  # a too-short split, sinks out of range, positions that cannot roll: one line
+            raise SystemExit(f"error: {e}") from None
     print(table(results, sinks, args.rows, args.times))
     plot(results, sinks, args.figure)
     print(f"\nfigure: {os.path.relpath(args.figure, ROOT)}")

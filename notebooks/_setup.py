@@ -120,7 +120,8 @@ def recall_config(smoke: bool = SMOKE):
         c.model.update(dict(d_model=32, num_layers=2, num_heads=2, head_dim=16, num_kv_heads=2, mlp_dim=64,
                             max_seq_len=256))
         c.data.needle.update(dict(facts=2, min_length=96, max_length=112))
-        c.train.update(dict(steps=10, batch_size=4, seq_len=114, eval_every=10, eval_batches=1, checkpoint_every=10))
+        # seq_len: the longest prompt (112), its answer (3) and the recipe's 2 more questions (2 x 25), less 1
+        c.train.update(dict(steps=10, batch_size=4, seq_len=164, eval_every=10, eval_batches=1, checkpoint_every=10))
         c.optim.warmup_steps = 2
     c.data.cache_dir = TOKEN_CACHE
     return c
@@ -130,7 +131,7 @@ RECALL_MODEL = "configs/recall.py"  # model.from for retrieval_heads.ipynb's mod
 # The needle task's fields, recorded for retrieval_heads.ipynb's model besides RUN_FIELDS.
 NEEDLE_FIELDS = ("data.task", "data.needle.facts", "data.needle.question", "data.needle.min_length",
                  "data.needle.max_length", "data.needle.min_depth", "data.needle.max_depth", "data.needle.digits",
-                 "data.needle.graded")
+                 "data.needle.graded", "data.needle.questions")
 
 
 @functools.cache

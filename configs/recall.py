@@ -24,8 +24,9 @@ documents 4x past the trained lengths.
 Two choices make the escape from the copy-any-value plateau reliable (a seed sweep on a GPU, float32
 and the reference attention as on a CPU: docs/experiments/retrieval_heads.md, "Finding a recipe"):
 - Layers 0 and 2 see only the last 16 bytes (attention_window=16, global_every=2: layers 1 and 3 see
-  everything; the notebook names heads counting layers from 1, so its local layers are L1 and L3). To match a key, a head must first gather the key's letters at the value's position and
-  at the cloze's end, 4-9 bytes back; a local layer finds those few positions among 16, not among 200.
+  everything; the notebook names heads counting layers from 1, so its local layers are L1 and L3). To
+  match a key, a head must first gather the key's letters at the value's position and at the cloze's
+  end, 4-9 bytes back; a local layer finds those few positions among 16, not among 200.
   With full attention in every layer, 1 of 3 seeds passed 0.9 exact match within 2,500 steps; with the
   window all 3 did, by step 1,500.
 - Three graded questions per training row (data.needle.questions = 3; validation rows ask one): three

@@ -22,6 +22,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from transformer.training.metrics import read_metrics  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CURVES = os.path.join(ROOT, "docs", "sweeps", "recall.json")
 FIGURE = os.path.join(ROOT, "docs", "figures", "recall_recipe.png")
@@ -35,10 +37,9 @@ def read_runs(workdir: str) -> Curves:
     """The evaluations of every run folder under a sweep's workdir."""
     curves = {}
     for path in sorted(glob.glob(os.path.join(workdir, "*", "metrics.jsonl"))):
-        rows = [json.loads(line) for line in open(path) if line.strip()]
+        evals = {r["step"]: r for r in read_metrics(path) if "val_exact_match" in r}  # a resumed run's repeats: the last
         curves[os.path.basename(os.path.dirname(path))] = [
-            [r["step"], round(r["val_loss"], 3), round(r["val_exact_match"], 3)]
-            for r in rows if "val_exact_match" in r]
+            [step, round(evals[step]["val_loss"], 3), round(evals[step]["val_exact_match"], 3)] for step in sorted(evals)]
     if not curves:
         raise SystemExit(f"error: {workdir} holds no run folder with metrics.jsonl; train the sweep first "
                          f"(python sweep.py --sweep configs/sweeps/recall.py --workdir {workdir})")

@@ -24,7 +24,7 @@ from absl import app, flags, logging
 from transformer.model.kv_cache import describe_cache_size
 from transformer.cli import exit_with_error
 from transformer.load import load_model
-from transformer.training.checkpoint import CheckpointError, quiet_checkpoint_failures
+from transformer.run.checkpoint import CheckpointError, quiet_checkpoint_failures
 from transformer.model.decoder import count_params
 from transformer.sampling.sampler import check_seed
 from transformer.sampling.text import print_samples, read_prompt

@@ -3,7 +3,7 @@
     python sweep.py --sweep configs/sweeps/lecture.py --workdir runs/sweeps/lecture
     make sweep SWEEP=configs/sweeps/lecture.py                # the same, into runs/sweeps/lecture
 
-The sweep file's format, how runs are named, resumed and checked: transformer/training/sweep.py,
+The sweep file's format, how runs are named, resumed and checked: transformer/experiments/sweep.py,
 whose `run_sweep` this script calls. Writes <workdir>/results.md and <workdir>/val_loss.png.
 
 Exit codes: 0 when every run finished, 1 when a run failed while training (it is reported in the
@@ -19,9 +19,9 @@ import sys
 from absl import logging
 
 from transformer.cli import exit_on_storage_error, exit_with_error
-from transformer.training.checkpoint import quiet_checkpoint_failures
-from transformer.training.signals import Interrupted
-from transformer.training.sweep import SweepError, run_sweep
+from transformer.run.checkpoint import quiet_checkpoint_failures
+from transformer.run.signals import Interrupted
+from transformer.experiments.sweep import SweepError, run_sweep
 
 
 def main(argv: list[str] | None = None) -> int:

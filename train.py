@@ -6,7 +6,7 @@
 Any config field can be overridden from the command line (--config.section.field=value). Starting
 in a workdir that has checkpoints resumes from the latest one; nothing is written to the workdir
 until the run's set-up (config, tokenizer, corpus, state, compiled steps) has succeeded. The loop
-itself is `transformer.training.loop.train` (notebooks and sweeps call it); this script parses the
+itself is `transformer.experiments.catalog.train` (notebooks and sweeps call it); this script parses the
 flags, hides the libraries' INFO logs and turns errors into one line and an exit code.
 
 Exit codes: 0 when the run reached train.steps (or train.run_steps of them), 1 for an error (one
@@ -42,10 +42,11 @@ from ml_collections import config_flags
 
 from transformer.cli import config_flags_parser, exit_on_storage_error, exit_with_error
 from transformer.sampling.text import sample_text
-from transformer.training.checkpoint import CheckpointError, quiet_checkpoint_failures
-from transformer.training.loop import Diverged, train
+from transformer.run.checkpoint import CheckpointError, quiet_checkpoint_failures
+from transformer.experiments.catalog import train
+from transformer.training.loop import Diverged
 from transformer.training.run_setup import REPO, Run, init_distributed
-from transformer.training.signals import Interrupted
+from transformer.run.signals import Interrupted
 from transformer.training.steps import TrainState
 
 DEFAULT_CONFIG = os.path.join(REPO, "configs", "modern.py")

@@ -94,7 +94,7 @@ def child_env() -> dict:
 
 def run_side(side: Side, round_: int, workdir: str, overrides: list[str]) -> Run:
     """Runs one side to the end (its output to workdir/run.log) and reads its metrics.jsonl."""
-    from transformer.training.metrics import read_metrics
+    from transformer.run.metrics import read_metrics
 
     os.makedirs(workdir)
     log = os.path.join(workdir, "run.log")

@@ -2,7 +2,7 @@
 
     python train.py --config configs/needle.py --workdir runs/needle
 
-Each training row is one document (transformer/data/needle.py): Shakespeare filler with " The code of
+Each training row is one document (transformer/experiments/recall/needle.py): Shakespeare filler with " The code of
 Kelav is 48213. " planted at a random depth, then "\\nWhat is the code of Kelav? " and the answer;
 the loss grades only the answer's digits (data.needle.graded). Prompts of 64-128 bytes; RoPE and
 max_seq_len 1024, so that the same model can be asked about documents past the trained lengths

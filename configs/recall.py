@@ -2,7 +2,7 @@
 
     python train.py --config configs/recall.py --workdir runs/recall
 
-Each training row is one document (transformer/data/needle.py with data.needle.facts = 3): Shakespeare
+Each training row is one document (transformer/experiments/recall/needle.py with data.needle.facts = 3): Shakespeare
 filler with three facts " The code of Kelav is 482. " planted in it, distinct keys, and at the end the
 needle's words for one of them, up to its value ("\nThe code of Morup is "; data.needle.question =
 'cloze'); the loss grades only the value's digits. A model that copies any of the three values is right

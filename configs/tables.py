@@ -2,7 +2,7 @@
 
     python train.py --config configs/tables.py --workdir runs/tables
 
-Each training row of a batch is a whole synthetic classification table (transformer/data/tables.py):
+Each training row of a batch is a whole synthetic classification table (transformer/experiments/tables/table_rows.py):
 up to 32 features and 4 classes, T = 128 rows of which 8..120 carry their labels; the model gives every
 unlabelled row's class in one forward pass, and the loss grades only those. The decoder reads rows
 instead of tokens (model.inputs='table', transformer/model/table.py): no positions (a table's rows are

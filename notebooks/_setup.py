@@ -160,7 +160,7 @@ def _finished_run(config, workdir: str, builder: str, task_fields: tuple[str, ..
     """(cfg, params, tokenizer, the run's saved config) of the finished run of `config` in `workdir`,
     trained there first if it holds none (a stopped run resumes), else checked to be that run
     (RUN_FIELDS + task_fields, `builder` named in the error); its provenance is printed."""
-    from transformer.training.checkpoint import Checkpointer, restore_for_inference
+    from transformer.run.checkpoint import Checkpointer, restore_for_inference
 
     done = os.path.isdir(os.path.join(workdir, "checkpoints")) and (
         Checkpointer(workdir, read_only=True).latest_step() or 0) >= config.train.steps
@@ -220,7 +220,7 @@ def load_tables_model():
 def load_model():
     """(cfg, params, tokenizer, workdir): NOTEBOOK_CHECKPOINT's model, else the notebooks' own one,
     trained first if its workdir holds no finished run (a stopped run resumes)."""
-    from transformer.training.checkpoint import Checkpointer, restore_for_inference
+    from transformer.run.checkpoint import Checkpointer, restore_for_inference
 
     workdir = run_folder()
     if os.environ.get("NOTEBOOK_CHECKPOINT"):
@@ -249,7 +249,7 @@ def _check_same_run(config, workdir: str, builder: str = "_setup.train_config()"
     """Raises if the finished run in `workdir` was trained with another model or run config (its
     `fields`, default RUN_FIELDS) than `config`, which `builder` made (e.g. runs/notebook_model left over
     from an older train_config())."""
-    from transformer.training.checkpoint import Checkpointer, saved_model_config
+    from transformer.run.checkpoint import Checkpointer, saved_model_config
     from transformer.training.run_config import choose_execution
 
     saved = Checkpointer(workdir, read_only=True).config()
@@ -341,7 +341,7 @@ def _name(workdir: str) -> str:
 
 def _val_loss(workdir: str) -> float | None:
     """The run's last validation loss in metrics.jsonl (None if it has none)."""
-    from transformer.training.metrics import read_metrics
+    from transformer.run.metrics import read_metrics
 
     metrics = os.path.join(workdir, "metrics.jsonl")
     losses = [r["val_loss"] for r in read_metrics(metrics) if "val_loss" in r] if os.path.exists(metrics) else []
@@ -349,7 +349,7 @@ def _val_loss(workdir: str) -> float | None:
 
 
 def _train(config, workdir: str) -> None:
-    from transformer.training.loop import train
+    from transformer.experiments.catalog import train
 
     os.makedirs(workdir, exist_ok=True)
     log = os.path.join(workdir, "train.log")
@@ -364,7 +364,7 @@ def data_path(workdir: str) -> str | None:
     """The text the run in `workdir` was trained on: NOTEBOOK_DATA if set, else the run's data.path
     (a relative one from the repository root); None for the bundled plays. Raises FileNotFoundError
     naming the path and the fix if no text is there."""
-    from transformer.training.checkpoint import Checkpointer
+    from transformer.run.checkpoint import Checkpointer
     from transformer.data.corpus import corpus_files
 
     if os.environ.get("NOTEBOOK_DATA"):
@@ -387,7 +387,7 @@ def data_path(workdir: str) -> str | None:
 def validation_tokens(workdir: str, tokenizer):
     """The validation split of the corpus the run in `workdir` was trained on (1-D token array),
     from the run's token cache if its data.cache_dir is still there, else from .cache/tokens."""
-    from transformer.training.checkpoint import Checkpointer
+    from transformer.run.checkpoint import Checkpointer
     from transformer.data.token_stream import load_corpus
 
     saved = Checkpointer(workdir, read_only=True).config()["data"]
@@ -444,7 +444,7 @@ def sinks_runs(smoke: bool = SMOKE) -> tuple[list, str]:
     """(the runs of configs/sweeps/sinks.py as sweep.Job: name, config, workdir; the sweep's folder):
     runs/sweeps/sinks, as `make sweep SWEEP=configs/sweeps/sinks.py` trains them; in smoke mode a
     tiny model (SINKS_SMOKE) in a temporary folder. Nothing is trained here."""
-    from transformer.training import sweep
+    from transformer.experiments import sweep
 
     workdir = os.path.join(_smoke_workdir(), "sinks") if smoke else os.path.join(ROOT, "runs", "sweeps", "sinks")
     extra = {**SINKS_SMOKE, "data.cache_dir": TOKEN_CACHE} if smoke else {}
@@ -472,7 +472,7 @@ def looking_configs(smoke: bool = SMOKE) -> dict:
     """looking_inside.ipynb's three runs, name -> run config: 'default', configs/modern.py as `make
     train` trains it (400 steps); 'long', the same config for LOOKING_LONG_STEPS steps; and
     'copying', the same recipe with 2 layers for COPYING_STEPS steps on the copying corpus
-    (transformer/data/copying.py, written to looking_folder()/copying.txt by `load_looking_models`),
+    (transformer/experiments/copying/copying.py, written to looking_folder()/copying.txt by `load_looking_models`),
     where only induction predicts the repeats. All evaluate every 50 steps (make train: every 100;
     the model is the same) with the induction metric on (train.eval_induction: each head's induction
     score and the repeated-tokens losses, logged). In smoke mode configs/tiny.py for 10, 20 and 20 steps."""
@@ -513,9 +513,9 @@ def load_looking_models() -> dict:
     """{name: (cfg, params, tokenizer, workdir)} of looking_inside.ipynb's runs (`looking_configs`),
     each trained first if its folder holds no finished run (a stopped run resumes), the copying
     corpus written first; records the provenance of all three."""
-    from transformer.training.checkpoint import Checkpointer, restore_for_inference
+    from transformer.run.checkpoint import Checkpointer, restore_for_inference
 
-    from transformer.data.copying import write_copying_corpus
+    from transformer.experiments.copying.copying import write_copying_corpus
 
     write_copying_corpus(copying_corpus_path(), num_bytes=20_000 if SMOKE else 2_000_000)
     models, configs, fields, sources = {}, {}, {}, {}

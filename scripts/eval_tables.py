@@ -6,7 +6,7 @@
 Prints a Markdown table of accuracies (mean ± standard deviation over held-out synthetic tables of the
 run's prior and over random splits of scikit-learn's iris, wine and breast-cancer tables, at most
 --max_train_rows training rows each) and how the last layer's attention over the training rows compares
-with a nearest-neighbour look-up (transformer/analysis/tables.py). Needs scikit-learn (the dev extra).
+with a nearest-neighbour look-up (transformer/experiments/tables/table_classifier.py). Needs scikit-learn (the dev extra).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from transformer.analysis import tables as table_analysis
-from transformer.data.tables import TablePrior
-from transformer.training.checkpoint import Checkpointer, restore_for_inference
+from transformer.experiments.tables import table_classifier as table_analysis
+from transformer.experiments.tables.table_rows import TablePrior
+from transformer.run.checkpoint import Checkpointer, restore_for_inference
 
 
 def main() -> None:

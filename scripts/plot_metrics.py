@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from transformer.training.metrics import read_metrics  # noqa: E402
+from transformer.run.metrics import read_metrics  # noqa: E402
 
 
 def metrics_file(path: str) -> str:

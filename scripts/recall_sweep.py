@@ -22,7 +22,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from transformer.training.metrics import read_metrics  # noqa: E402
+from transformer.run.metrics import read_metrics  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CURVES = os.path.join(ROOT, "docs", "sweeps", "recall.json")

@@ -19,10 +19,10 @@ import os
 
 import numpy as np
 
-from transformer.analysis.streaming import rolling_nll
+from transformer.experiments.sinks.streaming import rolling_nll
 from transformer.data.token_stream import load_corpus
 from transformer.load import load_run
-from transformer.training.checkpoint import Checkpointer
+from transformer.run.checkpoint import Checkpointer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

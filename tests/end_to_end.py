@@ -18,6 +18,8 @@ KEPT = {
     "tests/test_explore.py::test_command_line_writes_a_page_from_a_hugging_face_folder":
         "python -m transformer.explore writes a page",
     "tests/test_explore_browser.py::test_the_page_in_chromium": "the explorer's page in a real browser",
+    "tests/test_layering.py::test_importing_a_module_loads_only_what_it_imports":
+        "importing a module in a fresh interpreter loads only its own layers (no registration at import)",
     "tests/test_notebooks.py::test_notebook_runs[head_ablation-notebook_model]":
         "a notebook in smoke mode, training its own tiny model in the kernel",
 }

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.analysis import ablation, retrieval
+from transformer.analysis import ablation
+from transformer.experiments.recall import retrieval
 
 # A hand-built model of 2 layers x 3 heads: removing a set of heads costs the sum of their harms.
 HARM = np.array([[1, 3, 0], [2, 4, 7]])

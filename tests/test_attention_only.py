@@ -18,7 +18,7 @@ import pytest
 from tests.helpers.cli import losses, run
 from tests.helpers.marks import first_fast
 from transformer import ModelConfig, count_params, init_cache
-from transformer.training.checkpoint import restore_for_inference
+from transformer.run.checkpoint import restore_for_inference
 from transformer.hf import from_hf, to_hf
 from transformer.model.decoder import Decoder
 

@@ -19,7 +19,7 @@ from tests.helpers.cli import losses, run
 from tests.test_config import CONFIG_FILES
 from transformer.model.execution import resolve_auto
 from transformer.model.kv_cache import kv_cache_bytes_per_token
-from transformer.training.checkpoint import restore_for_inference, saved_model_config
+from transformer.run.checkpoint import restore_for_inference, saved_model_config
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
 from transformer.training.run_config import choose_execution

@@ -12,7 +12,7 @@ import pytest
 from bench import time_to_quality, torch_gpt
 from bench.steps import model_config, torch_gpt2
 from transformer.data.batches import batch_at
-from transformer.training.metrics import read_metrics
+from transformer.run.metrics import read_metrics
 from transformer.training.optimizer import make_schedule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers.marks import first_fast
 from transformer import training
-from transformer.training.checkpoint import CheckpointError, Checkpointer, check_same_model, restore_for_inference
+from transformer.run.checkpoint import CheckpointError, Checkpointer, check_same_model, restore_for_inference
 from transformer.model.config import ModelConfig
 from transformer.training.optimizer import make_optimizer
 from transformer.training.sharding import make_mesh

@@ -10,7 +10,7 @@ import pytest
 
 from configs import tiny
 from transformer.cli import config_path, explain_flag_error
-from transformer.training.config_files import closest_field, leaf_fields
+from transformer.run.config_files import closest_field, leaf_fields
 
 DEFAULT = "/repo/configs/shakespeare.py"
 FIELDS = leaf_fields(tiny.get_config())

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from transformer.data.copying import ALPHABET, copying_text, write_copying_corpus
+from transformer.experiments.copying.copying import ALPHABET, copying_text, write_copying_corpus
 
 
 def test_every_line_is_a_string_of_the_alphabet_repeated():

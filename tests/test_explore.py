@@ -244,8 +244,8 @@ def test_the_page_ships_with_the_package_and_its_tools_are_extras():
 @pytest.mark.parametrize("attention", first_fast(["mha", "mla_q_rope"]))
 def test_a_sink_and_registers_are_labelled_columns_and_their_shares_are_sinks(attention):
     """With attention_sink and 2 registers: the page's columns are [sink, reg 1, reg 2, tokens], the
-    Decoder's weights reordered; the shares are transformer/analysis/sinks.py's; masked top-k is the model's."""
-    from transformer.analysis.sinks import attention_shares
+    Decoder's weights reordered; the shares are transformer/experiments/sinks/sinks.py's; masked top-k is the model's."""
+    from transformer.experiments.sinks.sinks import attention_shares
 
     cfg = make_cfg(attention, "rope", attention_sink=True, num_registers=2)
     params = random_params(Decoder(cfg))

@@ -547,7 +547,7 @@ def test_check_same_architecture_lists_every_override_seq_len_included():
 def test_train_starts_from_the_imported_weights_and_tokenizer(tmp_path):
     """The README's recipe: --config.init_from_hf=DIR takes DIR's weights and its tokenizer.json.
     configs/tiny.py is GPT-2-shaped; with learning rate 0 the saved params are the imported ones."""
-    from transformer.training.checkpoint import Checkpointer
+    from transformer.run.checkpoint import Checkpointer
     from transformer.data.tokenizer import BPETokenizer, load_tokenizer
 
     torch.manual_seed(0)

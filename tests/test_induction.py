@@ -1,4 +1,4 @@
-"""Tests of transformer/analysis/induction.py: repeated random tokens; the induction and previous-token
+"""Tests of transformer/experiments/induction/induction.py: repeated random tokens; the induction and previous-token
 scores of hand-made attention patterns (an induction head, a previous-token head, a uniform head; with
 registers in front and a sink behind); the repeated-sequence loss against a NumPy computation; the
 training loop's 'induction' metric."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.test_capture import model
-from transformer.analysis import induction
+from transformer.experiments.induction import induction
 from transformer.analysis.capture import attention_maps
 from transformer.model.decoder import Decoder
 
@@ -72,7 +72,8 @@ def test_the_loops_induction_metric_is_the_scores_and_losses_of_repeated_validat
     every head's score, their maximum and the two losses of `induction_scores` / `repeated_loss` on
     16 sequences of 32 tokens drawn from the validation batch's ids; a config turns it on."""
     from configs import tiny
-    from transformer.training.eval_metrics import enabled_metrics
+    from transformer.experiments.catalog import eval_metrics as enabled_metrics
+    from transformer.training.eval_metrics import compile_metric
     from transformer.training.sharding import make_mesh, make_rules
 
     config = tiny.get_config()
@@ -83,7 +84,7 @@ def test_the_loops_induction_metric_is_the_scores_and_losses_of_repeated_validat
     mesh = make_mesh()
     x = jax.random.randint(jax.random.key(2), (4, 16), 10, 20)  # validation ids 10..19
     state = types.SimpleNamespace(params=params)
-    row = metric.compile(cfg, mesh, state, make_rules(cfg, mesh), x)(params, x)
+    row = compile_metric(metric, cfg, mesh, state, make_rules(cfg, mesh), x)(params, [(x, x)])
     ids = np.unique(np.asarray(x))
     tokens = induction.repeated_tokens(jax.random.key(0), 16, 8, cfg.vocab_size, ids=ids)  # n = T / 2 = 8 here
     assert set(np.unique(np.asarray(tokens))) <= set(ids)

@@ -11,8 +11,8 @@ import signal
 import pytest
 
 from tests.helpers.cli import losses, run
-from transformer.training.checkpoint import KILL_IN_SAVE, latest_step
-from transformer.training.metrics import read_metrics
+from transformer.run.checkpoint import KILL_IN_SAVE, latest_step
+from transformer.run.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 ARGS = ["--config.train.steps=6", "--config.train.checkpoint_every=2", "--config.train.eval_every=2",

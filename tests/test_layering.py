@@ -1,10 +1,16 @@
 """The package's layering (docs/design.md, "Layering"), checked on every import in transformer/.
 
     model, data          the bottom: neither imports the other, nor anything above
-    hf                   weights in and out (Hugging Face): above model and data
-    training, sampling   above hf (a run may start from imported weights); neither imports the other
-    analysis             above all of those
+    hf, run, sampling    above model and data: weights in and out (Hugging Face); a run's folder
+                         (checkpoints, lock, signals, metric files); sampling. None imports another
+                         but sampling, which may read imported weights (hf)
+    training             above those: it writes a run's folder and may start from imported weights
+    analysis             above training and sampling
+    experiments          above analysis: each experiment's data task, metric and analysis
     transformer/*.py     the top-level modules (the public API, command-line helpers) may import anything
+
+Loading a model to sample or analyse (load.py, sampling/) reads checkpoints through run/, so it
+imports no training module.
 
 A function-level import counts like a module-level one: deferring an import does not change which
 layer depends on which. The scripts (train.py, sample.py, sweep.py) sit on top of everything.
@@ -14,6 +20,8 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -21,10 +29,12 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "transformer"
 ALLOWED = {  # layer -> the layers its modules may import
     "model": {"model"},
     "data": {"data"},
-    "training": {"model", "data", "hf", "training"},
-    "sampling": {"model", "data", "hf", "sampling"},
     "hf": {"model", "data", "hf"},
-    "analysis": {"model", "data", "training", "sampling", "hf", "analysis"},
+    "run": {"model", "data", "run"},
+    "sampling": {"model", "data", "hf", "sampling"},
+    "training": {"model", "data", "hf", "run", "training"},
+    "analysis": {"model", "data", "hf", "run", "training", "sampling", "analysis"},
+    "experiments": {"model", "data", "hf", "run", "training", "sampling", "analysis", "experiments"},
 }
 
 
@@ -81,7 +91,7 @@ def test_every_module_sits_in_a_layer_and_the_top_level_is_small():
 @pytest.mark.parametrize("source, bad", [
     ("from transformer.training import checkpoint\n", True),   # model -> training: up
     ("from transformer.data.tokenizer import Tokenizer\n", True),  # model -> data: sideways at the bottom
-    ("def f():\n    import transformer.analysis.sinks\n", True),  # deferred, still up
+    ("def f():\n    import transformer.experiments.sinks.sinks\n", True),  # deferred, still up
     ("from transformer.model import ops\n", False),
 ])
 def test_the_check_catches_an_import_that_breaks_the_layering(tmp_path, source, bad):
@@ -90,3 +100,31 @@ def test_the_check_catches_an_import_that_breaks_the_layering(tmp_path, source, 
     probe.write_text(source)
     found = violations([probe], package=tmp_path / "transformer")
     assert bool(found) == bad, found
+
+
+def modules_loaded_by(statement: str) -> list[str]:
+    """The transformer modules in sys.modules after `statement`, run in a fresh interpreter."""
+    code = f"import sys; {statement}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformer'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent).stdout
+    return ast.literal_eval(out.strip().splitlines()[-1])
+
+
+# statement -> the layers whose modules it may load (in a fresh interpreter)
+LOADS = {
+    "import transformer.model.ops": {"model"},
+    "import transformer.model": {"model"},
+    "import transformer.data; import transformer.data.tasks": {"data"},
+    # loading a model to sample or analyse: no training module
+    "import transformer.load, transformer.sampling.sampler": {"model", "data", "hf", "run", "sampling", "top"},
+    # the package's public names load on use, without training, analysis or experiments
+    "import transformer; transformer.Decoder, transformer.load_run, transformer.KVCache": {"model", "data", "run", "top"},
+}
+
+
+def test_importing_a_module_loads_only_what_it_imports():
+    """No import-time registration and no package-wide side effect: each statement, in a fresh
+    interpreter, loads modules of its own layers only."""
+    for statement, layers in LOADS.items():
+        loaded = modules_loaded_by(statement)
+        assert [m for m in loaded if m != "transformer" and layer_of(m) not in layers] == [], (statement, loaded)

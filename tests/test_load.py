@@ -13,7 +13,7 @@ import pytest
 import transformer
 from transformer import Decoder, config_from_file, count_params, load_run, model_config
 from transformer.load import load_model
-from transformer.training.config_files import load_config_file
+from transformer.run.config_files import load_config_file
 
 RUN = "tests/data/previous_layout_run"  # configs/tiny.py, 40 steps (tests/test_previous_layout.py)
 

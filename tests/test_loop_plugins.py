@@ -1,6 +1,7 @@
-"""The training loop's plug-ins (transformer/data/tasks.py, transformer/training/eval_metrics.py):
-a data task and an evaluation metric registered by a module the loop has never heard of train and
-log like the built-in ones, and a name nobody registered is a one-line error."""
+"""The training loop's arguments (transformer/data/tasks.py, transformer/training/eval_metrics.py)
+and the table the command line picks them from (transformer/experiments/catalog.py): a data task and
+an evaluation metric the loop has never heard of train and log like the built-in ones, and a name
+the table does not hold is a one-line error."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import jax
 import numpy as np
 import pytest
 
-import transformer  # noqa: F401  (the package import registers the built-in plug-ins)
 from configs import tiny
 from transformer.data import batches
-from transformer.data.tasks import DataTask, data_task, register_task, task_names
-from transformer.training.eval_metrics import EvalMetric, enabled_metrics, register_eval_metric
+from transformer.data.tasks import DataTask
+from transformer.experiments.catalog import METRICS, TASKS, data_task, eval_metrics
+from transformer.run.metrics import read_metrics
+from transformer.training.eval_metrics import EvalMetric
 from transformer.training.loop import train
-from transformer.training.metrics import read_metrics
 
 CALLS = []  # the steps the loop asked the test's task for
 
@@ -29,19 +30,17 @@ def abcd(tokens, *, batch_size, seq_len, host_index=0, host_count=1, step=None, 
     return rows[:, :-1], rows[:, 1:]
 
 
-register_task("abcd", lambda config: DataTask(
-    batch_at=abcd, eval_batches=lambda tokens, *, num_batches, **kw: [abcd(tokens, **kw) for _ in range(num_batches)],
-))
+ABCD = DataTask(batch_at=abcd,
+                eval_batches=lambda tokens, *, num_batches, **kw: [abcd(tokens, **kw) for _ in range(num_batches)])
 
 
-def compile_param_count(cfg, mesh, state, rules, x):
+def param_count(cfg, inputs):
     """A metric of this test: the number of parameters and the batch's rows, from the loop's arguments."""
-    count = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state.params))
-    return lambda params, eval_set: {"probe_params": float(count), "probe_rows": float(eval_set[0][0].shape[0])}
+    return lambda params, x, y: {"params": sum(p.size for p in jax.tree.leaves(params)), "rows": x.shape[0]}
 
 
-register_eval_metric(EvalMetric("probe", enabled=lambda config: config.train.steps == 6,
-                                compile=compile_param_count))
+PROBE = EvalMetric("probe", param_count, lambda cfg, measures: {
+    "probe_params": float(measures[0]["params"]), "probe_rows": float(measures[0]["rows"])}, first_batch=True)
 
 
 def tiny_config(tmp_path, task="text"):
@@ -52,13 +51,13 @@ def tiny_config(tmp_path, task="text"):
     return config
 
 
-def test_the_built_in_tasks_and_metric_register_themselves():
-    assert {"text", "needle"} <= set(task_names())
+def test_the_table_holds_the_built_in_tasks_and_metrics():
+    assert {"text", "needle"} <= set(TASKS)
     config = tiny.get_config()
     config.train.eval_attention_shares = True
-    assert "attention_shares" in [m.name for m in enabled_metrics(config)]
+    assert "attention_shares" in [m.name for m in eval_metrics(config)]
     config.train.eval_attention_shares = False
-    assert "attention_shares" not in [m.name for m in enabled_metrics(config)]
+    assert "attention_shares" not in [m.name for m in eval_metrics(config)]
 
 
 @pytest.mark.slow
@@ -66,9 +65,10 @@ def test_a_registered_task_and_metric_train_and_log(tmp_path):
     """The loop trains on the task's batches (steps 0-5 asked for; "abcd" is learnt far faster than
     the text), and the metric's values land in the evaluation rows."""
     losses = {}
-    for task in ("abcd", "text"):
+    for task, data in (("abcd", ABCD), ("text", data_task(tiny.get_config()))):
         with contextlib.redirect_stdout(io.StringIO()):
-            losses[task] = train(tiny_config(tmp_path, task), str(tmp_path / task), progress=False)["val_loss"]
+            losses[task] = train(tiny_config(tmp_path, task), str(tmp_path / task), data, [PROBE],
+                                 progress=False)["val_loss"]
     assert losses["abcd"] < losses["text"] - 0.3, losses  # measured: 4.09 against 4.75
     assert sorted(set(CALLS) - {None})[:6] == list(range(6))  # the prefetcher may ask for a step ahead
     rows = [r for r in read_metrics(str(tmp_path / "abcd" / "metrics.jsonl")) if "val_loss" in r]
@@ -90,6 +90,7 @@ def test_an_unknown_task_names_the_known_ones():
         data_task(config)
 
 
-def test_a_second_task_of_the_same_name_is_refused():
-    with pytest.raises(ValueError, match="already registered"):
-        register_task("text", lambda config: None)
+def test_each_name_is_in_the_table_once():
+    """The table is a dict of tasks and a list of metrics: a metric's name appears once."""
+    names = [metric.name for metric, _ in METRICS]
+    assert len(names) == len(set(names)) and len(TASKS) == 3

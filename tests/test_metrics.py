@@ -1,4 +1,4 @@
-"""Tests of transformer/training/metrics.py: MetricWriter's metrics.jsonl rows and TensorBoard event files,
+"""Tests of transformer/run/metrics.py: MetricWriter's metrics.jsonl rows and TensorBoard event files,
 the disabled writer of hosts other than 0, and read_metrics on a file cut short by a kill."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from tensorboardX.proto.event_pb2 import Event
 from tensorboardX.record_writer import masked_crc32c
 
-from transformer.training.metrics import MetricWriter, read_metrics
+from transformer.run.metrics import MetricWriter, read_metrics
 
 ROWS = [
     {"step": 1, "loss": 4.5, "learning_rate": 1e-4},

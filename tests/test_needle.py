@@ -1,4 +1,4 @@
-"""Tests for transformer/data/needle.py (the documents and their batches), transformer/analysis/retrieval.py
+"""Tests for transformer/experiments/recall/needle.py (the documents and their batches), transformer/experiments/recall/retrieval.py
 (accuracy grid, retrieval score, ablation) and configs/needle.py (its batches, and train.py on it)."""
 
 import json
@@ -15,11 +15,11 @@ import pytest
 from configs import needle as needle_config
 from tests.helpers.cli import run
 from tests.helpers.decoder import random_params
-from transformer.analysis import retrieval
+from transformer.experiments.recall import retrieval
 from transformer.analysis.capture import capture
-from transformer.data import needle
+from transformer.experiments.recall import needle
 from transformer.data.batches import IGNORED
-from transformer.data.tasks import data_task
+from transformer.experiments.catalog import data_task
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
 from transformer.model.edits import ablate_heads

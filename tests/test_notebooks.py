@@ -250,7 +250,7 @@ def set_saved_data_path(workdir, path):
         config["data"]["path"] = path
         with open(file, "w") as f:
             json.dump(config, f)
-    from transformer.training.checkpoint import Checkpointer
+    from transformer.run.checkpoint import Checkpointer
 
     assert Checkpointer(workdir, read_only=True).config()["data"]["path"] == path
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from transformer import Decoder, count_params
-from transformer.training.checkpoint import restore_for_inference
+from transformer.run.checkpoint import restore_for_inference
 
 RUN = "tests/data/previous_layout_run"
 TEXT = "ROMEO: But soft, what light through yonder window breaks?"

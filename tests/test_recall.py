@@ -1,4 +1,4 @@
-"""Associative recall on the needle task (transformer/data/needle.py, data.needle.facts = N > 1):
+"""Associative recall on the needle task (transformer/experiments/recall/needle.py, data.needle.facts = N > 1):
 every fact sits where the document says, keys are distinct, the question names the asked key and the
 answer is its value; `ask` asks another fact of the same document; the chance line of a model that
 copies any value; the training rows grade the asked value; configs whose facts do not fit are refused."""
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.data import needle
+from transformer.experiments.recall import needle
 from transformer.data.batches import IGNORED
 
 FILLER = np.frombuffer(b"the quick brown fox jumps over the lazy dog; " * 200, np.uint8).astype(np.int32)
@@ -174,7 +174,7 @@ def test_teacher_forced_exact_match_is_greedy_exact_match():
     import dataclasses
 
     from tests.helpers.decoder import random_params
-    from transformer.analysis import retrieval
+    from transformer.experiments.recall import retrieval
     from transformer.model.config import ModelConfig
     from transformer.model.decoder import Decoder
 
@@ -215,7 +215,7 @@ def test_teacher_forced_grid_is_the_greedy_grid_under_every_mask(recall_model):
     call, and refuses masks of the wrong shape."""
     import dataclasses
 
-    from transformer.analysis import retrieval
+    from transformer.experiments.recall import retrieval
 
     cfg, params = recall_model
     masks = np.stack([np.ones((2, 4), np.float32), np.asarray(retrieval.ablation_mask(cfg, [(0, 1), (1, 3)]))])
@@ -233,7 +233,7 @@ def test_teacher_forced_grid_is_the_greedy_grid_under_every_mask(recall_model):
 
 
 def test_the_value_log_prob_is_the_sum_of_the_answer_steps_log_softmax(recall_model):
-    from transformer.analysis import retrieval
+    from transformer.experiments.recall import retrieval
     from transformer.model.edits import run
 
     cfg, params = recall_model
@@ -247,7 +247,7 @@ def test_the_value_log_prob_is_the_sum_of_the_answer_steps_log_softmax(recall_mo
 
 
 def test_the_patching_pair_differs_only_in_the_questions_key():
-    from transformer.analysis import retrieval
+    from transformer.experiments.recall import retrieval
 
     docs = [needle.make_document(FILLER, np.random.default_rng([7, k]), 120, 0.3, digits=3, facts=3) for k in range(2)]
     as_asked, as_other, asked, other = map(np.asarray, retrieval.patching_pair(docs, [(d.asked + 1) % 3 for d in docs]))
@@ -272,7 +272,7 @@ def test_the_causal_score_of_a_head_that_writes_nothing_is_zero_and_of_the_only_
     that run's metric exactly (share 1) and patching head 1 changes nothing (share 0); clean and corrupted
     are the two runs' metrics."""
     from tests.helpers.decoder import random_params
-    from transformer.analysis import retrieval
+    from transformer.experiments.recall import retrieval
     from transformer.model.config import ModelConfig
     from transformer.model.decoder import Decoder
     from transformer.model.edits import run
@@ -301,7 +301,7 @@ def test_the_causal_score_of_a_head_that_writes_nothing_is_zero_and_of_the_only_
 
 
 def test_lookup_weights_sum_the_heads_attention_over_each_entry(recall_model):
-    from transformer.analysis import retrieval
+    from transformer.experiments.recall import retrieval
     from transformer.analysis.capture import attention_maps
 
     cfg, params = recall_model
@@ -330,8 +330,9 @@ def test_the_loops_exact_match_metric_is_teacher_forced_exact_match(recall_model
     import optax
 
     from configs import recall
-    from transformer.analysis import retrieval
-    from transformer.training.eval_metrics import enabled_metrics
+    from transformer.experiments.recall import retrieval
+    from transformer.experiments.catalog import eval_metrics as enabled_metrics
+    from transformer.training.eval_metrics import compile_metric
     from transformer.training.sharding import make_mesh, make_rules
     from transformer.training.steps import create_state
 
@@ -360,5 +361,5 @@ def test_the_loops_exact_match_metric_is_teacher_forced_exact_match(recall_model
     assert 0 < np.mean(right) < 1
     mesh = make_mesh(devices=jax.devices()[:1])
     state = create_state(cfg, optax.sgd(0.1), 0, mesh, params=params)
-    measure = metric.compile(cfg, mesh, state, make_rules(cfg, mesh), batches[0][0])
+    measure = compile_metric(metric, cfg, mesh, state, make_rules(cfg, mesh), batches[0][0])
     assert measure(params, batches) == {"val_exact_match": pytest.approx(np.mean(right))}

@@ -11,8 +11,8 @@ import pytest
 
 from configs import recall
 from scripts import recall_sweep
-from transformer.training import sweep
-from transformer.training.config_files import flat
+from transformer.experiments import sweep
+from transformer.run.config_files import flat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP = os.path.join(ROOT, "configs", "sweeps", "recall.py")

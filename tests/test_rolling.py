@@ -94,7 +94,7 @@ def test_rolling_nll_is_the_loss_of_streaming_llms_window():
     """analysis.streaming.rolling_nll on a one-layer model with registers, context 8, S = 1, a text of
     20: within the context the plain forward's loss; past it the loss of the forward over token 0 and
     the last 7 tokens (StreamingLLM's window), each next token's -log p."""
-    from transformer.analysis.streaming import rolling_nll
+    from transformer.experiments.sinks.streaming import rolling_nll
 
     cfg = ModelConfig(**BASE, num_layers=1, **KINDS["gqa-rope-registers"])
     model = Decoder(cfg)

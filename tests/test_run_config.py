@@ -11,7 +11,7 @@ import pytest
 from configs import tiny
 from transformer.training import run_config
 from transformer.model.config import ModelConfig
-from transformer.training.checkpoint import CheckpointError
+from transformer.run.checkpoint import CheckpointError
 from transformer.training.run_config import (check_optimizer_kept, check_schedule_kept, check_train_config, check_workdir,
                                    resolve)
 

@@ -1,4 +1,4 @@
-"""sample.py on a tiny checkpoint written with transformer.training.checkpoint: its printed samples
+"""sample.py on a tiny checkpoint written with transformer.run.checkpoint: its printed samples
 against a decode that shares nothing with the sampler (a full forward pass per token, no KV cache),
 and its errors, in this process through the functions sample.py calls (two through the command line)."""
 
@@ -21,8 +21,8 @@ from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
 from transformer.sampling.sampler import check_seed
 from transformer.sampling.text import print_samples, stream_text
-from transformer.training import checkpoint
-from transformer.training.checkpoint import CheckpointError
+from transformer.run import checkpoint
+from transformer.run.checkpoint import CheckpointError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = ModelConfig(vocab_size=256, max_seq_len=64, d_model=32, num_layers=2, num_heads=4)

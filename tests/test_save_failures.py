@@ -20,9 +20,9 @@ from tests.helpers.runs import quiet_train, tiny_config
 from transformer.cli import exit_on_storage_error
 from transformer.data.token_stream import load_corpus
 from transformer.data.tokenizer import ByteTokenizer
-from transformer.training import checkpoint
-from transformer.training.checkpoint import CheckpointError, latest_step
-from transformer.training.metrics import MetricWriter
+from transformer.run import checkpoint
+from transformer.run.checkpoint import CheckpointError, latest_step
+from transformer.run.metrics import MetricWriter
 from transformer.training.run_config import check_workdir
 
 DISK_FULL = ("RESOURCE_EXHAUSTED: Error writing \"opt_state.0.mu/0\" in OCDBT database at local file \"/x/4.orbax-"

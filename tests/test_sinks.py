@@ -1,6 +1,6 @@
 """Tests of the attention-sink options and their measurement: the sink logit (ops and model), register
 tokens (shapes, loss, cache), cached decoding == forward for each option, the captured pattern, head ablation,
-scanned == unscanned, config errors, transformer/analysis/sinks.py, and training one from the command line.
+scanned == unscanned, config errors, transformer/experiments/sinks/sinks.py, and training one from the command line.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from tests.helpers.decoder import PREFILL, TOL, T, build, jit, max_diff
 from tests.helpers.marks import first_fast
 from tests.test_model import check_cached_decoding_equals_forward, check_causality, check_ragged_batch_equals_rows_alone
 from transformer import ModelConfig, init_cache
-from transformer.analysis import sinks
+from transformer.experiments.sinks import sinks
 from transformer.analysis.capture import attention_maps, capture
 from transformer.model import edits, ops
 from transformer.model.attention import segment_masks
 from transformer.model.execution import resolve_auto
 from transformer.data.batches import with_start_token
 from transformer.training.loss import cross_entropy, loss_fn
-from transformer.training.metrics import read_metrics
+from transformer.run.metrics import read_metrics
 from transformer.model.param_tree import unstack_layers
 from transformer.training.run_config import check_train_config
 
@@ -331,7 +331,7 @@ def test_with_start_token_begins_every_window_with_it():
 def test_with_start_token_keeps_a_needle_rows_ungraded_targets_ungraded():
     """A needle row grades its answer only: begun by a start token, the same answer digits are graded,
     each still the token after its input, and nothing else."""
-    from transformer.data import needle
+    from transformer.experiments.recall import needle
     from transformer.data.batches import IGNORED
 
     filler = np.frombuffer(b"the quick brown fox jumps over the lazy dog; " * 100, np.uint8).astype(np.int32)

@@ -12,7 +12,7 @@ import pytest
 from tests.helpers.runs import quiet_train, tiny_config
 from transformer.data.token_stream import file_digests, load_corpus
 from transformer.data.tokenizer import ByteTokenizer
-from transformer.training.checkpoint import CheckpointError
+from transformer.run.checkpoint import CheckpointError
 
 TEXT = "To be, or not to be, that is the question. " * 40
 

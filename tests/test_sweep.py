@@ -1,4 +1,4 @@
-"""Sweeps (transformer/training/sweep.py, sweep.py): configs/sweeps/tiny.py (two variants of configs/tiny.py, 8 steps each) trained in this
+"""Sweeps (transformer/experiments/sweep.py, sweep.py): configs/sweeps/tiny.py (two variants of configs/tiny.py, 8 steps each) trained in this
 process, its table and figure, skipping finished runs, resuming a killed one; the sweep file's
 errors; and the lecture sweep's variants and matched parameter counts (planned, not trained)."""
 
@@ -16,12 +16,12 @@ import sys
 
 import pytest
 
-from transformer.training import sweep
-from transformer.training.loop import train
-from transformer.training.sweep_results import num_params
+from transformer.experiments import sweep
+from transformer.experiments.catalog import train
+from transformer.experiments.sweep import num_params
 from transformer.model.execution import resolve_auto
 from transformer.model.config import ModelConfig
-from transformer.training.metrics import read_metrics
+from transformer.run.metrics import read_metrics
 from transformer.training.run_config import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

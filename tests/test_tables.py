@@ -16,9 +16,9 @@ import pytest
 
 from configs.tables import get_config
 from tests.helpers.marks import first_fast
-from transformer.data import tables
+from transformer.experiments.tables import table_rows as tables
 from transformer.data.batches import IGNORED
-from transformer.data.tasks import data_task
+from transformer.experiments.catalog import data_task
 from transformer.model import ops, table
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder, example_input
@@ -251,7 +251,7 @@ def test_train_py_trains_the_table_config_without_text(tmp_path):
 
 
 def test_the_lookup_statistics_of_a_nearest_neighbour_look_up():
-    from transformer.analysis.tables import lookup_statistics
+    from transformer.experiments.tables.table_classifier import lookup_statistics
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(12, 3)), np.array([0, 1] * 4)
@@ -266,16 +266,16 @@ def test_the_lookup_statistics_of_a_nearest_neighbour_look_up():
 
 
 def test_the_loop_metric_is_the_share_of_test_rows_classified_right():
-    from transformer.analysis.tables import _compile_accuracy
-    from transformer.training.eval_metrics import enabled_metrics
+    from transformer.experiments.catalog import eval_metrics
+    from transformer.training.eval_metrics import compile_metric
 
-    assert [m.name for m in enabled_metrics(get_config())] == ["table_accuracy"]
+    assert [m.name for m in eval_metrics(get_config())] == ["table_accuracy"]
     cfg = table_cfg(num_features=32, num_classes=4, num_layers=1)
     mesh = make_mesh()
     tx, _ = make_optimizer(get_config().optim, 1000)
     state = create_state(cfg, tx, 0, mesh)
     eval_set = tables.eval_batches(None, num_batches=2, batch_size=4, seq_len=32, prior=tables.TablePrior())
-    measure = _compile_accuracy(cfg, mesh, state, make_rules(cfg, mesh), eval_set[0][0])
+    measure = compile_metric(eval_metrics(get_config())[0], cfg, mesh, state, make_rules(cfg, mesh), eval_set[0][0])
     forward = jax.jit(lambda r, p=state.params: Decoder(cfg).apply({"params": p}, r)[0])
     right = [(np.asarray(forward(r)).argmax(-1) == t)[t != IGNORED] for r, t in eval_set]
     assert measure(state.params, eval_set)["val_accuracy"] == pytest.approx(np.concatenate(right).mean())

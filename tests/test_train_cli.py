@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.helpers.cli import ROOT, losses, run, train_cmd
-from transformer.training.metrics import read_metrics
+from transformer.run.metrics import read_metrics
 
 
 

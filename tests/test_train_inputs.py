@@ -23,9 +23,9 @@ from tests.helpers.cli import ROOT, TINY, learning_rates, losses, run, sample
 from tests.helpers.runs import quiet_train, tiny_config
 from transformer.cli import config_flags_parser, explain_flag_error
 from transformer.data.tokenizer import ByteTokenizer, save_tokenizer
-from transformer.training.checkpoint import CheckpointError
-from transformer.training.config_files import load_config, set_fields
-from transformer.training.loop import train
+from transformer.run.checkpoint import CheckpointError
+from transformer.run.config_files import load_config, set_fields
+from transformer.experiments.catalog import train
 from transformer.training.optimizer import make_optimizer
 from transformer.training.run_setup import check_run, run_tokenizer
 

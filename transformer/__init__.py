@@ -1,22 +1,24 @@
 """A readable JAX/Flax decoder-only transformer: train it, sample from it, look inside it.
 
-The package by layer (docs/design.md, "Layering"): model/ and data/ at the bottom; hf/ above them;
-training/ and sampling/ above hf/; analysis/ above those; load.py (a model in one call), explore.py
-(the attention explorer's command line) and cli.py (config-file flags) on top.
-
-Importing the package loads the plug-ins of the training loop: the data tasks 'text' and 'needle'
-(data/) and the evaluation metrics of attention shares, induction scores and the needle task's exact match
-(analysis/) register themselves.
+The package by layer (docs/design.md, "Layering"): model/ and data/ at the bottom; hf/, run/,
+training/ and sampling/ above them; analysis/ above those; experiments/ above analysis; load.py,
+explore.py and cli.py on top. The public names below load on first use (PEP 562), so importing
+a subpackage (transformer.model.ops) loads nothing else.
 """
 
-import transformer.analysis  # noqa: F401  (registers the analysis layer's evaluation metrics)
+import importlib
 
-from transformer.load import config_from_file, load_run, model_config
-from transformer.model.config import ModelConfig
-from transformer.model.decoder import Decoder, count_params
-from transformer.model.kv_cache import KVCache, LatentCache, init_cache, kv_cache_bytes_per_token
+_PUBLIC = {
+    "config_from_file": "transformer.load", "load_run": "transformer.load", "model_config": "transformer.load",
+    "ModelConfig": "transformer.model.config",
+    "Decoder": "transformer.model.decoder", "count_params": "transformer.model.decoder",
+    "KVCache": "transformer.model.kv_cache", "LatentCache": "transformer.model.kv_cache",
+    "init_cache": "transformer.model.kv_cache", "kv_cache_bytes_per_token": "transformer.model.kv_cache",
+}
+__all__ = sorted(_PUBLIC)
 
-__all__ = [
-    "Decoder", "KVCache", "LatentCache", "ModelConfig", "config_from_file", "count_params", "init_cache",
-    "kv_cache_bytes_per_token", "load_run", "model_config",
-]
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'transformer' has no attribute {name!r}")
+    return getattr(importlib.import_module(_PUBLIC[name]), name)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from absl import flags
 
-from transformer.training.config_files import check_config, closest_field, leaf_fields, load_config_file
+from transformer.run.config_files import check_config, closest_field, leaf_fields, load_config_file
 
 
 def config_flags_parser(default_config: str) -> Callable[[list[str]], list[str]]:

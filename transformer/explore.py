@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformer.cli import exit_with_error
     from transformer.load import load_model
-    from transformer.training.checkpoint import CheckpointError, quiet_checkpoint_failures
+    from transformer.run.checkpoint import CheckpointError, quiet_checkpoint_failures
 
     logging.set_verbosity(logging.ERROR)  # orbax logs every restore
     quiet_checkpoint_failures()  # one-line errors for a checkpoint that cannot be read or written

@@ -19,7 +19,7 @@ from typing import Any
 
 from transformer.model.config import ModelConfig
 from transformer.model.execution import resolve_auto
-from transformer.training.config_files import load_config
+from transformer.run.config_files import load_config
 
 
 def config_from_file(path: str, **overrides: Any) -> ModelConfig:
@@ -40,7 +40,7 @@ _CHECKPOINT = re.compile(r"^(?P<workdir>.+)/checkpoints/(?P<step>\d+)/?$")
 def load_run(path: str, step: int | None = None) -> tuple[ModelConfig, Any, Any]:
     """(model config, params, tokenizer) of a training run: `path` is its folder (checkpoint
     `step`, default the latest) or one checkpoint folder, RUN/checkpoints/STEP."""
-    from transformer.training.checkpoint import restore_for_inference
+    from transformer.run.checkpoint import restore_for_inference
 
     match = _CHECKPOINT.match(os.path.normpath(path))
     if match:

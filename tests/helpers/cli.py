@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from transformer.training.metrics import read_metrics
+from transformer.run.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "configs", "tiny.py")

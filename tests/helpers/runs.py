@@ -7,7 +7,7 @@ import contextlib
 import io
 
 from configs import tiny
-from transformer.training.loop import train
+from transformer.experiments.catalog import train
 
 
 def tiny_config(tmp_path, steps: int = 6, every: int = 2):

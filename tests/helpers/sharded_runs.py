@@ -26,7 +26,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from transformer import training  # noqa: E402
-from transformer.training.checkpoint import Checkpointer  # noqa: E402
+from transformer.run.checkpoint import Checkpointer  # noqa: E402
 from transformer.model.config import ModelConfig  # noqa: E402
 from transformer.training.optimizer import make_optimizer  # noqa: E402
 from transformer.sampling.sampler import SamplingOptions, generate, prefill, row_keys  # noqa: E402

@@ -23,7 +23,7 @@ apart from the queries. A model with an attention sink (cfg.attention_sink) or r
 (cfg.num_registers = R) gets extra columns in front, with position None (seen by every query):
 "sink" (the share of attention that goes to nothing; the attention's weights have it as their last column)
 first, then "reg 1" .. "reg R", then the prompt's tokens. `first_key` is the column of the first
-prompt token. The per-head shares (first real token, registers, sink) are transformer/analysis/sinks.py's.
+prompt token. The per-head shares (first real token, registers, sink) are transformer/analysis/attention_shares.py's.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import numpy as np
 from transformer.model.config import ModelConfig
 from transformer.analysis.capture import attention_maps
 from transformer.model.edits import ablate_heads, run
-from transformer.analysis.sinks import shares_from_weights
+from transformer.analysis.attention_shares import shares_from_weights
 
 DIGITS = 4  # decimals of the attention weights and statistics the page shows
 ATTENTION_SCALE = 10**DIGITS  # the page stores a weight a as the integer round(a * ATTENTION_SCALE)
@@ -178,7 +178,7 @@ def explore(
       an Exploration: display it in Jupyter, or `.save(path)`.
     """
     if isinstance(params_or_workdir, (str, os.PathLike)):
-        from transformer.training.checkpoint import restore_for_inference
+        from transformer.run.checkpoint import restore_for_inference
 
         if cfg is not None:
             raise ValueError("cfg is read from the run's checkpoint; pass cfg only with params")

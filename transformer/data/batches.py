@@ -7,7 +7,7 @@ The path from text to a training batch:
    play text in the style of tiny-shakespeare by `corpus.markdown_to_play`. A folder contributes
    every UTF-8 text file under it, whatever its name (`corpus.skipped_files(path)` lists the binary
    and non-UTF-8 ones left out).
-2. `token_cache.load_corpus(path, tokenizer, cache_dir, val_fraction)`: the documents joined by blank
+2. `token_stream.load_corpus(path, tokenizer, cache_dir, val_fraction)`: the documents joined by blank
    lines and tokenized once into a 1-D token array, cached on disk as `.npy` and memory-mapped, so
    restarts skip tokenization and a corpus larger than memory works. The last `val_fraction` is
    validation.
@@ -19,14 +19,16 @@ The path from text to a training batch:
 
 Batches are (inputs, targets), both int32 [B, T], with targets[:, t] == inputs[:, t + 1]: the token
 that follows each input position. A target of IGNORED is not graded (the loss leaves it out): the
-needle task (needle.py) grades only the answer of each document and pads rows with it.
+needle task (experiments/recall/needle.py) grades only the answer of each document and pads rows with it.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from transformer.data.tasks import DataTask, register_task
+from transformer.data.tasks import DataTask
 
 IGNORED = -1  # a target the loss leaves out
 
@@ -122,4 +124,6 @@ def with_start_token(batch: tuple[np.ndarray, np.ndarray], start_token: int) -> 
     return np.concatenate([start, inputs[:, :-1]], axis=1), np.concatenate([first, targets[:, :-1]], axis=1)
 
 
-register_task("text", lambda config: DataTask(batch_at, eval_batches))  # data.task='text': windows of the corpus
+def text_task(config: Any) -> DataTask:
+    """data.task='text': windows of the corpus."""
+    return DataTask(batch_at, eval_batches)

@@ -68,7 +68,7 @@ def check_rows(cfg: ModelConfig, rows: Array) -> None:
         raise ValueError(
             f"a table model of num_features={cfg.num_features} reads rows [B, T, {cfg.row_width}] (the features, "
             f"then the label), got an array of shape {tuple(rows.shape)}; build batches with "
-            "transformer.data.tables (features zero-padded to num_features)"
+            "transformer.experiments.tables.table_rows (features zero-padded to num_features)"
         )
     if isinstance(rows, jax.core.Tracer):
         return

@@ -1,16 +1,11 @@
-"""Evaluation metrics as plug-ins of the training loop: measured on the first validation batch at
-every evaluation, beside the validation loss, and written to the same metric row.
+"""Evaluation metrics: measured at every evaluation beside the validation loss, written to the same
+metric row. The loop takes them as arguments and knows none by name; the experiments' table
+(transformer/experiments/catalog.py) says which a run's config asks for.
 
-The module that defines a metric registers it; the loop asks which metrics a run's config enables
-and knows none by name, so the training layer imports no analysis module:
-
-    register_eval_metric(EvalMetric("attention_shares", enabled, compile))   # analysis/sinks.py
-    register_eval_metric(EvalMetric("exact_match", enabled, compile))        # analysis/retrieval.py
-
-`enabled(config)` says whether a run's config asks for the metric (e.g. train.eval_attention_shares).
-`compile(cfg, mesh, state, rules, inputs)` returns a function (params, eval_set) -> {name: float},
-compiled once at set-up like the train step (inputs [B, T]: the first validation batch, on the mesh;
-eval_set: every validation batch, a list of (inputs, targets) on the mesh). `transformer`'s package import loads the analysis modules that register metrics.
+A metric is two plain functions: `measure(cfg, inputs)` gives (params, inputs [B, T], targets [B, T])
+-> {name: array}, which the loop compiles once, sharded like the eval step (`inputs`: the first
+validation batch, for a metric that draws its own data from it), and `report(cfg, measures)` turns
+the measures of the validation batches (every one, or the first alone) into the row's floats.
 """
 
 from __future__ import annotations
@@ -19,26 +14,35 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-MetricFn = Callable[[Any, Any], dict[str, float]]  # (params, [(inputs, targets)]) -> metric row entries
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from transformer.model.config import ModelConfig
+from transformer.training.sharding import Rules, batch_sharding, sharded_jit, state_sharding
+
+Measure = Callable[[Any, jax.Array, jax.Array], dict[str, jax.Array]]  # (params, inputs, targets) -> arrays
+MetricFn = Callable[[Any, list], dict[str, float]]  # (params, [(inputs, targets)]) -> the row's entries
 
 
 @dataclass(frozen=True)
 class EvalMetric:
     name: str
-    enabled: Callable[[Any], bool]  # (the run's config) -> measure it?
-    compile: Callable[..., MetricFn]  # (cfg, mesh, state, rules, inputs) -> the compiled measurement
+    measure: Callable[[ModelConfig, jax.Array], Measure]  # (cfg, first validation inputs) -> the measure
+    report: Callable[[ModelConfig, list[dict]], dict[str, float]]  # (cfg, one measure per batch) -> row entries
+    first_batch: bool = False  # measured on the first validation batch alone
 
 
-_METRICS: dict[str, EvalMetric] = {}
+def compile_metric(metric: EvalMetric, cfg: ModelConfig, mesh: Mesh, state: Any, rules: Rules, inputs: jax.Array
+                   ) -> MetricFn:
+    """The metric compiled for the validation batches' shape: (params, eval_set) -> its row entries."""
+    data = batch_sharding(mesh, rules)
+    targets = jax.ShapeDtypeStruct(inputs.shape[:2], jnp.int32)
+    measure = sharded_jit(metric.measure(cfg, inputs), mesh, rules, (state_sharding(state.params, mesh, rules), data, data)
+                          ).lower(state.params, inputs, targets).compile()
 
+    def measured(params: Any, eval_set: list) -> dict[str, float]:
+        batches = eval_set[:1] if metric.first_batch else eval_set
+        return metric.report(cfg, [measure(params, x, y) for x, y in batches])
 
-def register_eval_metric(metric: EvalMetric) -> None:
-    """Makes the loop measure `metric` in every run whose config enables it."""
-    if metric.name in _METRICS and _METRICS[metric.name] != metric:
-        raise ValueError(f"an evaluation metric named {metric.name!r} is already registered; choose another name")
-    _METRICS[metric.name] = metric
-
-
-def enabled_metrics(config: Any) -> list[EvalMetric]:
-    """The registered metrics that `config` asks for, in registration order."""
-    return [m for m in _METRICS.values() if m.enabled(config)]
+    return measured

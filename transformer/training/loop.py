@@ -1,9 +1,8 @@
-"""The training loop: `train(config, workdir)` runs (or resumes) a run and returns its last
-evaluation. What the run is made of comes from run_setup.py; here are the steps, the logging, the
-evaluations (the validation loss and the registered metrics of eval_metrics.py) and the checkpoints.
-
-    from transformer.training.loop import train
-    train(config, "runs/mine")        # config: a configs/*.py get_config(), changed at will
+"""The training loop: `train(config, workdir, task, metrics)` runs (or resumes) a run and returns its
+last evaluation. What the run is made of comes from run_setup.py; here are the steps, the logging,
+the evaluations (the validation loss and the metrics it is given, eval_metrics.py) and the
+checkpoints. The loop knows no data task or metric by name: transformer/experiments/catalog.py's
+`train(config, workdir)` picks them from the config.
 
 Training batch s depends only on (seed, s), so a resumed run sees the batches an unbroken run
 would; a run stopped by SIGINT / SIGTERM saves a checkpoint at the next step and raises
@@ -28,13 +27,15 @@ from transformer.data.atomic_files import save_json
 from transformer.data.batches import with_start_token
 from transformer.data.prefetch import Prefetcher
 from transformer.data.tokenizer import is_saved, save_tokenizer
-from transformer.training.checkpoint import Checkpointer, latest_step
-from transformer.training.metrics import MetricWriter
+from transformer.data.tasks import DataTask
+from transformer.run.checkpoint import Checkpointer, latest_step
+from transformer.run.metrics import MetricWriter
+from transformer.run.signals import StopOnSignal
+from transformer.run.workdir_lock import WorkdirBusy, WorkdirLock
+from transformer.training.eval_metrics import EvalMetric
 from transformer.training.run_config import CORPUS_RECORD
 from transformer.training.run_setup import Run, set_up_run
-from transformer.training.signals import StopOnSignal
 from transformer.training.steps import TrainState
-from transformer.training.workdir_lock import WorkdirBusy, WorkdirLock
 
 OnComplete = Callable[[Run, TrainState], None]  # called once a run reaches train.steps (e.g. to print a sample)
 
@@ -43,9 +44,10 @@ class Diverged(RuntimeError):
     """The loss became NaN or infinite."""
 
 
-def train(config: ConfigDict, workdir: str, progress: bool = True, hard_exit: bool = False,
-          started: float | None = None, on_complete: OnComplete | None = None) -> dict:
-    """Runs (or resumes) training; returns the last evaluation's metrics ({} if the run was complete).
+def train(config: ConfigDict, workdir: str, task: DataTask, metrics: list[EvalMetric], progress: bool = True,
+          hard_exit: bool = False, started: float | None = None, on_complete: OnComplete | None = None) -> dict:
+    """Runs (or resumes) training on the data `task`, measuring `metrics` at every evaluation;
+    returns the last evaluation's metrics ({} if the run was complete).
 
     progress=False hides the progress bar (e.g. in a notebook); metrics still go to the workdir.
     Raises Interrupted after saving if SIGINT or SIGTERM stopped the run early (during set-up:
@@ -56,7 +58,7 @@ def train(config: ConfigDict, workdir: str, progress: bool = True, hard_exit: bo
     """
     started = time.perf_counter() if started is None else started
     with StopOnSignal(hard_exit) as stop:
-        run, state, ckpt = set_up_run(config, workdir)
+        run, state, ckpt = set_up_run(config, workdir, task, metrics)
         stop.training = True
         start, t = int(state.step), run.config.train
         if start >= t.steps:
@@ -119,7 +121,7 @@ def write_run_files(run: Run, workdir: str, ckpt: Checkpointer | None) -> Checkp
     if run.host == 0 and run.tokenizer is not None and not is_saved(tok_dir):  # kept once complete: a resume reads it
         save_tokenizer(run.tokenizer, tok_dir)
     if run.host == 0:
-        save_json(os.path.join(workdir, "config.json"), run.config.to_dict())
+        save_json(os.path.join(workdir, "config.json"), run.record)
         save_json(os.path.join(workdir, CORPUS_RECORD), run.corpus)  # what a resume checks the corpus against
     return ckpt or Checkpointer(workdir, keep=run.config.train.keep_checkpoints)
 
@@ -212,7 +214,7 @@ def log_train_metrics(run: Run, report: Report, step: int, metrics: dict) -> Non
 
 def evaluate(run: Run, params, step: int) -> dict:
     """The validation loss of `params` (and its perplexity and, for a text task, bits per byte), and
-    the enabled evaluation metrics (eval_metrics.py) on the first validation batch."""
+    the run's evaluation metrics (eval_metrics.py)."""
     loss = float(np.mean([float(run.steps.eval(params, x, y)) for x, y in run.eval_set]))
     row = {"step": step, "val_loss": loss, "val_perplexity": math.exp(min(loss, 50.0))}
     if run.bytes_per_token:
@@ -252,7 +254,7 @@ def save_checkpoint(run: Run, state: TrainState, ckpt: Checkpointer, report: Rep
     if last_eval.get("step") != step:
         last_eval = timed(report, evaluate(run, state.params, step))
         report.writer.write(last_eval)
-    ckpt.save(step, state, run.config.to_dict(), run.tokenizer, last_eval["val_loss"])
+    ckpt.save(step, state, run.record, run.tokenizer, last_eval["val_loss"])
     return last_eval
 
 

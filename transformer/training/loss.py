@@ -8,7 +8,7 @@ positions of -log softmax(logits)[target], computed in float32 whatever the mode
 of `batches.IGNORED` is not graded (the needle task grades only the answer); text windows grade all
 B x T positions. A table model (ModelConfig.inputs='table') takes rows [B, T, F + 1] as its inputs
 and gives class logits [B, T, C]: the same loss, its targets the test rows' classes, the training
-rows' IGNORED (data/tables.py).
+rows' IGNORED (experiments/tables/table_rows.py).
 """
 
 from __future__ import annotations

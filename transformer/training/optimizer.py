@@ -148,17 +148,19 @@ def learning_rates(optim: Mapping[str, Any], steps: int) -> dict[str, optax.Sche
     return rates
 
 
-def make_optimizer(optim: Mapping[str, Any], steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(optim: Mapping[str, Any], steps: int, rates: Mapping[str, optax.Schedule] | None = None
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """Global-norm clipping, then AdamW on `make_schedule`'s learning rate with a weight-decay mask,
     or (optim.name='muon') Muon on the layers' matrices and that AdamW on the other parameters.
 
     optim: the config's `optim` fields (name, schedule, learning_rate, warmup_steps, decay_steps,
     decay_fraction, min_lr_ratio, b1, b2, eps, weight_decay, decay_embeddings, grad_clip, and for
-    Muon muon_learning_rate, muon_momentum, muon_weight_decay). Returns the transformation and the
-    schedule of optim.learning_rate.
+    Muon muon_learning_rate, muon_momentum, muon_weight_decay). rates: `learning_rates(optim, steps)`
+    when the caller has them already (built once, they are also logged). Returns the transformation
+    and the schedule of optim.learning_rate.
     """
     check_warmup(optim, steps)
-    rates = learning_rates(optim, steps)
+    rates = learning_rates(optim, steps) if rates is None else rates
     adamw = optax.adamw(
         rates["learning_rate"], b1=optim["b1"], b2=optim["b2"], eps=optim["eps"],
         weight_decay=optim["weight_decay"],

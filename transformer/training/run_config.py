@@ -16,7 +16,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from transformer.model.execution import Resolved, resolve_auto
-from transformer.training.checkpoint import CheckpointError, Checkpointer, check_same_model
+from transformer.run.checkpoint import CheckpointError, Checkpointer, check_same_model
 from transformer.model.config import ModelConfig
 from transformer.training.optimizer import learning_rates, optimizer_name, schedule_name
 
@@ -31,23 +31,23 @@ def resolve(config: ConfigDict, default_cache_dir: str) -> ConfigDict:
     return config
 
 
-def choose_execution(config: ConfigDict, backend: str | None = None) -> tuple[ConfigDict, Resolved]:
-    """The config with its model's 'auto' fields chosen for the backend (transformer/model/execution.py), and
-    that choice.
+def saved_config(config: ConfigDict, resolved: Resolved) -> dict:
+    """The config as the run saves it (config.json, every checkpoint): the model's 'auto' fields as
+    `resolved` chose them, and which fields were 'auto' on which backend, as
+    auto = {"backend": ..., "fields": [...]}, so that a reader on another backend (sample.py, the
+    notebooks) chooses them again; a resumed run chooses them again from its own config, and another
+    backend's choices show as changed execution settings (see check_resume)."""
+    record = config.to_dict()
+    record["model"].update({name: getattr(resolved.cfg, name) for name in resolved.auto})
+    record["auto"] = {"backend": resolved.backend, "fields": list(resolved.auto)}
+    return record
 
-    The copy records which fields were 'auto', and on which backend they were chosen, as
-    config.auto = {"backend": ..., "fields": [...]}; it is saved with the run (config.json, every
-    checkpoint), so a reader on another backend (sample.py, the notebooks) chooses them again. A
-    resumed run chooses them again from its own config: another backend's choices show as changed
-    execution settings (see check_resume).
-    """
+
+def choose_execution(config: ConfigDict, backend: str | None = None) -> tuple[ConfigDict, Resolved]:
+    """The saved form of `config` (saved_config) with its 'auto' fields chosen for `backend`, and
+    that choice."""
     resolved = resolve_auto(ModelConfig.from_dict(config.model), backend, seq_len=config.train.seq_len)
-    config = config.copy_and_resolve_references()
-    with config.unlocked():
-        for name in resolved.auto:
-            config.model[name] = getattr(resolved.cfg, name)
-        config.auto = ConfigDict({"backend": resolved.backend, "fields": list(resolved.auto)})
-    return config, resolved
+    return ConfigDict(saved_config(config, resolved)), resolved
 
 
 # Fields that must be positive integers, and what each one counts.
@@ -145,8 +145,9 @@ def warn(message: str) -> None:
 SAME_DATA = ("tokenizer", "vocab_size", "path")
 
 
-def check_resume(config: ConfigDict, ckpt: Checkpointer, workdir: str) -> dict:
-    """Checks the config against the latest checkpoint's; returns that config (with its "step").
+def check_resume(config: ConfigDict, record: dict, ckpt: Checkpointer, workdir: str) -> dict:
+    """Checks the config (`record`: as the run saves it) against the latest checkpoint's; returns
+    that config (with its "step").
 
     Errors for another model or data, or fewer train.steps than done; warnings for a learning
     rate schedule that changes on steps already taken; a note listing changed execution fields.
@@ -156,7 +157,7 @@ def check_resume(config: ConfigDict, ckpt: Checkpointer, workdir: str) -> dict:
         raise CheckpointError(f"{ckpt.directory} holds no complete checkpoint; delete that folder to start "
                               "the run afresh, or choose another --workdir")
     saved = ckpt.config(step)
-    changed = check_same_model(saved["model"], config.model, ckpt.directory)
+    changed = check_same_model(saved["model"], record["model"], ckpt.directory)
     # data.task too: text windows and needle documents are different data on the same corpus
     # (a checkpoint from before the field existed was trained on text).
     saved_data = {**saved_data_fields(saved), "task": saved.get("data", {}).get("task", "text")}

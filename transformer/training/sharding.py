@@ -36,7 +36,7 @@ whole latent.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -207,6 +207,15 @@ def axis_rules(mesh: Mesh, rules: Rules | None = None) -> Iterator[None]:
         parse_rules() if rules is None else rules
     ):
         yield
+
+
+def sharded_jit(fn: Callable, mesh: Mesh, rules: Rules, in_shardings: Any, out_shardings: Any = None,
+                donate_argnums: tuple[int, ...] = ()) -> Callable:
+    """`fn` under jax.jit with these shardings, traced with the activations' axis rules in effect:
+    how every compiled function of a run (train and eval steps, evaluation metrics) is made. The
+    caller compiles it for its arguments' shapes: `sharded_jit(...).lower(*args).compile()`."""
+    return jax.jit(axis_rules(mesh, rules)(fn), in_shardings=in_shardings, out_shardings=out_shardings,
+                   donate_argnums=donate_argnums)
 
 
 def _names(path) -> tuple[str, ...]:

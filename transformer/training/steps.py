@@ -5,11 +5,10 @@
     state, metrics = step_fn(state, inputs [B, T], targets [B, T])
 
 `TrainState` holds step, params, optimizer state and PRNG key; `flops_per_token` counts a training
-step's FLOPs per token (for MFU). The pieces come from their own modules: the loss (`loss.py`), the
-optimizer and its schedule (`optim.py`), the device mesh, logical axis rules and shardings
-(`sharding.py`; rules=None: `make_rules(cfg, mesh)`, the default table). Everything is `jax.jit` with
-shardings, traced inside `axis_rules` so the activations' logical constraints apply; XLA inserts the
-collectives.
+step's FLOPs per token (for MFU). The loss is loss.py's, the optimizer and its schedule optimizer.py's, the
+mesh, axis rules and shardings sharding.py's (rules=None: `make_rules(cfg, mesh)`). Both steps are
+`sharding.sharded_jit`: jax.jit with shardings, traced with the activations' axis rules; XLA inserts
+the collectives.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from jax.sharding import Mesh
 from transformer.model.config import ModelConfig
 from transformer.training.loss import loss_fn
 from transformer.model.decoder import Decoder, example_input
-from transformer.training.sharding import Rules, axis_rules, batch_sharding, make_rules, state_sharding
+from transformer.training.sharding import Rules, batch_sharding, make_rules, sharded_jit, state_sharding
 
 Array = jax.Array
 
@@ -86,7 +85,6 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
     rules = make_rules(cfg, mesh) if rules is None else rules
     rates = schedule if isinstance(schedule, Mapping) else {"learning_rate": schedule}
 
-    @axis_rules(mesh, rules)  # traced with the activations' logical constraints in effect
     def step(state: TrainState, inputs: Array, targets: Array):
         dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
         grad_fn = jax.value_and_grad(loss_fn)
@@ -115,10 +113,8 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
         }
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
-    shardings = state_sharding(state, mesh, rules)
-    data = batch_sharding(mesh, rules)
-    return jax.jit(step, in_shardings=(shardings, data, data), out_shardings=(shardings, None),
-                   donate_argnums=0)
+    shardings, data = state_sharding(state, mesh, rules), batch_sharding(mesh, rules)
+    return sharded_jit(step, mesh, rules, (shardings, data, data), (shardings, None), donate_argnums=(0,))
 
 
 def make_eval_step(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules | None = None):
@@ -126,11 +122,10 @@ def make_eval_step(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules
     rules = make_rules(cfg, mesh) if rules is None else rules
     data = batch_sharding(mesh, rules)
 
-    @axis_rules(mesh, rules)
     def evaluate(params: Any, inputs: Array, targets: Array) -> Array:
         return loss_fn(params, cfg, inputs, targets, None)
 
-    return jax.jit(evaluate, in_shardings=(state_sharding(state.params, mesh, rules), data, data))
+    return sharded_jit(evaluate, mesh, rules, (state_sharding(state.params, mesh, rules), data, data))
 
 
 def flops_per_token(cfg: ModelConfig, num_params: int, seq_len: int) -> float:

@@ -12,8 +12,8 @@ learned sink logit (cfg.attention_sink, a column that meets no value) or registe
 Shares are means over the batch and over the query rows t >= 1: row 0 sees only the first token
 (and the registers and the sink), so its share there says nothing about a sink.
 
-Imported, this module registers the training loop's evaluation metric 'attention_shares'
-(training/eval_metrics.py), which a run enables with train.eval_attention_shares=True.
+ATTENTION_SHARES is the training loop's evaluation metric 'attention_shares', which a run enables with
+train.eval_attention_shares=True (on the first validation batch).
 """
 
 from __future__ import annotations
@@ -26,43 +26,14 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
 
 from transformer.analysis.capture import attention_maps
 from transformer.model.config import ModelConfig
 from transformer.model.edits import ablate_heads
-from transformer.training.eval_metrics import EvalMetric, register_eval_metric
-from transformer.training.sharding import Rules, axis_rules, batch_sharding, make_rules, state_sharding
-from transformer.training.steps import TrainState
+from transformer.analysis.attention_shares import AttentionShares, shares_from_weights
+from transformer.training.eval_metrics import EvalMetric
 
 Array = jax.Array
-
-
-@flax.struct.dataclass  # a pytree: a jitted function may return it
-class AttentionShares:
-    """Mean attention share per layer and head, [L, H] each (zeros for an option that is off):
-    on the first real token, on all the registers together, on the sink column."""
-
-    first_token: Array
-    registers: Array
-    sink: Array
-
-
-def shares_from_weights(cfg: ModelConfig, weights: Array) -> AttentionShares:
-    """The shares of attention weights as the Decoder returns them (jit-friendly).
-
-    weights: [L, B, H, T, R + S (+1)]: R register columns first, the sink's column last (see
-    Decoder). Averaged over the batch and the query rows t >= 1.
-    """
-    r = cfg.num_registers
-    rows = weights[:, :, :, 1:]  # [L, B, H, T - 1, columns]: rows t >= 1
-    mean = lambda x: x.mean(axis=(1, 3))  # noqa: E731  [L, B, H, T - 1] -> [L, H]
-    zeros = jnp.zeros(weights.shape[0:1] + weights.shape[2:3], weights.dtype)  # [L, H]
-    return AttentionShares(
-        first_token=mean(rows[..., r]),
-        registers=mean(rows[..., :r].sum(-1)) if r else zeros,
-        sink=mean(rows[..., -1]) if cfg.attention_sink else zeros,
-    )
 
 
 def attention_shares(params: Any, cfg: ModelConfig, tokens: Array, head_mask: Array | None = None) -> AttentionShares:
@@ -133,27 +104,11 @@ def _check_tokens(tokens: Array) -> None:
         )
 
 
-def make_shares_step(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules | None = None):
-    """The jitted attention-share measurement: (params, inputs [B, T]) -> AttentionShares of
-    [L, H] arrays (first token, registers, sink; above). One forward pass with the weights."""
-    rules = make_rules(cfg, mesh) if rules is None else rules
-    data = batch_sharding(mesh, rules)
-
-    @axis_rules(mesh, rules)
-    def shares(params: Any, x: Array) -> AttentionShares:
-        return shares_from_weights(cfg, attention_maps(params, cfg, x))
-
-    return jax.jit(shares, in_shardings=(state_sharding(state.params, mesh, rules), data))
+def shares_measure(cfg: ModelConfig, inputs: Array):
+    """The loop's measure: (params, inputs [B, T], targets) -> AttentionShares of [L, H] arrays (first
+    token, registers, sink): one forward pass with the weights."""
+    return lambda params, x, y: shares_from_weights(cfg, attention_maps(params, cfg, x))
 
 
-def _compile_share_metrics(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules, x: Array):
-    """The training loop's attention-share metric: (params, eval_set) -> share_metrics' row on the
-    first validation batch."""
-    step = make_shares_step(cfg, mesh, state, rules).lower(state.params, x).compile()
-    return lambda params, eval_set: share_metrics(cfg, step(params, eval_set[0][0]))
-
-
-register_eval_metric(EvalMetric(
-    "attention_shares", enabled=lambda config: bool(config.train.get("eval_attention_shares", False)),
-    compile=_compile_share_metrics,
-))
+ATTENTION_SHARES = EvalMetric("attention_shares", shares_measure, lambda cfg, shares: share_metrics(cfg, shares[0]),
+                              first_batch=True)

@@ -13,8 +13,8 @@ queries t >= 1. A head that attends uniformly scores about the mean of 1 / (t + 
 queries (`uniform_score`), the chance line; random tokens carry no other structure to attend to.
 A model that has induction heads predicts the repeat: its loss there falls far below the first half's.
 
-Imported, this module registers the training loop's evaluation metric 'induction' (training/
-eval_metrics.py), which a run enables with train.eval_induction=True: at every evaluation, each head's
+INDUCTION is the training loop's evaluation metric 'induction', which a run enables with
+train.eval_induction=True: at every evaluation, each head's
 induction score and the two halves' losses on 16 sequences of 32 tokens repeated, drawn once from the
 tokens of the first validation batch (the corpus's alphabet, not ids the model never saw).
 """
@@ -27,15 +27,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax.sharding import Mesh
-
 from transformer.analysis.capture import attention_maps
 from transformer.model.config import ModelConfig
 from transformer.model.edits import Edit
 from transformer.model.edits import run as run_edited
-from transformer.training.eval_metrics import EvalMetric, register_eval_metric
-from transformer.training.sharding import Rules, axis_rules, make_rules, state_sharding
-from transformer.training.steps import TrainState
+from transformer.training.eval_metrics import EvalMetric
 
 Array = jax.Array
 
@@ -103,37 +99,27 @@ def repeated_loss(params: Any, cfg: ModelConfig, tokens: Array, edits: list[Edit
 METRIC_BATCH, METRIC_N = 16, 32  # 16 sequences of 32 tokens, repeated
 
 
-def make_induction_step(cfg: ModelConfig, mesh: Mesh, state: TrainState, ids: Array, rules: Rules | None = None):
-    """The jitted measurement: params -> (induction scores [L, H], first-half loss, repeat loss) on
-    METRIC_BATCH sequences of min(METRIC_N, T / 2) tokens drawn from `ids`, repeated."""
-    rules = make_rules(cfg, mesh) if rules is None else rules
+def induction_measure(cfg: ModelConfig, inputs: Array):
+    """The loop's measure: params -> (induction scores [L, H], first-half loss, repeat loss) on
+    METRIC_BATCH sequences of min(METRIC_N, T / 2) tokens drawn once from the ids of `inputs` (the
+    first validation batch), repeated; the batch it is given is not read."""
     n = min(METRIC_N, cfg.max_seq_len // 2)
-    tokens = repeated_tokens(jax.random.key(0), METRIC_BATCH, n, cfg.vocab_size, ids=ids)
+    tokens = repeated_tokens(jax.random.key(0), METRIC_BATCH, n, cfg.vocab_size, ids=np.unique(np.asarray(inputs)))
 
-    @axis_rules(mesh, rules)
-    def measure(params: Any) -> tuple[Array, Array, Array]:
-        return (induction_scores(params, cfg, tokens), *repeated_loss(params, cfg, tokens))
+    def measure(params: Any, x: Array, y: Array) -> dict[str, Array]:
+        first, repeat = repeated_loss(params, cfg, tokens)
+        return {"scores": induction_scores(params, cfg, tokens), "first": first, "repeat": repeat}
 
-    return jax.jit(measure, in_shardings=(state_sharding(state.params, mesh, rules),))
-
-
-def _compile_induction_metrics(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules, x: Array):
-    """The loop's metric: (params, eval_set) -> {induction_score_max, induction_score_l{l}h{h}, ...,
-    repeat_loss, first_half_loss}; the sequences are drawn from the tokens of `x` (validation)."""
-    step = make_induction_step(cfg, mesh, state, np.unique(np.asarray(x)), rules).lower(state.params).compile()
-
-    def metrics(params: Any, eval_set: list) -> dict[str, float]:
-        scores, first, repeat = step(params)
-        scores = np.asarray(scores)
-        row = {"induction_score_max": float(scores.max()), "first_half_loss": float(first),
-               "repeat_loss": float(repeat)}
-        row.update({f"induction_score_l{l}h{h}": float(scores[l, h]) for l, h in np.ndindex(scores.shape)})
-        return row
-
-    return metrics
+    return measure
 
 
-register_eval_metric(EvalMetric(
-    "induction", enabled=lambda config: bool(config.train.get("eval_induction", False)),
-    compile=_compile_induction_metrics,
-))
+def induction_report(cfg: ModelConfig, measures: list[dict]) -> dict[str, float]:
+    """{induction_score_max, induction_score_l{l}h{h}, ..., repeat_loss, first_half_loss}."""
+    scores = np.asarray(measures[0]["scores"])
+    row = {"induction_score_max": float(scores.max()), "first_half_loss": float(measures[0]["first"]),
+           "repeat_loss": float(measures[0]["repeat"])}
+    row.update({f"induction_score_l{l}h{h}": float(scores[l, h]) for l, h in np.ndindex(scores.shape)})
+    return row
+
+
+INDUCTION = EvalMetric("induction", induction_measure, induction_report, first_batch=True)

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from transformer.data.batches import IGNORED, _host_rows
-from transformer.data.tasks import DataTask, register_task
+from transformer.data.tasks import DataTask
 
 UNLABELLED = -1  # the label column of a test row (model/table.py reads the same value)
 CLIP = 6.0  # standardised features are clipped to [-CLIP, CLIP]: a heavy tail must not dominate a row
@@ -233,5 +233,3 @@ def table_task(config: Any) -> DataTask:
     return DataTask(functools.partial(batch_at, prior=prior), functools.partial(eval_batches, prior=prior),
                     text=False)
 
-
-register_task("tables", table_task)

@@ -1,4 +1,4 @@
-"""Retrieval on the needle task (data/needle.py): accuracy over a grid of lengths x depths, and the
+"""Retrieval on the needle task (experiments/recall/needle.py): accuracy over a grid of lengths x depths, and the
 heads that retrieve, found two ways: by where they look (the retrieval score) and by what they cause
 (activation patching); the soft dictionary look-up of one head.
 
@@ -28,8 +28,8 @@ The causal score of a head (`causal_scores`) patches its output z, at every posi
 document asking another of its facts (`needle.ask`), and measures the share of the metric that moves;
 the metric is the teacher-forced log-probability of the asked value minus that of the other value.
 
-Imported, this module registers the training loop's evaluation metric 'exact_match' (training/
-eval_metrics.py), on in every needle run that grades the answer only (data.needle.graded='answer'):
+EXACT_MATCH is the training loop's evaluation metric 'exact_match', on in every needle run that
+grades the answer only (data.needle.graded='answer'):
 at each evaluation, `val_exact_match` is the fraction of the validation documents answered exactly,
 read as `teacher_forced` reads it (every graded target the argmax), so a run's metrics.jsonl shows
 when it crosses a target accuracy.
@@ -42,18 +42,15 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
 
 from transformer.analysis.capture import attention_maps
 from transformer.analysis.patching import Patching, patch_heads
 from transformer.data.batches import IGNORED
-from transformer.data.needle import KEY_LENGTH, Document, ask
+from transformer.experiments.recall.needle import KEY_LENGTH, Document, ask
 from transformer.model.config import ModelConfig
 from transformer.model.edits import ablate_heads, run
 from transformer.sampling.sampler import generate
-from transformer.training.eval_metrics import EvalMetric, register_eval_metric
-from transformer.training.sharding import Rules, axis_rules, batch_sharding, state_sharding
-from transformer.training.steps import TrainState
+from transformer.training.eval_metrics import EvalMetric
 
 Array = jax.Array
 
@@ -320,28 +317,20 @@ def rows_exact(logits: Array, targets: Array) -> Array:
     return jnp.all(right, axis=-1) & jnp.any(graded, axis=-1)
 
 
-def _compile_exact_match(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules, x: Array):
-    """The loop's metric: (params, eval_set) -> {val_exact_match}: the fraction of validation rows
-    whose graded targets are all the argmax, over every validation batch."""
-    data = batch_sharding(mesh, rules)
+def exact_match_counts(cfg: ModelConfig, inputs: Array):
+    """The loop's measure: (params, inputs [B, T], targets [B, T]) -> {right, rows}: the rows whose
+    graded targets are all the argmax (`rows_exact`), and the rows."""
 
-    @axis_rules(mesh, rules)
-    def count(params: dict, inputs: Array, targets: Array) -> Array:
+    def count(params: dict, inputs: Array, targets: Array) -> dict[str, Array]:
         logits, _ = run(params, cfg, inputs, [])
-        return jnp.sum(rows_exact(logits, targets))
+        return {"right": jnp.sum(rows_exact(logits, targets)), "rows": jnp.asarray(inputs.shape[0])}
 
-    step = jax.jit(count, in_shardings=(state_sharding(state.params, mesh, rules), data, data))
-    step = step.lower(state.params, x, x).compile()
-
-    def metrics(params: dict, eval_set: list) -> dict[str, float]:
-        right = sum(int(step(params, inputs, targets)) for inputs, targets in eval_set)
-        return {"val_exact_match": right / sum(inputs.shape[0] for inputs, _ in eval_set)}
-
-    return metrics
+    return count
 
 
-register_eval_metric(EvalMetric(
-    "exact_match",
-    enabled=lambda config: config.data.task == "needle" and config.data.needle.get("graded", "answer") == "answer",
-    compile=_compile_exact_match,
-))
+def exact_match_report(cfg: ModelConfig, counts: list[dict]) -> dict[str, float]:
+    """{val_exact_match}: the fraction of validation rows exactly right, over every validation batch."""
+    return {"val_exact_match": sum(int(c["right"]) for c in counts) / sum(int(c["rows"]) for c in counts)}
+
+
+EXACT_MATCH = EvalMetric("exact_match", exact_match_counts, exact_match_report)

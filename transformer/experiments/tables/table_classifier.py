@@ -8,8 +8,8 @@ logistic regression fitted on the same training rows, and its attention over the
     row_attention(params, cfg, rows)                         # the last layer's weights over the rows
     lookup_statistics(...)                                   # does attention act as a nearest-neighbour look-up?
 
-Imported, this module registers the training loop's evaluation metric 'table_accuracy' for runs of the
-table task: `val_accuracy`, the share of the held-out tables' test rows classified right.
+TABLE_ACCURACY is the training loop's evaluation metric for runs of the table task: `val_accuracy`, the
+share of the held-out tables' test rows classified right.
 
 Every method sees the same rows: the training rows (subsampled to `max_train_rows`, what fits the
 model's context), standardised with their own mean and deviation (`tables.table_rows`); the test rows
@@ -28,15 +28,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
 
 from transformer.analysis.capture import attention_maps
-from transformer.data import tables
+from transformer.experiments.tables import table_rows as tables
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
-from transformer.training.eval_metrics import EvalMetric, register_eval_metric
-from transformer.training.sharding import Rules, axis_rules, batch_sharding, state_sharding
-from transformer.training.steps import TrainState
+from transformer.training.eval_metrics import EvalMetric
 
 METHODS = ("model", "knn", "logistic", "majority")  # majority: the training rows' most frequent class (chance)
 PAD_TO = 64  # `predict` pads a table to a multiple of this many rows: one compile serves many tables
@@ -237,27 +234,22 @@ def evaluation(params: Any, cfg: ModelConfig, prior: tables.TablePrior, num_tabl
 # ----------------------------------------------------------------------------- the loop's metric
 
 
-def _compile_accuracy(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules, x: jax.Array):
-    """The loop's metric: (params, eval_set) -> {val_accuracy}: the share of graded targets (the
-    held-out tables' test rows) whose class is the argmax, over every validation batch."""
-    data = batch_sharding(mesh, rules)
+def accuracy_counts(cfg: ModelConfig, inputs: jax.Array):
+    """The loop's measure: (params, rows [B, T, F + 1], targets [B, T]) -> {right, graded}: the
+    graded targets (the held-out tables' test rows) whose class is the argmax, and their number."""
 
-    @axis_rules(mesh, rules)
-    def count(params: Any, rows: jax.Array, targets: jax.Array) -> jax.Array:
+    def count(params: Any, rows: jax.Array, targets: jax.Array) -> dict[str, jax.Array]:
         logits, _ = Decoder(cfg).apply({"params": params}, rows)
         graded = targets != tables.IGNORED
-        return jnp.stack([jnp.sum((logits.argmax(-1) == targets) & graded), jnp.sum(graded)])
+        return {"right": jnp.sum((logits.argmax(-1) == targets) & graded), "graded": jnp.sum(graded)}
 
-    y = jnp.zeros(x.shape[:2], jnp.int32)  # [B, T]: the targets' shape
-    step = jax.jit(count, in_shardings=(state_sharding(state.params, mesh, rules), data, data))
-    step = step.lower(state.params, x, y).compile()
-
-    def metrics(params: Any, eval_set: list) -> dict[str, float]:
-        right, graded = np.sum([np.asarray(step(params, rows, targets)) for rows, targets in eval_set], axis=0)
-        return {"val_accuracy": float(right / max(graded, 1))}
-
-    return metrics
+    return count
 
 
-register_eval_metric(EvalMetric("table_accuracy", enabled=lambda config: config.data.task == "tables",
-                                compile=_compile_accuracy))
+def accuracy_report(cfg: ModelConfig, counts: list[dict]) -> dict[str, float]:
+    """{val_accuracy}: the share of graded targets classified right over every validation batch."""
+    right, graded = (sum(int(c[k]) for c in counts) for k in ("right", "graded"))
+    return {"val_accuracy": float(right / max(graded, 1))}
+
+
+TABLE_ACCURACY = EvalMetric("table_accuracy", accuracy_counts, accuracy_report)

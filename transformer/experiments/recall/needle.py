@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from transformer.data.batches import IGNORED, _host_rows
-from transformer.data.tasks import DataTask, register_task
+from transformer.data.tasks import DataTask
 
 NEEDLE = " The code of {key} is {value}. "
 QUESTION = "\nWhat is the code of {key}? "
@@ -319,5 +319,3 @@ def needle_task(config: Any) -> DataTask:
     task.check(config.train.seq_len, config.data.tokenizer)
     return DataTask(functools.partial(batch_at, task=task), functools.partial(eval_batches, task=task))
 
-
-register_task("needle", needle_task)

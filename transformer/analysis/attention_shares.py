@@ -1,0 +1,40 @@
+"""Attention shares: how much of each head's attention goes to the first token, the registers and
+the sink column. Measured by the explorer (explore.py) and by the sinks experiment
+(transformer/experiments/sinks)."""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from transformer.model.config import ModelConfig
+
+Array = jax.Array
+
+
+@flax.struct.dataclass  # a pytree: a jitted function may return it
+class AttentionShares:
+    """Mean attention share per layer and head, [L, H] each (zeros for an option that is off):
+    on the first real token, on all the registers together, on the sink column."""
+
+    first_token: Array
+    registers: Array
+    sink: Array
+
+
+def shares_from_weights(cfg: ModelConfig, weights: Array) -> AttentionShares:
+    """The shares of attention weights as the Decoder returns them (jit-friendly).
+
+    weights: [L, B, H, T, R + S (+1)]: R register columns first, the sink's column last (see
+    Decoder). Averaged over the batch and the query rows t >= 1.
+    """
+    r = cfg.num_registers
+    rows = weights[:, :, :, 1:]  # [L, B, H, T - 1, columns]: rows t >= 1
+    mean = lambda x: x.mean(axis=(1, 3))  # noqa: E731  [L, B, H, T - 1] -> [L, H]
+    zeros = jnp.zeros(weights.shape[0:1] + weights.shape[2:3], weights.dtype)  # [L, H]
+    return AttentionShares(
+        first_token=mean(rows[..., r]),
+        registers=mean(rows[..., :r].sum(-1)) if r else zeros,
+        sink=mean(rows[..., -1]) if cfg.attention_sink else zeros,
+    )

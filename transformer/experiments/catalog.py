@@ -1,0 +1,56 @@
+"""The table a run chooses from: data tasks by `config.data.task`, evaluation metrics by the fields
+that ask for them. Explicit, so that importing a module registers nothing; a new task or metric is a
+line here.
+
+    train(config, "runs/mine")    # the training loop with the config's task and metrics
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ml_collections import ConfigDict
+
+from transformer.data.batches import text_task
+from transformer.data.tasks import DataTask
+from transformer.experiments.induction.induction import INDUCTION
+from transformer.experiments.recall.needle import needle_task
+from transformer.experiments.recall.retrieval import EXACT_MATCH
+from transformer.experiments.sinks.sinks import ATTENTION_SHARES
+from transformer.experiments.tables.table_classifier import TABLE_ACCURACY
+from transformer.experiments.tables.table_rows import table_task
+from transformer.training.eval_metrics import EvalMetric
+from transformer.training.loop import train as train_loop
+
+TASKS: dict[str, Callable[[ConfigDict], DataTask]] = {  # data.task -> build(config), which checks the config
+    "text": text_task,  # windows of the corpus
+    "needle": needle_task,  # needle-in-a-document questions
+    "tables": table_task,  # synthetic classification tables (text=False)
+}
+METRICS: list[tuple[EvalMetric, Callable[[ConfigDict], bool]]] = [  # (metric, does the config ask for it?)
+    (ATTENTION_SHARES, lambda config: bool(config.train.get("eval_attention_shares", False))),
+    (INDUCTION, lambda config: bool(config.train.get("eval_induction", False))),
+    (EXACT_MATCH, lambda config: config.data.task == "needle"
+     and config.data.needle.get("graded", "answer") == "answer"),
+    (TABLE_ACCURACY, lambda config: config.data.task == "tables"),
+]
+
+
+def data_task(config: ConfigDict) -> DataTask:
+    """The DataTask of `config.data.task`, checked against the config."""
+    name = config.data.task
+    if name not in TASKS:
+        raise ValueError(f"data.task={name!r} is not known; use one of {', '.join(map(repr, sorted(TASKS)))} "
+                         "(a new task is a line in transformer/experiments/catalog.py)")
+    return TASKS[name](config)
+
+
+def eval_metrics(config: ConfigDict) -> list[EvalMetric]:
+    """The metrics that `config` asks for, in the table's order."""
+    return [metric for metric, wanted in METRICS if wanted(config)]
+
+
+def train(config: ConfigDict, workdir: str, **options: Any) -> dict:
+    """`training.loop.train` with the config's data task and evaluation metrics."""
+    return train_loop(config, workdir, data_task(config), eval_metrics(config), **options)

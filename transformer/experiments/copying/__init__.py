@@ -1,0 +1,1 @@
+"""The copying corpus: random strings, each written twice."""

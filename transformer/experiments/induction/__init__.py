@@ -1,0 +1,1 @@
+"""Induction and previous-token heads."""

@@ -1,0 +1,1 @@
+"""Recall: needle-in-a-document facts and the heads that retrieve them."""

@@ -1,0 +1,1 @@
+"""Attention sinks, registers and the rolling cache."""

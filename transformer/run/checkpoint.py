@@ -303,7 +303,7 @@ def saved_model_config(saved: Mapping[str, Any]) -> ModelConfig:
     """The ModelConfig of a saved run config (config.json, a checkpoint's), for use on this backend.
 
     The execution fields the run chose with 'auto' (its `auto` record, see
-    run_config.choose_execution) are chosen again for this process's backend: a model trained on a
+    training/run_config.saved_config) are chosen again for this process's backend: a model trained on a
     GPU in bfloat16 with cuDNN attention samples on a CPU in float32 with the reference path.
     """
     cfg = ModelConfig.from_dict(saved["model"])

@@ -28,12 +28,12 @@ from transformer.data.batches import with_start_token
 from transformer.data.prefetch import Prefetcher
 from transformer.data.tokenizer import is_saved, save_tokenizer
 from transformer.data.tasks import DataTask
-from transformer.run.checkpoint import Checkpointer, latest_step
+from transformer.run.checkpoint import Checkpointer
 from transformer.run.metrics import MetricWriter
+from transformer.run.resume import CORPUS_RECORD, check_unchanged
 from transformer.run.signals import StopOnSignal
-from transformer.run.workdir_lock import WorkdirBusy, WorkdirLock
+from transformer.run.workdir_lock import WorkdirLock
 from transformer.training.eval_metrics import EvalMetric
-from transformer.training.run_config import CORPUS_RECORD
 from transformer.training.run_setup import Run, set_up_run
 from transformer.training.steps import TrainState
 
@@ -102,15 +102,6 @@ def train_and_report(run: Run, state: TrainState, ckpt: Checkpointer, workdir: s
         ckpt.wait()  # saves are asynchronous: the last one must be on disk before we return
         writer.close()
     return state, last_eval, time.perf_counter() - looping
-
-
-def check_unchanged(workdir: str, step: int | None) -> None:
-    """Raises WorkdirBusy if the workdir's latest checkpoint is no longer the one the set-up saw
-    (`step`, None for none): another run wrote there while this one was setting up."""
-    now = latest_step(workdir)
-    if now != step:
-        raise WorkdirBusy(f"another run wrote the checkpoint of step {now} in {workdir} while this one was "
-                          "setting up; rerun the command to resume from it")
 
 
 def write_run_files(run: Run, workdir: str, ckpt: Checkpointer | None) -> Checkpointer:

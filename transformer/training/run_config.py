@@ -1,23 +1,22 @@
-"""A run's training config: its paths resolved, its values checked, a resume checked against the
-checkpoint it continues. Every check raises ValueError (or CheckpointError) naming the field and
-the fix, before anything is compiled or written; `train.py` calls them during its set-up.
+"""A run's training config: its paths resolved, its values checked, the form it is saved in, and a
+resume's optimizer checked against the checkpoint it continues (the run folder's own checks are
+run/resume.py's). Every check raises ValueError (or CheckpointError) naming the field and the fix,
+before anything is compiled or written.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
-import tempfile
 
 import jax
 import numpy as np
 from ml_collections import ConfigDict
 
-from transformer.model.execution import Resolved, resolve_auto
-from transformer.run.checkpoint import CheckpointError, Checkpointer, check_same_model
 from transformer.model.config import ModelConfig
+from transformer.model.execution import Resolved, resolve_auto
+from transformer.run.checkpoint import CheckpointError
 from transformer.training.optimizer import learning_rates, optimizer_name, schedule_name
 
 
@@ -111,79 +110,8 @@ def check_train_config(config: ConfigDict, cfg: ModelConfig) -> None:
              f"over {decay_steps}: it never decays; lower optim.warmup_steps or raise train.steps")
 
 
-def check_workdir(workdir: str) -> None:
-    """A clear error for a workdir that is empty, a file, or cannot be created or written."""
-    if not workdir or not workdir.strip():
-        raise ValueError("--workdir is empty; name a folder for the run, e.g. --workdir runs/my_run")
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise ValueError(f"--workdir {workdir!r} is a file, not a folder; choose another --workdir")
-    existing = os.path.abspath(workdir)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise ValueError(f"--workdir {workdir!r} cannot be created: {existing} is a file")
-    check_writable(existing, f"--workdir {workdir!r} cannot be written", "choose a folder you can write to")
-    checkpoints = os.path.join(workdir, "checkpoints")
-    if os.path.isdir(checkpoints):  # a resume: its saves go there
-        check_writable(checkpoints, f"the checkpoints of {workdir!r} cannot be written",
-                       "make that folder writable (chmod u+w), then rerun")
-
-
-def check_writable(folder: str, what: str, fix: str) -> None:
-    """Raises ValueError('<what> (<reason> in <folder>); <fix>') unless a file can be made in `folder`."""
-    try:  # the only sure test of writing is to write (and remove) something
-        os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".write-test-"))
-    except OSError as e:
-        raise ValueError(f"{what} ({e.strerror} in {folder}); {fix}") from None
-
-
 def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
-
-
-# What a resumed run must share with the run that saved the checkpoint, beyond the model.
-SAME_DATA = ("tokenizer", "vocab_size", "path")
-
-
-def check_resume(config: ConfigDict, record: dict, ckpt: Checkpointer, workdir: str) -> dict:
-    """Checks the config (`record`: as the run saves it) against the latest checkpoint's; returns
-    that config (with its "step").
-
-    Errors for another model or data, or fewer train.steps than done; warnings for a learning
-    rate schedule that changes on steps already taken; a note listing changed execution fields.
-    """
-    step = ckpt.latest_step()
-    if step is None:
-        raise CheckpointError(f"{ckpt.directory} holds no complete checkpoint; delete that folder to start "
-                              "the run afresh, or choose another --workdir")
-    saved = ckpt.config(step)
-    changed = check_same_model(saved["model"], record["model"], ckpt.directory)
-    # data.task too: text windows and needle documents are different data on the same corpus
-    # (a checkpoint from before the field existed was trained on text).
-    saved_data = {**saved_data_fields(saved), "task": saved.get("data", {}).get("task", "text")}
-    differ = [f"data.{k}: checkpoint {v!r}, config {config.data[k]!r}"
-              for k, v in saved_data.items() if v != config.data[k]]
-    if saved_data["task"] == config.data.task == "needle":  # the documents' fields; a checkpoint from before
-        # `facts`, `question` and `questions` existed asked about one fact, in words, once
-        before = {"facts": 1, "question": "question", "questions": 1, **saved["data"].get("needle", {})}
-        differ += [f"data.needle.{k}: checkpoint {v!r}, config {config.data.needle[k]!r}"
-                   for k, v in sorted(before.items()) if k in config.data.needle and v != config.data.needle[k]]
-    if saved_data["task"] == config.data.task == "tables":  # the prior the tables are drawn from
-        before = saved["data"].get("tables", {})
-        differ += [f"data.tables.{k}: checkpoint {v!r}, config {config.data.tables[k]!r}"
-                   for k, v in sorted(before.items()) if k in config.data.tables and v != config.data.tables[k]]
-    if differ:
-        raise CheckpointError(f"the checkpoints in {workdir} were trained on other data ({'; '.join(differ)}); "
-                              "resume with the same data fields, or start a new --workdir")
-    if config.train.steps < step:
-        raise ValueError(f"train.steps={config.train.steps} is below the checkpoint's step {step} in {workdir}; "
-                         f"set train.steps >= {step}, or start a new --workdir")
-    if changed:
-        print(f"resuming with other execution settings: {', '.join(changed)}")
-    if "optim" in saved:
-        check_optimizer_kept(saved, config, workdir)
-        check_schedule_kept(saved, config, step)
-    return {**saved, "step": step}
 
 
 def check_optimizer_kept(saved: dict, config: ConfigDict, workdir: str) -> None:
@@ -218,46 +146,3 @@ def check_schedule_kept(saved: dict, config: ConfigDict, step: int) -> None:
             return
 
 
-def check_tokenizer_left(config: ConfigDict, workdir: str) -> None:
-    """Raises if the tokenizer in `workdir` (left by a run that saved no checkpoint) was made for
-    other data than the config's, as that run's config.json records."""
-    config_json = os.path.join(workdir, "config.json")
-    left = {}
-    if os.path.isfile(config_json):
-        with open(config_json) as f:
-            left = saved_data_fields(json.load(f))
-    differ = [f"data.{k}: {left.get(k)!r} there, {config.data[k]!r} now" for k in SAME_DATA
-              if left.get(k) != config.data[k]]
-    if differ:
-        raise ValueError(f"{os.path.join(workdir, 'tokenizer')} was made for other data ({'; '.join(differ)}); "
-                         "delete that folder (the run saved no checkpoint) or choose another --workdir")
-
-
-def saved_data_fields(saved: dict) -> dict:
-    """The SAME_DATA fields of a saved config, a relative data.path made absolute as `resolve` does."""
-    fields = {k: saved.get("data", {}).get(k) for k in SAME_DATA}
-    if fields["path"]:
-        fields["path"] = os.path.abspath(os.path.expanduser(fields["path"]))
-    return fields
-
-
-CORPUS_RECORD = "corpus.json"  # in the workdir: [[path, SHA-256], ...] of the files the run trains on
-
-
-def check_corpus_kept(workdir: str, digests: list[list[str]]) -> None:
-    """Raises if the corpus files differ from the ones the run in `workdir` was trained on (its
-    corpus.json, `token_stream.file_digests`), naming what was removed, added or changed. A run saved
-    before the record existed is not checked."""
-    record = os.path.join(workdir, CORPUS_RECORD)
-    if not os.path.isfile(record):
-        return
-    with open(record) as f:
-        before = dict(json.load(f))
-    now = dict(digests)
-    what = ([f"removed {p}" for p in before if p not in now] + [f"added {p}" for p in now if p not in before]
-            + [f"changed {p}" for p in now if p in before and now[p] != before[p]])
-    if what:
-        more = f"; {len(what) - 3} more" if len(what) > 3 else ""
-        raise CheckpointError(f"the corpus changed since the checkpoints in {workdir} were written ({'; '.join(what[:3])}"
-                              f"{more}): the validation loss would mix two validation sets. Restore the corpus, or "
-                              "train on the new one in a new --workdir")

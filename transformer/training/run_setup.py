@@ -29,8 +29,9 @@ from transformer.training import steps as train_steps
 from transformer.run.checkpoint import CHECKPOINT_DIR, Checkpointer, latest_step
 from transformer.training.eval_metrics import EvalMetric, MetricFn, compile_metric
 from transformer.training.optimizer import learning_rates, make_optimizer
-from transformer.training.run_config import (check_corpus_kept, check_resume, check_tokenizer_left,
-                                             check_train_config, check_workdir, resolve, saved_config)
+from transformer.run.resume import check_corpus_kept, check_resume, check_tokenizer_left, check_workdir
+from transformer.training.run_config import (check_optimizer_kept, check_schedule_kept, check_train_config, resolve,
+                                             saved_config)
 from transformer.training.sharding import batch_sharding, make_mesh, make_rules
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
@@ -68,6 +69,9 @@ def check_run(config: ConfigDict, workdir: str) -> CheckedConfig:
     record = saved_config(config, execution)
     try:
         saved = check_resume(config, record, ckpt, workdir) if ckpt else None
+        if saved and "optim" in saved:
+            check_optimizer_kept(saved, config, workdir)
+            check_schedule_kept(saved, config, saved["step"])
     except Exception:
         ckpt.close()  # no orbax thread left running at exit
         raise

@@ -22,9 +22,7 @@ import dataclasses
 import functools
 from typing import Any
 
-import flax.struct
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from transformer.analysis.capture import attention_maps

@@ -8,7 +8,7 @@ Each run reads the same `--rows` stretches of its validation split, `--times` x 
 from evenly spaced starts (the run with a start token gets its byte 0 in front of each, as in
 training). For each number of kept first tokens S, the table gives the mean next-byte loss (nats)
 over the positions inside the context (t < C: the plain forward's, the same for every S) and past it
-(C <= t < times x C), with the standard error over the rows; `analysis.streaming.rolling_nll` computes
+(C <= t < times x C), with the standard error over the rows; `experiments.sinks.streaming.rolling_nll` computes
 each token's loss. The figure draws the loss against position (means over the rows in bins of C/2).
 """
 

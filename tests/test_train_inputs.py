@@ -432,3 +432,14 @@ def test_a_checkpoint_saved_on_four_devices_samples_on_one(tmp_path):
     assert two.returncode == 0 and two.stdout == one.stdout
     resumed = run(workdir, *QUICK[1:], "--config.train.steps=4")  # and training resumes on one device
     assert resumed.returncode == 0 and max(losses(workdir)) == 4, resumed.stderr[-3000:]
+
+
+def test_the_config_is_checked_once_and_nothing_is_written_back_into_it(tmp_path):
+    """check_run builds the one ModelConfig ('auto' chosen for this backend) and the form the run
+    saves; the ConfigDict keeps the user's 'auto' and gets no record of the choice."""
+    config = tiny_config(tmp_path)
+    checked = check_run(config, str(tmp_path / "w"))
+    assert checked.config.model.dtype == "auto" and "auto" not in checked.config
+    assert checked.cfg.dtype != "auto" and checked.record["model"]["dtype"] == checked.cfg.dtype
+    assert checked.record["auto"]["fields"] == ["dtype", "attention_impl"]
+    assert not (tmp_path / "w").exists()

@@ -22,7 +22,7 @@ from transformer.data.tasks import DataTask
 IGNORED = -1  # a target the loss leaves out
 
 
-def _host_rows(batch_size: int, host_index: int, host_count: int) -> slice:
+def host_rows(batch_size: int, host_index: int, host_count: int) -> slice:
     """This host's rows of the global batch: host h of n takes the h-th of n equal blocks."""
     if host_count < 1 or not 0 <= host_index < host_count:
         raise ValueError(f"host_index={host_index} must be in [0, host_count={host_count}).")
@@ -66,7 +66,7 @@ def batch_at(
     and reads only those windows. Returns (inputs, targets), int32 [batch_size // host_count, T].
     """
     _check_length(tokens, seq_len)
-    rows = _host_rows(batch_size, host_index, host_count)
+    rows = host_rows(batch_size, host_index, host_count)
     rng = np.random.default_rng([seed, step])
     # Every host draws the whole global batch's offsets (cheap), so all agree on who reads what.
     starts = rng.integers(0, len(tokens) - seq_len - 1, size=batch_size, endpoint=True)
@@ -89,7 +89,7 @@ def eval_batches(
     its block of rows of each global batch, as in `batch_at`.
     """
     _check_length(tokens, seq_len)
-    rows = _host_rows(batch_size, host_index, host_count)
+    rows = host_rows(batch_size, host_index, host_count)
     last_start = len(tokens) - seq_len - 1
     starts = np.linspace(0, last_start, num_batches * batch_size).round().astype(np.int64)
     starts = starts.reshape(num_batches, batch_size)

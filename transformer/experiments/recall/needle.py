@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer.data.batches import IGNORED, _host_rows
+from transformer.data.batches import IGNORED, host_rows
 from transformer.data.tasks import DataTask
 
 NEEDLE = " The code of {key} is {value}. "
@@ -289,7 +289,7 @@ def batch_at(tokens: np.ndarray, *, seed: int, step: int, batch_size: int, seq_l
     `tokens` [N]. Returns (inputs, targets) int32 [batch_size // host_count, seq_len]; targets are
     IGNORED except at the answers' tokens (task.questions of them a row)."""
     task.check(seq_len)
-    rows = range(batch_size)[_host_rows(batch_size, host_index, host_count)]
+    rows = range(batch_size)[host_rows(batch_size, host_index, host_count)]
     return _rows(tokens, [[seed, step, b] for b in rows], task, seq_len, task.questions)
 
 
@@ -299,7 +299,7 @@ def eval_batches(tokens: np.ndarray, *, num_batches: int, batch_size: int, seq_l
     `batches.eval_batches` returns them: `num_batches` (inputs, targets) pairs. Each asks one question,
     whatever task.questions, as the analyses do."""
     task.check(seq_len)
-    rows = range(batch_size)[_host_rows(batch_size, host_index, host_count)]
+    rows = range(batch_size)[host_rows(batch_size, host_index, host_count)]
     return [_rows(tokens, [[EVAL_SEED, i, b] for b in rows], task, seq_len) for i in range(num_batches)]
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer.data.batches import IGNORED, _host_rows
+from transformer.data.batches import IGNORED, host_rows
 from transformer.data.tasks import DataTask
 
 UNLABELLED = -1  # the label column of a test row (model/table.py reads the same value)
@@ -177,14 +177,14 @@ def batch_at(tokens: Any, *, seed: int, step: int, batch_size: int, seq_len: int
     """Training batch `step`: one table of seq_len rows per batch row, drawn from (seed, step, row)
     only (`tokens` is unused: the task reads no text). Returns (rows float32 [B / hosts, T, F + 1],
     targets int32 [B / hosts, T])."""
-    rows = range(batch_size)[_host_rows(batch_size, host_index, host_count)]
+    rows = range(batch_size)[host_rows(batch_size, host_index, host_count)]
     return _batch([[seed, step, b] for b in rows], prior, seq_len)
 
 
 def eval_batches(tokens: Any, *, num_batches: int, batch_size: int, seq_len: int, prior: TablePrior,
                  host_index: int = 0, host_count: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
     """Held-out tables: `num_batches` batches as `batch_at` gives them, drawn from (EVAL_SEED, i, row)."""
-    rows = range(batch_size)[_host_rows(batch_size, host_index, host_count)]
+    rows = range(batch_size)[host_rows(batch_size, host_index, host_count)]
     return [_batch([[EVAL_SEED, i, b] for b in rows], prior, seq_len) for i in range(num_batches)]
 
 

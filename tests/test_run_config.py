@@ -12,7 +12,7 @@ from configs import tiny
 from transformer.training import run_config
 from transformer.model.config import ModelConfig
 from transformer.run.checkpoint import CheckpointError
-from transformer.run.resume import check_workdir
+from transformer.run.workdir import check_workdir
 from transformer.training.run_config import check_optimizer_kept, check_schedule_kept, check_train_config, resolve
 
 

@@ -23,7 +23,7 @@ from transformer.data.tokenizer import ByteTokenizer
 from transformer.run import checkpoint
 from transformer.run.checkpoint import CheckpointError, latest_step
 from transformer.run.metrics import MetricWriter
-from transformer.run.resume import check_workdir
+from transformer.run.workdir import check_workdir
 
 DISK_FULL = ("RESOURCE_EXHAUSTED: Error writing \"opt_state.0.mu/0\" in OCDBT database at local file \"/x/4.orbax-"
              "checkpoint-tmp/state\": Failed to write 424389 bytes to file 11: No space left on device "

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.helpers.runs import quiet_train, tiny_config
-from transformer.run.resume import check_unchanged
+from transformer.run.workdir import check_unchanged
 from transformer.run.workdir_lock import LOCK_FILE, WorkdirBusy, WorkdirLock
 
 HOLD = "import sys, time; from transformer.run.workdir_lock import WorkdirLock\n" \

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -23,14 +22,12 @@ import numpy as np
 from ml_collections import ConfigDict
 from tqdm import tqdm
 
-from transformer.data.atomic_files import save_json
 from transformer.data.batches import with_start_token
 from transformer.data.prefetch import Prefetcher
-from transformer.data.tokenizer import is_saved, save_tokenizer
 from transformer.data.tasks import DataTask
 from transformer.run.checkpoint import Checkpointer
 from transformer.run.metrics import MetricWriter
-from transformer.run.resume import CORPUS_RECORD, check_unchanged
+from transformer.run.workdir import check_unchanged, write_run_files
 from transformer.run.signals import StopOnSignal
 from transformer.run.workdir_lock import WorkdirLock
 from transformer.training.eval_metrics import EvalMetric
@@ -68,7 +65,8 @@ def train(config: ConfigDict, workdir: str, task: DataTask, metrics: list[EvalMe
         # One run writes a workdir at a time (the first host of a multi-host run holds the lock).
         with WorkdirLock(workdir) if run.host == 0 else contextlib.nullcontext():
             check_unchanged(workdir, start if ckpt else None)
-            ckpt = write_run_files(run, workdir, ckpt)
+            write_run_files(workdir, run.host, run.tokenizer, run.record, run.corpus)
+            ckpt = ckpt or Checkpointer(workdir, keep=t.keep_checkpoints)  # every host saves its shards
             state, last_eval, seconds = train_and_report(run, state, ckpt, workdir, stop, progress, started)
     done = int(state.step)
     if run.host == 0:
@@ -102,19 +100,6 @@ def train_and_report(run: Run, state: TrainState, ckpt: Checkpointer, workdir: s
         ckpt.wait()  # saves are asynchronous: the last one must be on disk before we return
         writer.close()
     return state, last_eval, time.perf_counter() - looping
-
-
-def write_run_files(run: Run, workdir: str, ckpt: Checkpointer | None) -> Checkpointer:
-    """After a successful set-up: the workdir, its tokenizer, config.json and corpus.json (written by
-    the first host: the hosts share the workdir); the checkpointer (every host: each saves its shards)."""
-    os.makedirs(workdir, exist_ok=True)
-    tok_dir = os.path.join(workdir, "tokenizer")
-    if run.host == 0 and run.tokenizer is not None and not is_saved(tok_dir):  # kept once complete: a resume reads it
-        save_tokenizer(run.tokenizer, tok_dir)
-    if run.host == 0:
-        save_json(os.path.join(workdir, "config.json"), run.record)
-        save_json(os.path.join(workdir, CORPUS_RECORD), run.corpus)  # what a resume checks the corpus against
-    return ckpt or Checkpointer(workdir, keep=run.config.train.keep_checkpoints)
 
 
 def training_batches(run: Run, start: int) -> Prefetcher:

@@ -1,6 +1,6 @@
 """A run's training config: its paths resolved, its values checked, the form it is saved in, and a
 resume's optimizer checked against the checkpoint it continues (the run folder's own checks are
-run/resume.py's). Every check raises ValueError (or CheckpointError) naming the field and the fix,
+run/workdir.py's). Every check raises ValueError (or CheckpointError) naming the field and the fix,
 before anything is compiled or written.
 """
 

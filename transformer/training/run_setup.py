@@ -29,7 +29,7 @@ from transformer.training import steps as train_steps
 from transformer.run.checkpoint import CHECKPOINT_DIR, Checkpointer, latest_step
 from transformer.training.eval_metrics import EvalMetric, MetricFn, compile_metric
 from transformer.training.optimizer import learning_rates, make_optimizer
-from transformer.run.resume import check_corpus_kept, check_resume, check_tokenizer_left, check_workdir
+from transformer.run.workdir import check_corpus_kept, check_resume, check_tokenizer_left, check_workdir
 from transformer.training.run_config import (check_optimizer_kept, check_schedule_kept, check_train_config, resolve,
                                              saved_config)
 from transformer.training.sharding import batch_sharding, make_mesh, make_rules

@@ -1,6 +1,7 @@
-"""A run's folder checked before a run writes there: the workdir can be written, a resume continues
-the checkpoint's model and data, the tokenizer or corpus left there was made for this data, and no
-other run wrote there meanwhile. Each check raises ValueError (or CheckpointError) naming the fix.
+"""A run's folder: checked before a run writes there (the workdir can be written, a resume continues
+the checkpoint's model and data, the tokenizer or corpus left there was made for this data, no other
+run wrote there meanwhile), then written once the set-up has succeeded. Each check raises ValueError
+(or CheckpointError) naming the fix.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import tempfile
 
 from ml_collections import ConfigDict
 
+from transformer.data.atomic_files import save_json
+from transformer.data.tokenizer import Tokenizer, is_saved, save_tokenizer
 from transformer.run.checkpoint import CheckpointError, Checkpointer, check_same_model, latest_step
 from transformer.run.workdir_lock import WorkdirBusy
 
@@ -133,3 +136,16 @@ def check_unchanged(workdir: str, step: int | None) -> None:
     if now != step:
         raise WorkdirBusy(f"another run wrote the checkpoint of step {now} in {workdir} while this one was "
                           "setting up; rerun the command to resume from it")
+
+
+def write_run_files(workdir: str, host: int, tokenizer: Tokenizer | None, record: dict, corpus: list) -> None:
+    """After a successful set-up: the workdir, its tokenizer, config.json (`record`: the config as the
+    run saves it) and corpus.json; written by the first host (the hosts share the workdir)."""
+    os.makedirs(workdir, exist_ok=True)
+    if host != 0:
+        return
+    tok_dir = os.path.join(workdir, "tokenizer")
+    if tokenizer is not None and not is_saved(tok_dir):  # kept once complete: a resume reads it
+        save_tokenizer(tokenizer, tok_dir)
+    save_json(os.path.join(workdir, "config.json"), record)
+    save_json(os.path.join(workdir, CORPUS_RECORD), corpus)  # what a resume checks the corpus against

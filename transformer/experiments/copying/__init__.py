@@ -1,1 +1,0 @@
-"""The copying corpus: random strings, each written twice."""

@@ -1,1 +1,0 @@
-"""Induction and previous-token heads."""

@@ -1,1 +1,0 @@
-"""Recall: needle-in-a-document facts and the heads that retrieve them."""

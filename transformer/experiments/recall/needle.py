@@ -18,10 +18,8 @@ the key, and a model that copies any fact's value scores about 1/N (`copy_any_va
 chance line). `ask(document, i)` is the same document asking fact i instead: the corrupted input of
 activation patching.
 
-Tokens are bytes (the run's tokenizer must be 'bytes'): a document's length in tokens is its length
-in bytes, the needle sits at an exact token position whatever the text around it, and the value's
-tokens in the needle are the answer's tokens (a BPE would merge digits with their neighbours
-differently in the needle and after the question).
+Tokens are bytes (data.tokenizer='bytes'), so the value's tokens in the needle are the answer's
+tokens (a BPE would merge digits with their neighbours differently in the two places).
 
 More questions per training row (questions=Q > 1): after the answer, Q - 1 more questions follow,
 each naming a fact drawn uniformly from the document (repeats allowed, so no answer follows by
@@ -29,15 +27,11 @@ elimination) and followed by its value, graded like the first; Q times the grade
 the cost of Q - 1 questions' bytes (associative recall with several queries, as Zoology's MQAR). The
 validation documents, and every analysis, ask one question.
 
-Training batches (`batch_at`) are (inputs, targets) int32 [B, T] like `batches.batch_at`: one
-document per row, its length and depth drawn uniformly from the task's ranges, right-padded (padding
-targets are `batches.IGNORED`, which the loss leaves out). `graded` says which other targets count:
-'answer' grades only the value's digits (the loss is then the answer's cross-entropy, ln 10 = 2.30
-per digit for a guess), 'all' every byte of the document, filler included. configs/needle.py grades
-the answer only: the filler's next-byte loss would dominate the loss (~100 filler bytes per 5 answer
-bytes), and in a comparison on this task (README, "Retrieval heads") grading every byte left the
-answer's digits at chance for longer.
-Batch `step` depends only on (seed, step), so a resumed run sees the batches an unbroken run would.
+Training batches (`batch_at`) are (inputs, targets) int32 [B, T] like `batches.batch_at`, from
+(seed, step) alone: one document per row, its length and depth drawn from the task's ranges,
+right-padded with IGNORED targets. `graded`: 'answer' grades only the value's digits (ln 10 = 2.30
+nats per digit for a guess), 'all' every byte, filler included, whose next-byte loss would dominate
+(~100 filler bytes per 5 answer bytes).
 """
 
 from __future__ import annotations

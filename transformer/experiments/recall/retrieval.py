@@ -28,11 +28,8 @@ The causal score of a head (`causal_scores`) patches its output z, at every posi
 document asking another of its facts (`needle.ask`), and measures the share of the metric that moves;
 the metric is the teacher-forced log-probability of the asked value minus that of the other value.
 
-EXACT_MATCH is the training loop's evaluation metric 'exact_match', on in every needle run that
-grades the answer only (data.needle.graded='answer'):
-at each evaluation, `val_exact_match` is the fraction of the validation documents answered exactly,
-read as `teacher_forced` reads it (every graded target the argmax), so a run's metrics.jsonl shows
-when it crosses a target accuracy.
+EXACT_MATCH, the loop's metric for needle runs that grade the answer: `val_exact_match`, the
+fraction of validation documents answered exactly, read as `teacher_forced` reads it.
 """
 
 from __future__ import annotations

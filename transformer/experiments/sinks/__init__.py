@@ -1,1 +1,0 @@
-"""Attention sinks, registers and the rolling cache."""

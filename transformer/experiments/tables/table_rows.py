@@ -20,13 +20,10 @@ generators, both common in TabPFN-style priors:
 - a random MLP: correlated Gaussian features through a random tanh network to one score, cut into
   classes at random quantiles (so every class occurs, in unequal shares).
 
-Then per feature a random scale and shift, for some a log-normal skew or rounding to integers, a
-random feature order and a random class order: what standardisation must undo, and what real tables
-(iris, wine, breast cancer: `real_table`) look like. Batch `step` depends only on (seed, step, row).
-
-The model reads these rows with ModelConfig(inputs='table', num_features=F, num_classes=C)
-(transformer/model/table.py); the two layers do not import each other, so the row format is this
-module's contract, restated there.
+Then per feature a random scale and shift, for some a log-normal skew or rounding to integers, and
+random feature and class orders: what standardisation must undo, and what real tables (iris, wine,
+breast cancer: `real_table`) look like. Batch `step` depends only on (seed, step, row). The model
+reads these rows with ModelConfig(inputs='table', num_features=F, num_classes=C).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from transformer.experiments.sinks.sinks import ATTENTION_SHARES
 from transformer.experiments.tables.table_classifier import TABLE_ACCURACY
 from transformer.experiments.tables.table_rows import table_task
 from transformer.training.eval_metrics import EvalMetric
-from transformer.training.loop import train as train_loop
+from transformer.training import loop
 
 TASKS: dict[str, Callable[[ConfigDict], DataTask]] = {  # data.task -> build(config), which checks the config
     "text": text_task,  # windows of the corpus
@@ -53,4 +53,4 @@ def eval_metrics(config: ConfigDict) -> list[EvalMetric]:
 
 def train(config: ConfigDict, workdir: str, **options: Any) -> dict:
     """`training.loop.train` with the config's data task and evaluation metrics."""
-    return train_loop(config, workdir, data_task(config), eval_metrics(config), **options)
+    return loop.train(config, workdir, data_task(config), eval_metrics(config), **options)

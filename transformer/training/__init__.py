@@ -1,5 +1,5 @@
-"""Training: loss, optimizer, sharding, the jitted steps, checkpoints, run checks and metrics.
-The steps' names (steps.py) are re-exported here: `from transformer import training`."""
+"""Training: the step (state, loss, optimizer, the jitted train and eval steps), sharding, the
+loop and its set-up. The steps' names (steps.py) are re-exported here: `from transformer import training`."""
 
 from transformer.training.steps import (
     TrainState,

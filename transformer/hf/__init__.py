@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.model.config import ModelConfig
-from transformer.hf import deepseek, gpt2, llama, mistral, model_files
+from transformer.hf import deepseek, gpt2, llama, mapping, mistral, model_files
 from transformer.hf.tokenizer_files import check_tokenizer, write_tokenizer
 from transformer.model.param_tree import join_layers, layout_differences, split_layers
 from transformer.data.tokenizer import Tokenizer
@@ -72,14 +72,14 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
     family = _FAMILIES[arch]
     hf = {**family.DEFAULTS, **hf}
     _check_common(hf, arch, windows=getattr(family, "SLIDING_WINDOW", False))
-    cfg, convert = family.import_config(hf)
+    cfg, layout = family.import_config(hf)
     if cfg.mlp_dim == 0:  # ModelConfig reads it as "no MLP"; a zero-width MLP is not worth importing
         raise ValueError(f"cannot import {arch} with an MLP width of 0: this importer expects an MLP in every layer")
     cfg = cfg.replace(scan_layers=scan_layers)
     tensors = open_tensors()  # only now, after every check of the config
-    layers = [convert.layer(tensors, cfg, i) for i in range(cfg.num_layers)]
-    params = join_layers(convert.top(tensors, cfg), layers, scanned=scan_layers)
-    tensors.check_all_used(convert.ignore(cfg))
+    layers = [mapping.read(tensors, layout.layer(i)) for i in range(cfg.num_layers)]
+    params = join_layers(mapping.read(tensors, layout.top), layers, scanned=scan_layers)
+    tensors.check_all_used(layout.ignored)
     params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
     diff = layout_differences(cfg, params)
     if diff:
@@ -148,18 +148,14 @@ def to_hf(
             f"cannot export attention_window={cfg.attention_window} with position={cfg.position!r}: GPT-2 has no "
             "sliding window, and Mistral (the supported architecture with one) has RoPE"
         )
-    if cfg.position == "learned":
-        hf, tensors = gpt2.export(cfg, top, layers)
-    elif cfg.position == "rope" and cfg.attention_window:
-        hf, tensors = mistral.export(cfg, top, layers)
-    elif cfg.position == "rope":
-        hf, tensors = llama.export(cfg, top, layers)
-    else:
+    if cfg.position not in ("learned", "rope"):
         raise ValueError(
             f"cannot export position={cfg.position!r}: GPT-2 has learned positions and Llama has RoPE; "
             "no supported Hugging Face architecture has sinusoidal or no positions"
         )
-    model_files.write_model(directory, hf, tensors)
+    family = gpt2 if cfg.position == "learned" else mistral if cfg.attention_window else llama
+    hf = family.export(cfg)
+    model_files.write_model(directory, hf, mapping.export(family.layout(cfg), top, layers))
     if tokenizer is not None:
         write_tokenizer(cfg, tokenizer, directory)
 

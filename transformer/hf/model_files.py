@@ -1,12 +1,5 @@
-"""Hugging Face model files: reading a model's config and tensors, writing an exported model.
-
-A source is a local folder written by `save_pretrained` (config.json, and model.safetensors or the
-shards listed in model.safetensors.index.json), read with `safetensors` and NumPy only (no
-PyTorch, no `transformers`), or a `transformers` model object in memory (its `config` and
-`state_dict()`). Either way the tensors are read lazily, one at a time, as float32 NumPy arrays
-(bfloat16 and float16 widened), and `Tensors` tracks which were read, so that a tensor the
-importer leaves unused is an error rather than a silently different model.
-"""
+"""Hugging Face model files: a model's config and tensors read from a `save_pretrained` folder (with
+`safetensors` and NumPy only) or a `transformers` model object; an exported model written."""
 
 from __future__ import annotations
 
@@ -20,10 +13,11 @@ import numpy as np
 
 
 class Tensors:
-    """Named tensors, read lazily as float32 NumPy arrays; tracks which were used.
+    """Named tensors read lazily, one at a time, as float32 NumPy arrays (bfloat16 and float16 widened).
 
-    `get(name, shape)` also finds a name without its first component ('transformer.', 'model.'),
-    as old checkpoints (e.g. the original `gpt2`) store them.
+    Tracks which were read, so that a tensor the importer leaves unused is an error rather than a
+    silently different model. `get` also finds a name without its first component ('transformer.',
+    'model.'), as old checkpoints (the original `gpt2`) store them.
     """
 
     def __init__(self, names: list[str], read: Callable[[str], np.ndarray], where: str):
@@ -72,21 +66,16 @@ def open_source(source: Any) -> tuple[dict, str | None, Callable[[], Tensors]]:
         arch = type(source).__name__
 
         def open_tensors():
+            import torch
+
             state = source.state_dict()
-            read = lambda name: _torch_to_numpy(state[name])  # noqa: E731
+            read = lambda name: state[name].detach().to(device="cpu", dtype=torch.float32).numpy()  # noqa: E731
             return Tensors(list(state), read, f"the {arch} model's state_dict")
 
         return hf, arch, open_tensors
     raise TypeError(
         f"from_hf takes a local model folder or a transformers model object, got {type(source).__name__}"
     )
-
-
-def _torch_to_numpy(tensor: Any) -> np.ndarray:
-    """A torch tensor (any float dtype) -> float32 NumPy array."""
-    import torch
-
-    return tensor.detach().to(device="cpu", dtype=torch.float32).numpy()
 
 
 def _open_directory(directory: str) -> tuple[dict, str | None, Callable[[], Tensors]]:
@@ -106,7 +95,6 @@ def _open_directory(directory: str) -> tuple[dict, str | None, Callable[[], Tens
 
 
 def _refuse_training_run(directory: str, sign: str) -> None:
-    """A clear error for a training run's folder passed as a Hugging Face one (`sign`: how it shows)."""
     raise ValueError(
         f"{directory} is not a Hugging Face model folder ({sign}): this is a training run: use --workdir "
         "(sample.py, python -m transformer.explore), or transformer.load_run in Python"
@@ -148,15 +136,12 @@ def _directory_tensors(directory: str) -> Tensors:
 
 
 def _safe_open(path: str, framework: str):
-    """The safetensors file at `path`, opened; ValueError naming it when it is damaged or truncated."""
     from safetensors import SafetensorError, safe_open
 
     try:
         return safe_open(path, framework=framework)
     except SafetensorError as e:
-        raise ValueError(
-            f"{path} is damaged or truncated ({e}): download or export the model again"
-        ) from None
+        raise ValueError(f"{path} is damaged or truncated ({e}): download or export the model again") from None
 
 
 def write_model(directory: str | os.PathLike, hf_config: dict, tensors: dict[str, np.ndarray]) -> None:

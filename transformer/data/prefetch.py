@@ -1,4 +1,4 @@
-"""Overlapping data loading with training: a background thread computes the next batches.
+"""Data loading overlapped with training: a background thread computes the next batches.
 
     with Prefetcher(lambda step: batch_at(tokens, seed=0, step=step, ...), start_step) as batches:
         for inputs, targets in batches:   # batch n + 1 is being read while step n trains
@@ -22,13 +22,9 @@ class _Failure:
 
 
 class Prefetcher(Generic[T]):
-    """Yields fn(start_step), fn(start_step + 1), ... computed in a background thread, up to
-    `depth` results ahead, so loading batch n + 1 overlaps training on batch n.
-
-    An exception raised by fn is raised again by `next()` in the consumer's thread. Call `close()`
-    (or use `with Prefetcher(...) as batches:`) to stop the thread; being a daemon thread, it never
-    keeps the process alive.
-    """
+    """Yields fn(start_step), fn(start_step + 1), ... computed by a daemon thread up to `depth` ahead.
+    An exception of fn is raised again by `next()` in the consumer's thread; `close()` (or the `with`
+    block's end) stops the thread."""
 
     def __init__(self, fn: Callable[[int], T], start_step: int, depth: int = 2):
         if depth < 1:

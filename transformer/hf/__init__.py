@@ -47,10 +47,8 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
     hf, arch, open_tensors = model_files.open_source(source)
     arch = str(arch or MODEL_TYPES.get(hf.get("model_type"), hf.get("model_type")))
     if arch not in SUPPORTED:
-        raise ValueError(
-            f"cannot import the Hugging Face architecture {arch!r}: supported are "
-            f"{', '.join(SUPPORTED)} (DeepSeek-V3 only with dense MLP layers)"
-        )
+        raise ValueError(f"cannot import the Hugging Face architecture {arch!r}: supported are "
+                         f"{', '.join(SUPPORTED)} (DeepSeek-V3 only with dense MLP layers)")
     family = _FAMILIES[arch]
     hf = {**family.DEFAULTS, **hf}
     _check_common(hf, arch, windows=getattr(family, "SLIDING_WINDOW", False))
@@ -131,10 +129,8 @@ def check_same_architecture(imported: ModelConfig, run: ModelConfig, *, seq_len:
         problems.append(f"train.seq_len={seq_len} exceeds the imported max_seq_len={imported.max_seq_len}")
         flags.append(f"--config.train.seq_len={imported.max_seq_len}")
     if problems:
-        raise ValueError(
-            f"the run's config does not fit the imported Hugging Face model ({'; '.join(problems)}). "
-            f"Pass these overrides to match it: {' '.join(flags)}"
-        )
+        raise ValueError(f"the run's config does not fit the imported Hugging Face model ({'; '.join(problems)}). "
+                         f"Pass these overrides to match it: {' '.join(flags)}")
 
 
 def _check_common(hf: dict, arch: str, windows: bool = False) -> None:
@@ -142,12 +138,9 @@ def _check_common(hf: dict, arch: str, windows: bool = False) -> None:
     if hf.get("quantization_config"):
         quant = hf["quantization_config"]
         method = quant.get("quant_method", "?") if isinstance(quant, Mapping) else "?"
-        raise ValueError(
-            f"this {arch} checkpoint is quantised (quantization_config, quant_method={method!r}); "
-            "only unquantised float32 / bfloat16 / float16 weights can be imported"
-        )
+        raise ValueError(f"this {arch} checkpoint is quantised (quantization_config, quant_method={method!r}); "
+                         "only unquantised float32 / bfloat16 / float16 weights can be imported")
     if not windows and (hf.get("sliding_window") or hf.get("use_sliding_window")):
-        raise ValueError(
-            f"this {arch} config uses sliding-window attention (sliding_window={hf.get('sliding_window')}), "
-            "which the importer of this architecture does not read (only MistralForCausalLM's is imported)"
-        )
+        raise ValueError(f"this {arch} config uses sliding-window attention "
+                         f"(sliding_window={hf.get('sliding_window')}), which the importer of this architecture "
+                         "does not read (only MistralForCausalLM's is imported)")

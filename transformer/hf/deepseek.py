@@ -57,24 +57,18 @@ def check_supported(hf: dict) -> None:
     num_layers = hf["num_hidden_layers"]
     dense = hf["first_k_dense_replace"]
     if dense is None or dense < num_layers:
-        raise ValueError(
-            f"this DeepSeek-V3 model has mixture-of-experts MLP layers (first_k_dense_replace={dense} < "
-            f"num_hidden_layers={num_layers}); MoE layers are not supported, only models whose MLP "
-            "layers are all dense"
-        )
+        raise ValueError(f"this DeepSeek-V3 model has mixture-of-experts MLP layers (first_k_dense_replace={dense} "
+                         f"< num_hidden_layers={num_layers}); MoE layers are not supported, only models whose MLP "
+                         "layers are all dense")
     if hf["attention_bias"]:
-        raise ValueError(
-            "DeepSeek-V3 with attention_bias=True is not supported: its q_a_proj, kv_a_proj_with_mqa "
-            "and o_proj have biases but its q_proj, q_b_proj and MLP do not, which ModelConfig.use_bias "
-            "cannot express"
-        )
+        raise ValueError("DeepSeek-V3 with attention_bias=True is not supported: its q_a_proj, kv_a_proj_with_mqa "
+                         "and o_proj have biases but its q_proj, q_b_proj and MLP do not, which "
+                         "ModelConfig.use_bias cannot express")
     eps = float(hf["rms_norm_eps"])
     if eps != LATENT_NORM_EPS:
-        raise ValueError(
-            f"DeepSeek-V3 with rms_norm_eps={eps} is not supported: Hugging Face's latent norms "
-            f"(q_a_layernorm, kv_a_layernorm) always use eps={LATENT_NORM_EPS}, while our "
-            "MLA uses norm_eps for every norm, so only rms_norm_eps=1e-6 imports exactly"
-        )
+        raise ValueError(f"DeepSeek-V3 with rms_norm_eps={eps} is not supported: Hugging Face's latent norms "
+                         f"(q_a_layernorm, kv_a_layernorm) always use eps={LATENT_NORM_EPS}, while our MLA uses "
+                         "norm_eps for every norm, so only rms_norm_eps=1e-6 imports exactly")
     if not hf["qk_rope_head_dim"]:
         raise ValueError("DeepSeek-V3 with qk_rope_head_dim=0 (no rotary part) is not supported")
 

@@ -23,10 +23,9 @@ DEFAULTS = dict(
 def import_config(hf: dict) -> tuple[ModelConfig, Layout]:
     check_silu(hf, "Llama")
     if bool(hf["attention_bias"]) != bool(hf["mlp_bias"]):
-        raise ValueError(
-            f"Llama with attention_bias={hf['attention_bias']} and mlp_bias={hf['mlp_bias']} is not "
-            "supported: ModelConfig.use_bias puts biases in both the attention and the MLP or in neither"
-        )
+        raise ValueError(f"Llama with attention_bias={hf['attention_bias']} and mlp_bias={hf['mlp_bias']} is not "
+                         "supported: ModelConfig.use_bias puts biases in both the attention and the MLP or in "
+                         "neither")
     d, h = hf["hidden_size"], hf["num_attention_heads"]
     cfg = ModelConfig(
         vocab_size=hf["vocab_size"], max_seq_len=hf["max_position_embeddings"], d_model=d,
@@ -83,11 +82,9 @@ def rope_theta(hf: dict, name: str) -> float:
         raise ValueError(f"{name} with per-layer-type rope parameters {rope!r} is not supported")
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in ("default", None):
-        raise ValueError(
-            f"{name} with rope scaling of type {kind!r} ({dict(rope)}) is not supported: the model "
-            "code implements plain RoPE only (rope_type 'default', no 'yarn', 'llama3', 'linear', "
-            "'dynamic', ...)"
-        )
+        raise ValueError(f"{name} with rope scaling of type {kind!r} ({dict(rope)}) is not supported: the model "
+                         "code implements plain RoPE only (rope_type 'default', no 'yarn', 'llama3', 'linear', "
+                         "'dynamic', ...)")
     partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
         raise ValueError(f"{name} with partial_rotary_factor={partial} is not supported (only 1.0)")
@@ -100,10 +97,8 @@ def export(cfg: ModelConfig) -> dict:
         "attention": ("mha",), "norm": ("rmsnorm",), "prenorm": (True,), "activation": ("swiglu",),
     })
     if cfg.d_model % cfg.num_heads:
-        raise ValueError(
-            f"cannot export as LlamaForCausalLM: transformers requires hidden_size (d_model={cfg.d_model}) "
-            f"divisible by num_attention_heads ({cfg.num_heads})"
-        )
+        raise ValueError("cannot export as LlamaForCausalLM: transformers requires hidden_size "
+                         f"(d_model={cfg.d_model}) divisible by num_attention_heads ({cfg.num_heads})")
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
         "max_position_embeddings": cfg.max_seq_len, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.num_layers,

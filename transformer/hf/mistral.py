@@ -23,10 +23,9 @@ DEFAULTS = {
 def import_config(hf: dict) -> tuple[ModelConfig, Layout]:
     types = hf.get("layer_types")
     if types and set(types) != {"sliding_attention"} and hf["sliding_window"] is not None:
-        raise ValueError(
-            f"Mistral with per-layer layer_types {sorted(set(types))} is not supported: MistralForCausalLM "
-            "applies sliding_window to every layer (ModelConfig.global_every's pattern is not read from layer_types)"
-        )
+        raise ValueError(f"Mistral with per-layer layer_types {sorted(set(types))} is not supported: "
+                         "MistralForCausalLM applies sliding_window to every layer (ModelConfig.global_every's "
+                         "pattern is not read from layer_types)")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         raise ValueError("Mistral has no biases in its projections; this config.json asks for some")
     cfg, tensors = llama.import_config(hf)
@@ -42,11 +41,9 @@ layout = llama.layout
 def export(cfg: ModelConfig) -> dict:
     """config.json of `cfg` as a MistralForCausalLM; ValueError naming what it cannot hold."""
     if cfg.global_every:
-        raise ValueError(
-            f"cannot export global_every={cfg.global_every}: MistralForCausalLM applies its sliding_window to every "
-            "layer, and no supported Hugging Face architecture interleaves local and global layers; train with "
-            "global_every=0 (a window in every layer) to export"
-        )
+        raise ValueError(f"cannot export global_every={cfg.global_every}: MistralForCausalLM applies its "
+                         "sliding_window to every layer, and no supported Hugging Face architecture interleaves "
+                         "local and global layers; train with global_every=0 (a window in every layer) to export")
     if cfg.use_bias:
         raise ValueError("cannot export use_bias=True with a sliding window: MistralForCausalLM has no biases")
     hf = llama.export(cfg.replace(attention_window=0))

@@ -35,10 +35,8 @@ class Tensors:
         self.used.add(stored)
         array = self.read(stored)
         if tuple(array.shape) != tuple(shape):
-            raise ValueError(
-                f"tensor {stored} in {self.where} has shape {tuple(array.shape)}, but the config "
-                f"implies {tuple(shape)}; the weights do not belong to this config.json"
-            )
+            raise ValueError(f"tensor {stored} in {self.where} has shape {tuple(array.shape)}, but the config "
+                             f"implies {tuple(shape)}; the weights do not belong to this config.json")
         return array
 
     def check_all_used(self, ignore: list) -> None:
@@ -50,10 +48,8 @@ class Tensors:
         )
         if left:
             shown = ", ".join(left[:8]) + (f" and {len(left) - 8} more" if len(left) > 8 else "")
-            raise ValueError(
-                f"{self.where} holds tensors the importer does not use ({shown}): the model uses "
-                "a feature this code does not implement, so it would not compute the same function"
-            )
+            raise ValueError(f"{self.where} holds tensors the importer does not use ({shown}): the model uses a "
+                             "feature this code does not implement, so it would not compute the same function")
 
 
 def open_source(source: Any) -> tuple[dict, str | None, Callable[[], Tensors]]:
@@ -73,9 +69,8 @@ def open_source(source: Any) -> tuple[dict, str | None, Callable[[], Tensors]]:
             return Tensors(list(state), read, f"the {arch} model's state_dict")
 
         return hf, arch, open_tensors
-    raise TypeError(
-        f"from_hf takes a local model folder or a transformers model object, got {type(source).__name__}"
-    )
+    raise TypeError("from_hf takes a local model folder or a transformers model object, got "
+                    f"{type(source).__name__}")
 
 
 def _open_directory(directory: str) -> tuple[dict, str | None, Callable[[], Tensors]]:
@@ -83,10 +78,8 @@ def _open_directory(directory: str) -> tuple[dict, str | None, Callable[[], Tens
     if os.path.isdir(os.path.join(directory, "checkpoints")):
         _refuse_training_run(directory, "it holds checkpoints/")
     if not os.path.isfile(config_path):
-        raise FileNotFoundError(
-            f"{directory} holds no config.json; pass a folder written by save_pretrained (config.json "
-            "and *.safetensors), e.g. a model downloaded with huggingface-cli"
-        )
+        raise FileNotFoundError(f"{directory} holds no config.json; pass a folder written by save_pretrained "
+                                "(config.json and *.safetensors), e.g. a model downloaded with huggingface-cli")
     with open(config_path) as f:
         hf = json.load(f)
     if isinstance(hf, dict) and {"model", "train"} <= set(hf):  # a run's config, not a Hugging Face one
@@ -95,10 +88,8 @@ def _open_directory(directory: str) -> tuple[dict, str | None, Callable[[], Tens
 
 
 def _refuse_training_run(directory: str, sign: str) -> None:
-    raise ValueError(
-        f"{directory} is not a Hugging Face model folder ({sign}): this is a training run: use --workdir "
-        "(sample.py, python -m transformer.explore), or transformer.load_run in Python"
-    )
+    raise ValueError(f"{directory} is not a Hugging Face model folder ({sign}): this is a training run: use "
+                     "--workdir (sample.py, python -m transformer.explore), or transformer.load_run in Python")
 
 
 def _directory_tensors(directory: str) -> Tensors:
@@ -109,10 +100,8 @@ def _directory_tensors(directory: str) -> Tensors:
     else:
         files = sorted(n for n in os.listdir(directory) if n.endswith(".safetensors"))
         if not files:
-            raise FileNotFoundError(
-                f"{directory} holds no *.safetensors weights (PyTorch .bin files are not read); "
-                "convert them with save_pretrained(..., safe_serialization=True)"
-            )
+            raise FileNotFoundError(f"{directory} holds no *.safetensors weights (PyTorch .bin files are not "
+                                    "read); convert them with save_pretrained(..., safe_serialization=True)")
         weight_map = {}
         for file in files:
             for name in _safe_open(os.path.join(directory, file), "numpy").keys():

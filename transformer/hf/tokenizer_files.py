@@ -14,15 +14,11 @@ from transformer.data.tokenizer import HF_FILE, BPETokenizer, ByteTokenizer, Tok
 def check_tokenizer(cfg: ModelConfig, tokenizer: Tokenizer) -> None:
     """Raises unless `tokenizer` is one this code writes, with no more ids than the model has."""
     if not isinstance(tokenizer, (ByteTokenizer, BPETokenizer)):
-        raise TypeError(
-            f"to_hf got a tokenizer of type {type(tokenizer).__name__}; pass the ByteTokenizer or "
-            "BPETokenizer the model was trained with (e.g. load_tokenizer(workdir + '/tokenizer'))"
-        )
+        raise TypeError(f"to_hf got a tokenizer of type {type(tokenizer).__name__}; pass the ByteTokenizer or "
+                        "BPETokenizer the model was trained with (e.g. load_tokenizer(workdir + '/tokenizer'))")
     if tokenizer.vocab_size > cfg.vocab_size:
-        raise ValueError(
-            f"the tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is {cfg.vocab_size}: "
-            "it is not the tokenizer this model was trained with; pass that one"
-        )
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is "
+                         f"{cfg.vocab_size}: it is not the tokenizer this model was trained with; pass that one")
 
 
 def write_tokenizer(cfg: ModelConfig, tokenizer: Tokenizer, directory: str | os.PathLike) -> None:

@@ -1,10 +1,10 @@
 """The tensor mapping every family shares: one table of Hugging Face tensors per model, read by `from_hf`
 and written by `to_hf`, so that import and export cannot disagree.
 
-A family module (gpt2, llama, mistral, deepseek) defines ARCH and MODEL_TYPE (its transformers class
-and config.json model_type), DEFAULTS (transformers' defaults for the keys it reads: a config.json
-may omit them), `import_config(hf) -> (ModelConfig, Layout)` and, but DeepSeek, `export(cfg, top,
-layers) -> (config.json dict, {tensor name: array})`.
+A family module (gpt2, llama, mistral, deepseek) defines ARCH, MODEL_TYPE (its transformers class and
+config.json model_type), DEFAULTS (transformers' defaults for the keys it reads, which a config.json
+may omit), `import_config(hf) -> (ModelConfig, Layout)` and, all but DeepSeek, `layout(cfg)` and
+`export(cfg) -> config.json dict`.
 """
 
 from __future__ import annotations

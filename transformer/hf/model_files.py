@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -43,9 +44,7 @@ class Tensors:
         """Raises if a tensor was neither read nor matched by `ignore` (regexes or predicates)."""
         tests = [p if callable(p) else re.compile(p).fullmatch for p in ignore]
         full = lambda n: [n] + [f"{p}.{n}" for p in ("transformer", "model")]  # noqa: E731
-        left = sorted(
-            n for n in self.names - self.used if not any(t(m) for t in tests for m in full(n))
-        )
+        left = sorted(n for n in self.names - self.used if not any(t(m) for t in tests for m in full(n)))
         if left:
             shown = ", ".join(left[:8]) + (f" and {len(left) - 8} more" if len(left) > 8 else "")
             raise ValueError(f"{self.where} holds tensors the importer does not use ({shown}): the model uses a "
@@ -102,17 +101,9 @@ def _directory_tensors(directory: str) -> Tensors:
         if not files:
             raise FileNotFoundError(f"{directory} holds no *.safetensors weights (PyTorch .bin files are not "
                                     "read); convert them with save_pretrained(..., safe_serialization=True)")
-        weight_map = {}
-        for file in files:
-            for name in _safe_open(os.path.join(directory, file), "numpy").keys():
-                weight_map[name] = file
-
-    handles: dict[tuple[str, str], Any] = {}
-
-    def handle(file: str, framework: str):
-        if (file, framework) not in handles:
-            handles[file, framework] = _safe_open(os.path.join(directory, file), framework)
-        return handles[file, framework]
+        weight_map = {name: file for file in files
+                      for name in _safe_open(os.path.join(directory, file), "numpy").keys()}
+    handle = functools.cache(lambda file, framework: _safe_open(os.path.join(directory, file), framework))
 
     def read(name: str) -> np.ndarray:
         file = weight_map[name]

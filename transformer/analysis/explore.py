@@ -6,15 +6,10 @@
 
     python -m transformer.explore --workdir runs/shakespeare --prompt "ROMEO:" --out explorer.html
 
-Per prompt the page shows every head's attention weights [L, H, T, S], its first-token (sink) share
-and entropy, and the top-k next tokens with heads switched off (`edits.ablate_heads`). Those
-forwards are run here, not guessed in the browser, for the masks in `Exploration.masks` only (all
-heads on, each single head off, each whole layer off, `extra_masks`); other toggles make the page
-say so. The page (explorer_page/: page.html, explorer.js) embeds the numbers as JSON: no network.
-
-Keys: a model's sink (its weight is the attention's last column) and registers R get columns in
-front, "sink" then "reg 1" .. "reg R", with position None (seen by every query); `first_key` is the
-column of the first prompt token.
+Per prompt the page (explorer_page/, no network) shows every head's attention weights [L, H, T, S],
+first-token share and entropy, and the top-k next tokens with heads switched off, run here for the
+masks in `Exploration.masks` only (other toggles make the page say so). A sink and R registers get
+key columns in front ("sink", "reg 1" .. "reg R", position None: seen by every query).
 """
 
 from __future__ import annotations
@@ -65,7 +60,7 @@ class PromptView:
 class Exploration:
     """What `explore` computed; `_repr_html_` shows it in Jupyter, `save` writes the page."""
 
-    model: dict  # a description of the model (config fields shown in the page)
+    model: dict  # the config fields the page shows
     masks: np.ndarray  # [M, L, H] 0/1: the head masks whose next-token distributions were computed
     mask_names: list[str]  # [M]: what each mask switches off, in words
     prompts: list[PromptView]
@@ -97,13 +92,9 @@ class Exploration:
 
     def data(self) -> dict:
         """The JSON the page embeds: the numbers rounded to what the page shows."""
-        return {
-            "model": self.model,
-            "top_k": self.top_k,
-            "masks": [{"key": mask_key(m), "name": n} for m, n in zip(self.masks, self.mask_names)],
-            "coverage": self.coverage(),
-            "prompts": [_prompt_data(self, i) for i in range(len(self.prompts))],
-        }
+        return {"model": self.model, "top_k": self.top_k, "coverage": self.coverage(),
+                "masks": [{"key": mask_key(m), "name": n} for m, n in zip(self.masks, self.mask_names)],
+                "prompts": [_prompt_data(self, i) for i in range(len(self.prompts))]}
 
     def html(self) -> str:
         """The whole page: HTML, our script, and the data as JSON."""
@@ -311,17 +302,12 @@ def _prompt_data(ex: Exploration, i: int) -> dict:
     p = ex.prompts[i]
     top = {mask_key(m): [[t, ex.labels[t], round(prob, PROB_DIGITS)] for t, prob in ex.top_tokens(i, m)]
            for m in ex.masks}
-    return {
-        "text": p.text, "tokens": p.tokens, "query_labels": p.query_labels, "key_labels": p.key_labels,
-        "key_positions": p.key_positions, "first_key": p.first_key,
-        "attention_scale": ATTENTION_SCALE,
-        "attention": _stored_rows(p),  # [L][H][T][<= S]
-        "first_token_share": np.round(p.first_token_share, DIGITS).tolist(),
-        "entropy": np.round(p.entropy, DIGITS).tolist(),
-        "register_share": None if p.register_share is None else np.round(p.register_share, DIGITS).tolist(),
-        "sink_share": None if p.sink_share is None else np.round(p.sink_share, DIGITS).tolist(),
-        "top": top,
-    }
+    stats = {"first_token_share": p.first_token_share, "entropy": p.entropy, "register_share": p.register_share,
+             "sink_share": p.sink_share}
+    return {"text": p.text, "tokens": p.tokens, "query_labels": p.query_labels, "key_labels": p.key_labels,
+            "key_positions": p.key_positions, "first_key": p.first_key, "attention_scale": ATTENTION_SCALE,
+            "attention": _stored_rows(p),  # [L][H][T][<= S]
+            **{k: None if v is None else np.round(v, DIGITS).tolist() for k, v in stats.items()}, "top": top}
 
 
 def _stored_rows(p: PromptView) -> list:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import queue
 import threading
@@ -33,8 +34,7 @@ class Prefetcher(Generic[T]):
         self._queue: queue.Queue[T | _Failure] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._failure: _Failure | None = None
-        self._thread = threading.Thread(target=self._work, args=(start_step,), daemon=True,
-                                        name="Prefetcher")
+        self._thread = threading.Thread(target=self._work, args=(start_step,), daemon=True, name="Prefetcher")
         self._thread.start()
 
     def _work(self, step: int) -> None:
@@ -43,13 +43,10 @@ class Prefetcher(Generic[T]):
                 item: T | _Failure = self._fn(step)
             except BaseException as e:  # handed to the consumer, who decides what to do
                 item = _Failure(e)
-            # Wait for room, but notice close() instead of blocking forever on a full queue.
-            while not self._stop.is_set():
-                try:
+            while not self._stop.is_set():  # wait for room, but notice close() instead of blocking forever
+                with contextlib.suppress(queue.Full):
                     self._queue.put(item, timeout=0.1)
                     break
-                except queue.Full:
-                    continue
             if isinstance(item, _Failure):
                 return
             step += 1

@@ -96,24 +96,15 @@ def file_digests(files: list[Path], cache_dir: Path) -> list[list[str]]:
 
 def _cache_key(files: list[Path], bundled: bool, tokenizer: Tokenizer, cache_dir: Path) -> str:
     """A name for the token stream: changes when any input's content or the tokenizer changes."""
-    identity = {
-        "version": _CACHE_VERSION,
-        "bundled": bundled,
-        "separator": DOCUMENT_SEPARATOR,
-        "corpus": file_digests(files, cache_dir),
-        "tokenizer": tokenizer.fingerprint,
-    }
+    identity = {"version": _CACHE_VERSION, "bundled": bundled, "separator": DOCUMENT_SEPARATOR,
+                "corpus": file_digests(files, cache_dir), "tokenizer": tokenizer.fingerprint}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
-
-
-def _token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.int32)  # halves disk and page cache
 
 
 def _tokenize_to_file(files: list[Path], bundled: bool, tokenizer: Tokenizer, cache: Path) -> None:
     """Encodes the documents one at a time into `cache` (.npy), atomically. Plain writes, not a memory
     map (whose writes to a full disk end the process with SIGBUS): a full disk raises OSError naming `cache`."""
-    dtype = _token_dtype(tokenizer.vocab_size)
+    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.int32)  # halves disk and page cache
     separator = tokenizer.encode_array(DOCUMENT_SEPARATOR).astype(dtype)
     raw_fd, raw = tempfile.mkstemp(dir=cache.parent, prefix=".tokens.", suffix=".bin")
     try:

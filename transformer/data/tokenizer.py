@@ -72,13 +72,9 @@ class BPETokenizer:
         # add_prefix_space=False keeps decode(encode(text)) == text exactly.
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            # All 256 bytes are in the vocabulary even if the texts lack some: nothing is unknown.
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            special_tokens=[],
-            show_progress=False,
-        )
+        # All 256 bytes are in the vocabulary even if the texts lack some: nothing is unknown.
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      special_tokens=[], show_progress=False)
         tok.train_from_iterator(texts, trainer)
         return cls(tok)
 
@@ -116,8 +112,7 @@ class BPETokenizer:
             raise
         ids = encoding.ids
         if self._unk_id is not None and self._unk_id in ids:
-            unknown = sorted({text[a:b] for i, (a, b) in zip(encoding.ids, encoding.offsets)
-                              if i == self._unk_id})
+            unknown = sorted({text[a:b] for i, (a, b) in zip(encoding.ids, encoding.offsets) if i == self._unk_id})
             raise ValueError(f"The tokenizer cannot represent {unknown[:10]!r} (encoded as its unknown token, id "
                              f"{self._unk_id}). Remove or replace these characters, or use a byte-level tokenizer "
                              "('bytes', or a BPE trained here), which encodes every string.")
@@ -138,9 +133,7 @@ class BPETokenizer:
 Tokenizer = ByteTokenizer | BPETokenizer
 
 
-def make_tokenizer(
-    kind: str, texts: Iterable[str] = (), vocab_size: int | None = None
-) -> Tokenizer:
+def make_tokenizer(kind: str, texts: Iterable[str] = (), vocab_size: int | None = None) -> Tokenizer:
     """A tokenizer of `kind`: 'bytes', or 'bpe' trained on `texts` to exactly `vocab_size` (a model
     sized for more ids than the texts give would hold ids no text encodes to)."""
     if kind == "bytes":

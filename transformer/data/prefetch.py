@@ -8,18 +8,12 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import queue
 import threading
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
-
-
-@dataclasses.dataclass
-class _Failure:
-    error: BaseException
 
 
 class Prefetcher(Generic[T]):
@@ -30,24 +24,23 @@ class Prefetcher(Generic[T]):
     def __init__(self, fn: Callable[[int], T], start_step: int, depth: int = 2):
         if depth < 1:
             raise ValueError(f"depth={depth} must be >= 1 (the number of results computed ahead).")
-        self._fn = fn
-        self._queue: queue.Queue[T | _Failure] = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[tuple[T | None, BaseException | None]] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
-        self._failure: _Failure | None = None
-        self._thread = threading.Thread(target=self._work, args=(start_step,), daemon=True, name="Prefetcher")
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, args=(fn, start_step), daemon=True, name="Prefetcher")
         self._thread.start()
 
-    def _work(self, step: int) -> None:
+    def _work(self, fn: Callable[[int], T], step: int) -> None:
         while not self._stop.is_set():
             try:
-                item: T | _Failure = self._fn(step)
+                item = (fn(step), None)
             except BaseException as e:  # handed to the consumer, who decides what to do
-                item = _Failure(e)
+                item = (None, e)
             while not self._stop.is_set():  # wait for room, but notice close() instead of blocking forever
                 with contextlib.suppress(queue.Full):
                     self._queue.put(item, timeout=0.1)
                     break
-            if isinstance(item, _Failure):
+            if item[1] is not None:
                 return
             step += 1
 
@@ -55,30 +48,22 @@ class Prefetcher(Generic[T]):
         return self
 
     def __next__(self) -> T:
-        if self._failure is not None:
-            raise self._failure.error
-        if self._stop.is_set():
-            raise StopIteration
-        while True:  # wake up now and then, so a close() from another thread ends the wait
-            try:
-                item = self._queue.get(timeout=0.1)
-                break
-            except queue.Empty:
-                if self._stop.is_set():
-                    raise StopIteration from None
-        if isinstance(item, _Failure):
-            self._failure = item
-            raise item.error
-        return item
+        if self._error is not None:
+            raise self._error
+        while not self._stop.is_set():  # wake up now and then, so a close() from another thread ends the wait
+            with contextlib.suppress(queue.Empty):
+                value, self._error = self._queue.get(timeout=0.1)
+                if self._error is not None:
+                    raise self._error
+                return value
+        raise StopIteration
 
     def close(self) -> None:
         """Stops the background thread; waits for the current fn call to finish (up to 10 s)."""
         self._stop.set()
-        while True:  # free the queue so a blocked put returns
-            try:
+        with contextlib.suppress(queue.Empty):  # free the queue so a blocked put returns
+            while True:
                 self._queue.get_nowait()
-            except queue.Empty:
-                break
         self._thread.join(timeout=10.0)
 
     def __enter__(self) -> Prefetcher[T]:

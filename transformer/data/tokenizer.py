@@ -1,9 +1,5 @@
-"""Tokenizers: text <-> token ids [N], by raw UTF-8 bytes or a byte-level BPE (trained here or any
-Hugging Face tokenizer.json).
-
-`ByteTokenizer` has one token per byte (vocabulary 256: loss per token is loss per byte);
-`BPETokenizer` wraps a `tokenizers.Tokenizer`. `decode` refuses ids the tokenizer lacks rather than
-drop them. Both are saved as JSON only (never pickle):
+"""Tokenizers: text <-> token ids [N], by UTF-8 bytes (`ByteTokenizer`, vocabulary 256) or a byte-level
+BPE trained here or any Hugging Face tokenizer.json (`BPETokenizer`). Saved as JSON only (no pickle):
 
     directory/tokenizer_kind.json   {"kind": "bytes"} or {"kind": "bpe"}, written last
     directory/tokenizer.json        the Hugging Face tokenizer (BPE only)
@@ -196,9 +192,7 @@ def tokenizer_to_json(tok: Tokenizer | None) -> dict:
     """The tokenizer as a JSON-able dict (in each checkpoint); None: a run without text."""
     if tok is None:
         return {"kind": "none"}
-    if isinstance(tok, ByteTokenizer):
-        return {"kind": "bytes"}
-    return {"kind": "bpe", "tokenizer_json": tok.hf.to_str()}
+    return {"kind": "bytes"} if isinstance(tok, ByteTokenizer) else {"kind": "bpe", "tokenizer_json": tok.hf.to_str()}
 
 
 def tokenizer_from_json(obj: dict) -> Tokenizer | None:

@@ -5,11 +5,9 @@ Llama / Mistral.
     cfg, params = from_hf(hf_model)                # or a `transformers` model object in memory
     to_hf(cfg, params, "out/", tokenizer=tok)      # AutoModelForCausalLM.from_pretrained("out/")
 
-A folder is read with `safetensors` and NumPy only (no PyTorch), shard by shard; nothing is
-downloaded. Each family module (gpt2, llama, mistral, deepseek) maps its config; mapping.py holds
-the tensor tables all of them share. Anything the model code does not implement (rope scaling, MoE
-layers, quantised weights, biases our layers lack, unused or misshapen tensors, ...) raises a
-ValueError naming it rather than giving a silently different model.
+A folder is read with `safetensors` and NumPy only, shard by shard; nothing is downloaded. Anything
+the model code does not implement (rope scaling, MoE layers, quantised weights, unused tensors, ...)
+raises a ValueError naming it rather than giving a silently different model.
 """
 
 from __future__ import annotations
@@ -34,16 +32,10 @@ MODEL_TYPES = {family.MODEL_TYPE: family.ARCH for family in _FAMILIES.values()}
 
 
 def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[ModelConfig, dict]:
-    """Imports a Hugging Face causal language model as (ModelConfig, params), float32.
-
-    Args:
-      source: a local folder (config.json and model.safetensors, or shards listed in
-        model.safetensors.index.json), or a `transformers` model object (its `config`, `state_dict()`).
-      scan_layers: lay the layers out for `nn.scan` (leaves with a leading L axis), or as
-        layers_0 ... layers_{L-1}; sets cfg.scan_layers.
-    Returns:
-      (cfg, params): `Decoder(cfg).apply({"params": params}, tokens)` gives the model's logits.
-    """
+    """(cfg, params) of a Hugging Face causal LM: `Decoder(cfg).apply({"params": params}, tokens)` gives
+    its logits. `source`: a folder (config.json, model.safetensors or the shards its index lists) or a
+    `transformers` model object. `scan_layers`: layer leaves with a leading L axis, or layers_0 ...
+    layers_{L-1}. Parameters are float32."""
     hf, arch, open_tensors = model_files.open_source(source)
     arch = str(arch or MODEL_TYPES.get(hf.get("model_type"), hf.get("model_type")))
     if arch not in SUPPORTED:
@@ -71,18 +63,14 @@ def to_hf(
     cfg: ModelConfig, params: Mapping, directory: str | os.PathLike, *,
     tokenizer: Tokenizer | None = None,
 ) -> None:
-    """Writes config.json and model.safetensors that `transformers` loads as the same model.
+    """Writes config.json and model.safetensors that `transformers` loads as the same model: learned
+    positions as GPT2LMHeadModel, RoPE as LlamaForCausalLM (MistralForCausalLM with a window). A missing
+    norm gain or bias is written as ones / zeros. What no supported family holds raises a ValueError
+    saying why, before anything is written.
 
-    Learned positions become GPT2LMHeadModel, RoPE LlamaForCausalLM, or MistralForCausalLM with a
-    sliding window in every layer. A missing norm gain or bias is written as ones / zeros (the
-    import then has them); the initialisation fields are not exported. What no supported family
-    holds (post-norm, MLA, a sink, registers, qk_norm, a soft-cap, global_every, ...) raises a
-    ValueError saying why, before anything is written.
-
-    `tokenizer` (the model's ByteTokenizer or BPETokenizer, at most cfg.vocab_size ids) adds
-    tokenizer.json (for bytes: a byte-level BPE without merges whose ids are the byte values),
-    tokenizer_config.json and tokenizer_kind.json, so that `load_tokenizer`, `sample.py --hf_dir`
-    and `AutoTokenizer.from_pretrained` get the same ids back; it has no special tokens.
+    `tokenizer` (the model's, at most cfg.vocab_size ids) adds the tokenizer files, so that
+    `load_tokenizer`, `sample.py --hf_dir` and `AutoTokenizer.from_pretrained` get the same ids back
+    (without special tokens).
     """
     recipe = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in ("qk_norm", "logit_softcap") if getattr(cfg, k))
     for refused, why in (

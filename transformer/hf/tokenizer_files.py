@@ -1,4 +1,5 @@
-"""The tokenizer files `to_hf` writes next to an exported model (see `to_hf`'s docstring)."""
+"""The tokenizer files `to_hf` writes next to an exported model: tokenizer.json (for bytes: a byte-level
+BPE without merges whose ids are the byte values), tokenizer_config.json and tokenizer_kind.json."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def check_tokenizer(cfg: ModelConfig, tokenizer: Tokenizer) -> None:
 
 
 def write_tokenizer(cfg: ModelConfig, tokenizer: Tokenizer, directory: str | os.PathLike) -> None:
-    """tokenizer.json, tokenizer_config.json and tokenizer_kind.json (see `to_hf`)."""
+    """tokenizer.json, tokenizer_config.json and tokenizer_kind.json into `directory`."""
     if isinstance(tokenizer, ByteTokenizer):
         # save_tokenizer writes only the kind file for bytes; transformers needs a tokenizer.json.
         byte_level_identity().save(os.path.join(directory, HF_FILE))

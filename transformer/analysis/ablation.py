@@ -114,12 +114,11 @@ def top_k_against_random(evaluate: Callable[[list[Head]], np.ndarray], scores: n
     if where.shape != intact.shape or not where.any():
         raise ValueError(f"where has shape {where.shape} and {int(where.sum())} cells; give a bool mask of the "
                          f"cells' shape {intact.shape} with at least one cell")
+    cells = lambda heads: np.asarray(evaluate(list(heads)), dtype=float)  # noqa: E731
     top, top_cells, drawn, drawn_cells = [], [], [], []
     for k in ks:
-        best = tuple(ranked[:k])
-        subsets = random_subsets(ranked[k:], k, draws, rng)
-        top.append(best)
-        top_cells.append(np.asarray(evaluate(list(best)), dtype=float))
-        drawn.append(tuple(subsets))
-        drawn_cells.append(np.stack([np.asarray(evaluate(list(s)), dtype=float) for s in subsets]))
+        top.append(tuple(ranked[:k]))
+        drawn.append(tuple(random_subsets(ranked[k:], k, draws, rng)))
+        top_cells.append(cells(top[-1]))
+        drawn_cells.append(np.stack([cells(s) for s in drawn[-1]]))
     return Ablation(ks, intact, where, tuple(top), np.stack(top_cells), tuple(drawn), tuple(drawn_cells))

@@ -35,20 +35,14 @@ class TokenCorpus(NamedTuple):
     bytes_per_token: float  # UTF-8 bytes per validation token: bits/byte = loss / ln 2 / this
 
 
-def load_corpus(
-    path: str | os.PathLike | None,
-    tokenizer: Tokenizer,
-    cache_dir: str | os.PathLike,
-    val_fraction: float = 0.1,
-) -> TokenCorpus:
+def load_corpus(path: str | os.PathLike | None, tokenizer: Tokenizer, cache_dir: str | os.PathLike,
+                val_fraction: float = 0.1) -> TokenCorpus:
     """The corpus at `path` (see `corpus_files`), tokenized (cached), split into its head and its last
     `val_fraction`. Each document is encoded on its own, the separator's tokens in between: for BPE
     no token spans two documents."""
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction={val_fraction} must be in (0, 1), e.g. 0.1 for 10% validation.")
-    files = corpus_files(path)
-    bundled = path is None
-    cache_dir = Path(cache_dir)
+    files, bundled, cache_dir = corpus_files(path), path is None, Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     key = _cache_key(files, bundled, tokenizer, cache_dir)
     cache = cache_dir / f"{key}.npy"

@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+from flax import traverse_util
 
 from transformer.hf.model_files import Tensors
 from transformer.model.config import ModelConfig
@@ -53,7 +54,7 @@ class Layout:
 
 def read(t: Tensors, table: list[Tensor]) -> dict:
     """The params the tensors of `table` hold, as a nested dict (float32 NumPy leaves)."""
-    params: dict = {}
+    params = {}
     for x in table:
         array = t.get(x.name, x.shape)
         array = array.T if x.transposed else array
@@ -61,33 +62,21 @@ def read(t: Tensors, table: list[Tensor]) -> dict:
         ours = x.ours()
         sizes = [math.prod(s) // math.prod(array.shape[1:]) for s in ours.values()]
         for (path, shape), part in zip(ours.items(), np.split(array, np.cumsum(sizes)[:-1])):
-            *folders, leaf = path.split("/")
-            node = params
-            for folder in folders:
-                node = node.setdefault(folder, {})
-            node[leaf] = part.reshape(shape)
-    return params
+            params[path] = part.reshape(shape)
+    return traverse_util.unflatten_dict(params, sep="/")
 
 
 def write(params: dict, table: list[Tensor]) -> dict[str, np.ndarray]:
     """{name: stored array} of the tensors of `table`, from `params` (a param it lacks: its fill)."""
-    out = {}
+    flat, out = traverse_util.flatten_dict(params, sep="/"), {}
     for x in table:
         assert x.rows is None, "the rows of an import-only table cannot be written"
         trailing = (x.shape[::-1] if x.transposed else x.shape)[1:]
-        parts = [_lookup(params, path, shape, x.fill).reshape(-1, *trailing) for path, shape in x.ours().items()]
-        array = np.concatenate(parts)
+        parts = [np.asarray(flat[path]) if path in flat or x.fill is None else np.full(shape, x.fill, np.float32)
+                 for path, shape in x.ours().items()]
+        array = np.concatenate([part.reshape(-1, *trailing) for part in parts])
         out[x.name] = array.T if x.transposed else array
     return out
-
-
-def _lookup(params: dict, path: str, shape: tuple[int, ...], fill: float | None) -> np.ndarray:
-    node = params
-    for key in path.split("/"):
-        if key not in node and fill is not None:
-            return np.full(shape, fill, np.float32)
-        node = node[key]
-    return np.asarray(node)
 
 
 def norm(name: str, ours: str, d: int, bias: bool) -> list[Tensor]:

@@ -39,10 +39,7 @@ def _play_files() -> list[Path]:
 def shakespeare_plays() -> dict[str, str]:
     """{play name ('tragedies/hamlet'): plain text} for the 38 plays."""
     root = _plays_dir()
-    return {
-        f.relative_to(root).with_suffix("").as_posix(): markdown_to_play(_read_text(f))
-        for f in _play_files()
-    }
+    return {f.relative_to(root).with_suffix("").as_posix(): read_document(f, bundled=True) for f in _play_files()}
 
 
 _SPEAKER = re.compile(r"\*\*(.+?)\*\*")  # a line that is only "**HAMLET**"
@@ -162,8 +159,7 @@ def _read_text(file: Path) -> str:
 
 def read_document(file: Path, bundled: bool) -> str:
     """A document's text; the bundled plays are converted from Markdown."""
-    text = _read_text(file)
-    return markdown_to_play(text) if bundled else text
+    return markdown_to_play(_read_text(file)) if bundled else _read_text(file)
 
 
 def load_texts(path: str | os.PathLike | None) -> list[str]:

@@ -97,7 +97,9 @@ def to_hf(
         params = params["params"]
     top, layers = split_layers(jax.tree.map(np.asarray, params), cfg.num_layers)
     family = gpt2 if cfg.position == "learned" else mistral if cfg.attention_window else llama
-    hf = family.export(cfg)
+    hf = {"architectures": [family.ARCH], "model_type": family.MODEL_TYPE, "vocab_size": cfg.vocab_size,
+          **family.export(cfg), "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": None,
+          "eos_token_id": None, "dtype": "float32"}
     model_files.write_model(directory, hf, mapping.export(family.layout(cfg), top, layers))
     if tokenizer is not None:
         write_tokenizer(cfg, tokenizer, directory)

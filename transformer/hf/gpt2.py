@@ -59,7 +59,7 @@ def layout(cfg: ModelConfig) -> Layout:
 
 
 def export(cfg: ModelConfig) -> dict:
-    """config.json of `cfg` as a GPT2LMHeadModel; ValueError naming what it cannot hold."""
+    """GPT-2's config.json fields for `cfg`; ValueError naming what it cannot hold."""
     acts = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "relu2": "relu2"}
     check_export(cfg, "GPT2LMHeadModel (learned positions)", {
         "attention": ("mha",), "norm": ("layernorm",), "prenorm": (True,), "activation": tuple(acts),
@@ -67,12 +67,8 @@ def export(cfg: ModelConfig) -> dict:
     })
     if cfg.head_dim * cfg.num_heads != cfg.d_model:
         raise ValueError("cannot export as GPT2LMHeadModel: num_heads * head_dim must equal d_model")
-    d, f = cfg.d_model, cfg.mlp_dim
     return {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
-        "n_positions": cfg.max_seq_len, "n_embd": d, "n_layer": cfg.num_layers, "n_head": cfg.num_heads,
-        "n_inner": f, "activation_function": acts[cfg.activation], "layer_norm_epsilon": cfg.norm_eps,
+        "n_positions": cfg.max_seq_len, "n_embd": cfg.d_model, "n_layer": cfg.num_layers, "n_head": cfg.num_heads,
+        "n_inner": cfg.mlp_dim, "activation_function": acts[cfg.activation], "layer_norm_epsilon": cfg.norm_eps,
         "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": 0.0,
-        "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": None, "eos_token_id": None,
-        "dtype": "float32",
     }

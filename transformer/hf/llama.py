@@ -92,7 +92,7 @@ def rope_theta(hf: dict, name: str) -> float:
 
 
 def export(cfg: ModelConfig) -> dict:
-    """config.json of `cfg` as a LlamaForCausalLM; ValueError naming what it cannot hold."""
+    """Llama's config.json fields for `cfg`; ValueError naming what it cannot hold."""
     check_export(cfg, "LlamaForCausalLM (RoPE)", {
         "attention": ("mha",), "norm": ("rmsnorm",), "prenorm": (True,), "activation": ("swiglu",),
     })
@@ -100,13 +100,10 @@ def export(cfg: ModelConfig) -> dict:
         raise ValueError("cannot export as LlamaForCausalLM: transformers requires hidden_size "
                          f"(d_model={cfg.d_model}) divisible by num_attention_heads ({cfg.num_heads})")
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
         "max_position_embeddings": cfg.max_seq_len, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.num_layers,
         "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
         "intermediate_size": cfg.mlp_dim, "hidden_act": "silu", "rms_norm_eps": cfg.norm_eps,
         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
         "rope_theta": cfg.rope_theta,  # where transformers 4 reads it
         "attention_bias": cfg.use_bias, "mlp_bias": cfg.use_bias, "attention_dropout": 0.0,
-        "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": None, "eos_token_id": None,
-        "dtype": "float32",
     }

@@ -4,7 +4,7 @@ and written by `to_hf`, so that import and export cannot disagree.
 A family module (gpt2, llama, mistral, deepseek) defines ARCH, MODEL_TYPE (its transformers class and
 config.json model_type), DEFAULTS (transformers' defaults for the keys it reads, which a config.json
 may omit), `import_config(hf) -> (ModelConfig, Layout)` and, all but DeepSeek, `layout(cfg)` and
-`export(cfg) -> config.json dict`.
+`export(cfg) -> its config.json fields`.
 """
 
 from __future__ import annotations

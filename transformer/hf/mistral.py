@@ -39,7 +39,7 @@ layout = llama.layout
 
 
 def export(cfg: ModelConfig) -> dict:
-    """config.json of `cfg` as a MistralForCausalLM; ValueError naming what it cannot hold."""
+    """Mistral's config.json fields for `cfg`; ValueError naming what it cannot hold."""
     if cfg.global_every:
         raise ValueError(f"cannot export global_every={cfg.global_every}: MistralForCausalLM applies its "
                          "sliding_window to every layer, and no supported Hugging Face architecture interleaves "
@@ -48,4 +48,4 @@ def export(cfg: ModelConfig) -> dict:
         raise ValueError("cannot export use_bias=True with a sliding window: MistralForCausalLM has no biases")
     hf = llama.export(cfg.replace(attention_window=0))
     del hf["attention_bias"], hf["mlp_bias"]
-    return {**hf, "architectures": [ARCH], "model_type": MODEL_TYPE, "sliding_window": cfg.attention_window}
+    return {**hf, "sliding_window": cfg.attention_window}

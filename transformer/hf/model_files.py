@@ -57,7 +57,6 @@ def open_source(source: Any) -> tuple[dict, str | None, Callable[[], Tensors]]:
     if isinstance(source, (str, os.PathLike)):
         return _open_directory(os.fspath(source))
     if hasattr(source, "state_dict") and hasattr(source, "config"):
-        hf = source.config.to_dict()
         arch = type(source).__name__
 
         def open_tensors():
@@ -67,7 +66,7 @@ def open_source(source: Any) -> tuple[dict, str | None, Callable[[], Tensors]]:
             read = lambda name: state[name].detach().to(device="cpu", dtype=torch.float32).numpy()  # noqa: E731
             return Tensors(list(state), read, f"the {arch} model's state_dict")
 
-        return hf, arch, open_tensors
+        return source.config.to_dict(), arch, open_tensors
     raise TypeError("from_hf takes a local model folder or a transformers model object, got "
                     f"{type(source).__name__}")
 

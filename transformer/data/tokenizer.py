@@ -173,19 +173,15 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
         raise FileNotFoundError(f"No tokenizer directory at {directory}. Pass the directory that save_tokenizer "
                                 f"wrote (it holds {KIND_FILE}) or one holding a Hugging Face {HF_FILE}.")
     kind_file, hf_file = directory / KIND_FILE, directory / HF_FILE
-    if kind_file.is_file():
-        kind = json.loads(kind_file.read_text()).get("kind")
-    elif hf_file.is_file():
-        kind = "bpe"  # a Hugging Face model directory
-    else:
+    if not kind_file.is_file() and not hf_file.is_file():
         raise FileNotFoundError(f"{directory} holds neither {KIND_FILE} nor {HF_FILE}. Save a tokenizer there with "
                                 "save_tokenizer, or point at the directory of a Hugging Face model's "
                                 "tokenizer.json.")
-    if kind == "bytes":
-        return ByteTokenizer()
-    if kind == "bpe":
-        return BPETokenizer.from_file(hf_file)
-    raise ValueError(f"{kind_file} names kind {kind!r}; expected one of {list(KINDS)}.")
+    # Without a kind file: a Hugging Face model's folder.
+    kind = json.loads(kind_file.read_text()).get("kind") if kind_file.is_file() else "bpe"
+    if kind not in KINDS:
+        raise ValueError(f"{kind_file} names kind {kind!r}; expected one of {list(KINDS)}.")
+    return ByteTokenizer() if kind == "bytes" else BPETokenizer.from_file(hf_file)
 
 
 def tokenizer_to_json(tok: Tokenizer | None) -> dict:
@@ -197,13 +193,12 @@ def tokenizer_to_json(tok: Tokenizer | None) -> dict:
 
 def tokenizer_from_json(obj: dict) -> Tokenizer | None:
     """Inverse of `tokenizer_to_json`."""
-    if obj.get("kind") == "none":
+    kind = obj.get("kind")
+    if kind not in ("none", *KINDS):
+        raise ValueError(f"unknown tokenizer record {str(obj)[:100]!r}; expected kind 'bytes' or 'bpe'")
+    if kind == "none":
         return None
-    if obj.get("kind") == "bytes":
-        return ByteTokenizer()
-    if obj.get("kind") == "bpe":
-        return BPETokenizer(tokenizers.Tokenizer.from_str(obj["tokenizer_json"]))
-    raise ValueError(f"unknown tokenizer record {str(obj)[:100]!r}; expected kind 'bytes' or 'bpe'")
+    return ByteTokenizer() if kind == "bytes" else BPETokenizer(tokenizers.Tokenizer.from_str(obj["tokenizer_json"]))
 
 
 def _utf8(text: str) -> bytes:

@@ -131,25 +131,14 @@ def check_page_path(path: str | os.PathLike) -> None:
         raise FileNotFoundError(f"cannot save the explorer to {path}: no folder {folder}; create it first")
 
 
-def explore(
-    params_or_workdir: Any,
-    prompts: str | Sequence[str | Sequence[int]],
-    *,
-    cfg: ModelConfig | None = None,
-    tokenizer: Any = None,
-    step: int | None = None,
-    top_k: int = 10,
-    max_tokens: int = 96,
-    extra_masks: Sequence[np.ndarray] = (),
-) -> Exploration:
-    """What the explorer page shows, for one or a few prompts.
+def explore(params_or_workdir: Any, prompts: str | Sequence[str | Sequence[int]], *, cfg: ModelConfig | None = None,
+            tokenizer: Any = None, step: int | None = None, top_k: int = 10, max_tokens: int = 96,
+            extra_masks: Sequence[np.ndarray] = ()) -> Exploration:
+    """What the explorer page shows for `prompts` (a text, or a list of texts or of token id lists).
 
-    Args:
-      params_or_workdir: a run's folder (its checkpoint `step`, default the latest, with its config
-        and tokenizer), or a model's params (with `cfg`, and `tokenizer` or prompts as token ids).
-      prompts: a text, or a list of texts or of token id lists.
-      max_tokens: the longest prompt accepted (the page draws a T x S map per head).
-      extra_masks: head masks [L, H] (1 keep, 0 off) to precompute besides the standard ones.
+    `params_or_workdir`: a run's folder (its checkpoint `step`, default the latest, with its config and
+    tokenizer), or a model's params (with `cfg`, and `tokenizer` or prompts as token ids).
+    `extra_masks`: head masks [L, H] (1 keep, 0 off) to precompute besides the standard ones.
     """
     if isinstance(params_or_workdir, (str, os.PathLike)):
         from transformer.training.checkpoint import restore_for_inference
@@ -171,8 +160,7 @@ def explore(
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompts:
         raise ValueError("no prompts: pass a text or a list of texts")
-    # Only the reference attention returns its weights.
-    cfg = cfg.replace(attention_impl="reference", dropout=0.0)
+    cfg = cfg.replace(attention_impl="reference", dropout=0.0)  # the one attention that returns its weights
     masks, names = head_masks(cfg, extra_masks)
     label = functools.partial(_label, tokenizer)
     views = _views(cfg, params, prompts, tokenizer, label, masks, max_tokens)

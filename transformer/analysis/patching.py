@@ -38,8 +38,7 @@ class Patching:
     corrupted: Array
 
     def normalised(self) -> Array:
-        """(grid - corrupted) / (clean - corrupted): 1 where a cell restores the clean metric, 0 where
-        it changes nothing."""
+        """(grid - corrupted) / (clean - corrupted): 1 where a cell restores the clean metric."""
         return (self.grid - self.corrupted) / (self.clean - self.corrupted)
 
 

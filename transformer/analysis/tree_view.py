@@ -1,8 +1,6 @@
 """Pytrees you can open: parameters, optimizer state or a KV cache as a foldable treescope tree.
 
     show_tree(params, "parameters")          # in Jupyter: the tree, one line per array
-    show_tree(state.opt_state, "AdamW state")
-    show_tree(cache, "KV cache")
 
 Every array becomes one line, `float32[4, 128, 512]  262,144 = 1.0 MiB  cpu:0` (a sharded array names
 its PartitionSpec and mesh), under a header with the totals; the tree keeps its structure, so the

@@ -1,15 +1,12 @@
 """DeepseekV3ForCausalLM -> ModelConfig (import only): multi-head latent attention with decoupled RoPE,
-when every MLP layer is dense (first_k_dense_replace >= num_hidden_layers).
+when every MLP layer is dense. q_lora_rank -> q_latent_dim (0: a plain q_proj), kv_lora_rank ->
+kv_latent_dim, qk_nope_head_dim -> head_dim, qk_rope_head_dim -> rope_head_dim; kv_b_proj splits
+into k_up and v_up; the rest is named as Llama's.
 
-q_lora_rank -> q_latent_dim (None / 0: a plain q_proj), kv_lora_rank -> kv_latent_dim,
-qk_nope_head_dim -> head_dim, qk_rope_head_dim -> rope_head_dim; q_a_layernorm -> q_norm,
-kv_a_layernorm -> kv_norm; kv_b_proj splits into k_up and v_up. The rest is named as Llama's.
-
-With `rope_interleave` (the default) Hugging Face rotates interleaved pairs (x0, x1), (x2, x3), ...
-of the rotary features; our `ops.rope` rotates half-split pairs (x_i, x_{i + Kr/2}). The import
-therefore reorders the rotary rows of q_proj / q_b_proj (per head) and of the rotary key in
-kv_a_proj_with_mqa to (x0, x2, x4, ..., x1, x3, ...): the rotated queries and keys, and so the
-scores, are then exactly Hugging Face's.
+With `rope_interleave` (the default) Hugging Face rotates interleaved pairs (x0, x1), (x2, x3), ...;
+our `ops.rope` rotates half-split pairs (x_i, x_{i + Kr/2}). The import therefore reorders the rotary
+rows of the queries (per head) and of the rotary key to (x0, x2, ..., x1, x3, ...): the scores are
+then exactly Hugging Face's.
 """
 
 from __future__ import annotations

@@ -22,14 +22,11 @@ from transformer.model.config import ModelConfig
 
 @dataclasses.dataclass(frozen=True)
 class Tensor:
-    """One stored tensor `name` [*shape] and the params it holds.
-
-    parts: {our path ("attn/q/kernel"): our shape}, or one path of the stored shape. Several parts
-    are concatenated along the first axis (GPT-2's fused c_attn holds q, k and v). transposed: stored
-    [in, out] (GPT-2's Conv1D), ours [out, in]. fill: the value `to_hf` writes for a param the model
-    lacks (a norm without gain: 1; a layer without bias: 0). rows: read as stored[rows] before the
-    split, import only (DeepSeek's rotary pairs and per-head key / value halves).
-    """
+    """One stored tensor `name` [*shape] and the params it holds: `parts` {our path ("attn/q/kernel"):
+    our shape} (or one path of the stored shape), concatenated along the first axis (GPT-2's c_attn
+    holds q, k and v). transposed: stored [in, out], ours [out, in]. fill: what `to_hf` writes for a
+    param the model lacks (a norm's gain 1, a bias 0). rows: read as stored[rows] before the split,
+    import only (DeepSeek's rotary pairs and per-head key / value halves)."""
 
     name: str
     shape: tuple[int, ...]

@@ -1,10 +1,6 @@
-"""MistralForCausalLM <-> ModelConfig: Llama's tensors (no biases) with `sliding_window` = W in every
-layer, our attention_window (a query sees itself and the W - 1 tokens before it; None: full attention).
-
-transformers defaults sliding_window to 4096, so a config.json without the key has that window.
-Per-layer `layer_types` (Ministral / Gemma) are refused, and global_every is not exported: a
-MistralForCausalLM applies one window to every layer.
-"""
+"""MistralForCausalLM <-> ModelConfig: Llama's tensors (no biases) with `sliding_window` = W (default
+4096; None: full attention) in every layer as our attention_window (a query sees itself and W - 1
+tokens before it). Per-layer windows (`layer_types`, global_every) are refused both ways."""
 
 from __future__ import annotations
 

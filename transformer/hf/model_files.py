@@ -28,9 +28,7 @@ class Tensors:
         self.used: set[str] = set()
 
     def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        stored = name
-        if stored not in self.names and "." in name and name.split(".", 1)[1] in self.names:
-            stored = name.split(".", 1)[1]
+        stored = name if name in self.names else name.split(".", 1)[-1]
         if stored not in self.names:
             raise ValueError(f"tensor {name} is missing from {self.where}")
         self.used.add(stored)

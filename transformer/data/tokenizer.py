@@ -9,6 +9,7 @@ A directory holding only a Hugging Face tokenizer.json (a downloaded model) load
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -55,7 +56,6 @@ class BPETokenizer:
     def __init__(self, hf_tokenizer: tokenizers.Tokenizer):
         self.hf = hf_tokenizer
         self._unk_id = _unknown_token_id(hf_tokenizer)
-        self._fingerprint: str | None = None
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
@@ -91,12 +91,10 @@ class BPETokenizer:
         """Number of token ids, added / special tokens included."""
         return self.hf.get_vocab_size(with_added_tokens=True)
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
         """SHA-256 of the tokenizer's JSON (in cache keys)."""
-        if self._fingerprint is None:
-            self._fingerprint = hashlib.sha256(self.hf.to_str().encode()).hexdigest()
-        return self._fingerprint
+        return hashlib.sha256(self.hf.to_str().encode()).hexdigest()
 
     def encode(self, text: str) -> list[int]:
         """Text -> ids [N]; ValueError where the output holds the unknown token (imported tokenizers

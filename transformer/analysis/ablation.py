@@ -1,20 +1,15 @@
 """Does a head matter? Remove the top-k heads of a ranking, and compare with removing k random heads.
 
     evaluate = lambda heads: accuracy with `heads` removed      # [(layer, head)] -> float [...cells]
-    result = top_k_against_random(evaluate, ranking, ks=range(1, 9), draws=20, rng=np.random.default_rng(0))
+    result = top_k_against_random(evaluate, scores, ks=range(1, 9), draws=20, rng=np.random.default_rng(0))
     result.table()                 # per k: top-k accuracy, the random draws' mean and spread, p-value
     result.median_draw(k)          # the random draw whose accuracy is the median, for the slide's grids
 
-An experiment, not an anecdote: for each k the top k heads of the ranking (scores [L, H], highest
-first) are removed together, and against them `draws` sets of k heads drawn uniformly, without
-repeats, from the heads outside that top k (every such set where there are no more than `draws`).
-The empirical p-value of k is the fraction of random draws whose accuracy is at most the top-k's:
-the chance that k heads picked blindly hurt at least as much. With D draws it cannot go below 1 / D
-unless it is 0: with 20 draws, p = 0 says "fewer than 1 in 20", not "impossible".
-
-`evaluate` returns one accuracy per cell (a [lengths, depths] grid, say); `where` (bool, the cells'
-shape) says which cells count: the cells where the intact model retrieves, so that a head cannot
-look harmless for breaking what already fails. Each accuracy is the mean over those cells.
+For each k the top k heads of scores [L, H] are removed together and, against them, `draws` sets of k
+heads outside that top k. The empirical p-value is the fraction of random draws at least as harmful
+(accuracy at most the top-k's): with D draws it is 0 or at least 1 / D, so 0 says "fewer than 1 in
+D", not "impossible". Accuracy is the mean over the cells `where` counts (the cells where the intact
+model succeeds: a head cannot look harmless for breaking what already fails).
 """
 
 from __future__ import annotations
@@ -31,9 +26,9 @@ Head = tuple[int, int]  # (layer, head)
 
 @dataclass(frozen=True)
 class Ablation:
-    """The measured experiment. ks: the k's; intact: evaluate([]) [...cells]; where: the cells that
-    count (bool [...cells]); top[i]: the top ks[i] heads; top_cells[i]: their removal's accuracy
-    [...cells]; drawn[i]: the random draws of ks[i] heads; drawn_cells[i]: [draws, ...cells]."""
+    """intact: evaluate([]) [...cells]; where: bool [...cells]; top[i]: the top ks[i] heads, top_cells[i]
+    their removal's accuracy [...cells]; drawn[i]: the random draws of ks[i] heads, drawn_cells[i]
+    [draws, ...cells]."""
 
     ks: tuple[int, ...]
     intact: np.ndarray
@@ -45,8 +40,7 @@ class Ablation:
 
     def accuracy(self, cells: np.ndarray) -> np.ndarray:
         """The mean over the counted cells of `cells` [..., *cells] -> [...]."""
-        counted = np.asarray(cells)[..., self.where]
-        return counted.mean(axis=-1)
+        return np.asarray(cells)[..., self.where].mean(axis=-1)
 
     def intact_accuracy(self) -> float:
         return float(self.accuracy(self.intact))
@@ -64,14 +58,13 @@ class Ablation:
         return np.array([empirical_p_value(self.top_accuracy()[i], self.random_accuracy(i)) for i in range(len(self.ks))])
 
     def median_draw(self, i: int) -> int:
-        """The index of the random draw of ks[i] heads whose accuracy is the median (the lower middle
-        one for an even number of draws)."""
+        """The index of the random draw of ks[i] heads whose accuracy is the (lower) median."""
         accuracy = self.random_accuracy(i)
         return int(np.argsort(accuracy, kind="stable")[(len(accuracy) - 1) // 2])
 
     def table(self) -> list[dict]:
-        """One row per k: k, top (accuracy with the top-k removed), random_mean, random_std (over the
-        draws, ddof 1), random_min, random_max, draws and p (the empirical p-value)."""
+        """One row per k: k, top (accuracy with the top-k removed), random_mean, random_std (ddof 1),
+        random_min, random_max, draws and p."""
         rows, top, p = [], self.top_accuracy(), self.p_values()
         for i, k in enumerate(self.ks):
             drawn = self.random_accuracy(i)
@@ -83,8 +76,7 @@ class Ablation:
 
 
 def empirical_p_value(top: float, drawn: np.ndarray) -> float:
-    """The fraction of `drawn` (accuracies of random ablations) at most `top` (the top-k's accuracy):
-    how often a blind choice hurts at least as much."""
+    """The fraction of `drawn` (accuracies of random ablations) at most `top` (the top-k's)."""
     drawn = np.asarray(drawn, dtype=float)
     if drawn.size == 0:
         raise ValueError("no random draws to compare with; draw at least one")
@@ -114,9 +106,7 @@ def random_subsets(pool: Sequence[Head], k: int, draws: int, rng: np.random.Gene
 
 def top_k_against_random(evaluate: Callable[[list[Head]], np.ndarray], scores: np.ndarray, ks: Iterable[int],
                          draws: int, rng: np.random.Generator, where: np.ndarray | None = None) -> Ablation:
-    """Run the experiment: evaluate([]) once, then for each k the top k heads of `scores` [L, H] and
-    `draws` random sets of k heads outside that top k (`random_subsets`). `where`: the cells that
-    count (default: every cell)."""
+    """Runs the experiment (see the module docstring); `where` defaults to every cell."""
     ks = tuple(int(k) for k in ks)
     ranked = ranked_heads(scores)
     intact = np.asarray(evaluate([]), dtype=float)
@@ -124,12 +114,11 @@ def top_k_against_random(evaluate: Callable[[list[Head]], np.ndarray], scores: n
     if where.shape != intact.shape or not where.any():
         raise ValueError(f"where has shape {where.shape} and {int(where.sum())} cells; give a bool mask of the "
                          f"cells' shape {intact.shape} with at least one cell")
+    cells = lambda heads: np.asarray(evaluate(list(heads)), dtype=float)  # noqa: E731
     top, top_cells, drawn, drawn_cells = [], [], [], []
     for k in ks:
-        best = tuple(ranked[:k])
-        subsets = random_subsets(ranked[k:], k, draws, rng)
-        top.append(best)
-        top_cells.append(np.asarray(evaluate(list(best)), dtype=float))
-        drawn.append(tuple(subsets))
-        drawn_cells.append(np.stack([np.asarray(evaluate(list(s)), dtype=float) for s in subsets]))
+        top.append(tuple(ranked[:k]))
+        drawn.append(tuple(random_subsets(ranked[k:], k, draws, rng)))
+        top_cells.append(cells(top[-1]))
+        drawn_cells.append(np.stack([cells(s) for s in drawn[-1]]))
     return Ablation(ks, intact, where, tuple(top), np.stack(top_cells), tuple(drawn), tuple(drawn_cells))

@@ -2,28 +2,14 @@
 
     ex = explore("runs/shakespeare", ["ROMEO:"])          # a run's workdir (its latest checkpoint)
     ex = explore(params, ["ROMEO:"], cfg=cfg, tokenizer=tok)  # or a model in memory (e.g. from_hf)
-    ex                                                     # in Jupyter: the page, inline
-    ex.save("explorer.html")                               # a file any browser opens, offline
+    ex.save("explorer.html")                               # or `ex` as a Jupyter cell's last line
 
     python -m transformer.explore --workdir runs/shakespeare --prompt "ROMEO:" --out explorer.html
 
-For each prompt, `explore` runs the model once capturing its attention weights (the points
-blocks.*.attn.pattern) and keeps every layer's and head's weights [L, H, T, S], each head's
-first-token (sink) share and entropy, and the model's top-k next tokens after the prompt. The page
-lets one switch heads off; it shows what the model computes with those heads switched off
-(`edits.ablate_heads`, a mask [L, H]), so those forwards are run here, not guessed in the browser: for the masks in `Exploration.masks` only, by default all heads on,
-each single head off and each whole layer off (`extra_masks` adds others). A combination of toggles
-outside that set makes the page say so instead of showing numbers.
-
-The page (transformer/analysis/explorer_page/page.html and explorer.js, package data) embeds the numbers as JSON
-and a small script of our own: no network access, no external libraries.
-
-Key columns: keys are listed with their own labels and positions (`key_labels`, `key_positions`),
-apart from the queries. A model with an attention sink (cfg.attention_sink) or registers
-(cfg.num_registers = R) gets extra columns in front, with position None (seen by every query):
-"sink" (the share of attention that goes to nothing; the attention's weights have it as their last column)
-first, then "reg 1" .. "reg R", then the prompt's tokens. `first_key` is the column of the first
-prompt token. The per-head shares (first real token, registers, sink) are transformer/analysis/attention_shares.py's.
+Per prompt the page (explorer_page/, no network) shows every head's attention weights [L, H, T, S],
+first-token share and entropy, and the top-k next tokens with heads switched off, run here for the
+masks in `Exploration.masks` only (other toggles make the page say so). A sink and R registers get
+key columns in front ("sink", "reg 1" .. "reg R", position None: seen by every query).
 """
 
 from __future__ import annotations
@@ -43,7 +29,8 @@ import numpy as np
 
 from transformer.model.config import ModelConfig
 from transformer.analysis.capture import attention_maps
-from transformer.model.edits import ablate_heads, run
+from transformer.analysis.patching import run_cells
+from transformer.model.edits import ablate_heads
 from transformer.analysis.attention_shares import shares_from_weights
 
 DIGITS = 4  # decimals of the attention weights and statistics the page shows
@@ -53,8 +40,7 @@ PROB_DIGITS = 6  # decimals of the next-token probabilities kept in the page
 
 @dataclasses.dataclass
 class PromptView:
-    """One prompt's numbers. T queries (the prompt's tokens), S = (1 sink) + R registers + T keys,
-    L layers, H heads, M precomputed head masks."""
+    """One prompt's numbers: T queries (its tokens), S = (1 sink) + R registers + T keys, M head masks."""
 
     text: str
     tokens: list[int]  # [T]
@@ -65,16 +51,16 @@ class PromptView:
     attention: np.ndarray  # [L, H, T, S] float32, each row sums to 1
     first_token_share: np.ndarray  # [L, H]: mean weight on column first_key, over queries t >= 1
     entropy: np.ndarray  # [L, H]: mean -sum_s a log a in nats, over queries t >= 1
-    next_probs: np.ndarray  # [M, V] float32: next-token distribution after the prompt, per mask
-    register_share: np.ndarray | None = None  # [L, H]: mean weight on all registers, if the model has them
-    sink_share: np.ndarray | None = None  # [L, H]: mean weight on the sink, if the model has one
+    next_probs: np.ndarray  # [M, V] float32: the next token's distribution after the prompt, per mask
+    register_share: np.ndarray | None = None  # [L, H]: mean weight on all registers (R > 0)
+    sink_share: np.ndarray | None = None  # [L, H]: mean weight on the sink
 
 
 @dataclasses.dataclass(repr=False)
 class Exploration:
     """What `explore` computed; `_repr_html_` shows it in Jupyter, `save` writes the page."""
 
-    model: dict  # a description of the model (config fields shown in the page)
+    model: dict  # the config fields the page shows
     masks: np.ndarray  # [M, L, H] 0/1: the head masks whose next-token distributions were computed
     mask_names: list[str]  # [M]: what each mask switches off, in words
     prompts: list[PromptView]
@@ -87,8 +73,8 @@ class Exploration:
         return next((i for i, m in enumerate(self.masks) if mask_key(m) == key), None)
 
     def top_tokens(self, prompt: int, head_mask: np.ndarray | None = None) -> list[tuple[int, float]]:
-        """The top-k (token id, probability) after prompt `prompt` with `head_mask` [L, H] (default
-        all heads on), as the page lists them; ValueError for a mask that was not precomputed."""
+        """The top-k (token id, probability) after prompt `prompt` with `head_mask` [L, H] (default all
+        heads on); ValueError for a mask that was not precomputed."""
         i = 0 if head_mask is None else self.mask_index(head_mask)
         if i is None:
             raise ValueError("that head mask was not precomputed; pass it to explore(..., extra_masks=[...])")
@@ -106,13 +92,9 @@ class Exploration:
 
     def data(self) -> dict:
         """The JSON the page embeds: the numbers rounded to what the page shows."""
-        return {
-            "model": self.model,
-            "top_k": self.top_k,
-            "masks": [{"key": mask_key(m), "name": n} for m, n in zip(self.masks, self.mask_names)],
-            "coverage": self.coverage(),
-            "prompts": [_prompt_data(self, i) for i in range(len(self.prompts))],
-        }
+        return {"model": self.model, "top_k": self.top_k, "coverage": self.coverage(),
+                "masks": [{"key": mask_key(m), "name": n} for m, n in zip(self.masks, self.mask_names)],
+                "prompts": [_prompt_data(self, i) for i in range(len(self.prompts))]}
 
     def html(self) -> str:
         """The whole page: HTML, our script, and the data as JSON."""
@@ -134,15 +116,13 @@ class Exploration:
                 "masks precomputed (display it in Jupyter, or .save(path) for a browser)")
 
     def _repr_html_(self) -> str:
-        # An iframe of its own: the page's ids and script cannot clash with the notebook's or with
-        # another explorer's in the same notebook.
+        # An iframe of its own: the page's ids and script cannot clash with the notebook's.
         return (f'<iframe srcdoc="{html.escape(self.html(), quote=True)}" sandbox="allow-scripts" '
                 'style="width: 100%; height: 900px; border: 1px solid #ddd"></iframe>')
 
 
 def check_page_path(path: str | os.PathLike) -> None:
-    """Raises ValueError if `path` is a folder, FileNotFoundError if its folder does not exist: the
-    page's file is checked before anything is computed (the command line's --out, before loading)."""
+    """Raises if `path` is a folder or its folder does not exist (--out, checked before any work)."""
     if os.path.isdir(path):
         raise ValueError(f"cannot save the explorer to {path}: it is a folder; name a file, e.g. "
                          f"{os.path.join(path, 'explorer.html')}")
@@ -151,31 +131,14 @@ def check_page_path(path: str | os.PathLike) -> None:
         raise FileNotFoundError(f"cannot save the explorer to {path}: no folder {folder}; create it first")
 
 
-def explore(
-    params_or_workdir: Any,
-    prompts: str | Sequence[str | Sequence[int]],
-    *,
-    cfg: ModelConfig | None = None,
-    tokenizer: Any = None,
-    step: int | None = None,
-    top_k: int = 10,
-    max_tokens: int = 96,
-    extra_masks: Sequence[np.ndarray] = (),
-) -> Exploration:
-    """Computes what the explorer page shows, for one or a few prompts.
+def explore(params_or_workdir: Any, prompts: str | Sequence[str | Sequence[int]], *, cfg: ModelConfig | None = None,
+            tokenizer: Any = None, step: int | None = None, top_k: int = 10, max_tokens: int = 96,
+            extra_masks: Sequence[np.ndarray] = ()) -> Exploration:
+    """What the explorer page shows for `prompts` (a text, or a list of texts or of token id lists).
 
-    Args:
-      params_or_workdir: a training run's folder (its checkpoint `step`, default the latest, with
-        its config and tokenizer), or a model's params (then `cfg` is required).
-      prompts: a text, or a list of texts (needs a tokenizer) or of token id lists.
-      cfg, tokenizer: the model's config and tokenizer, for params given directly. Without a
-        tokenizer, prompts are token ids and tokens are shown by their ids.
-      top_k: how many next tokens the page lists.
-      max_tokens: the longest prompt accepted, in tokens (the page draws a T x S map).
-      extra_masks: head masks [L, H] (1 keep, 0 off) to precompute besides all heads on, each single
-        head off and each whole layer off.
-    Returns:
-      an Exploration: display it in Jupyter, or `.save(path)`.
+    `params_or_workdir`: a run's folder (its checkpoint `step`, default the latest, with its config and
+    tokenizer), or a model's params (with `cfg`, and `tokenizer` or prompts as token ids).
+    `extra_masks`: head masks [L, H] (1 keep, 0 off) to precompute besides the standard ones.
     """
     if isinstance(params_or_workdir, (str, os.PathLike)):
         from transformer.run.checkpoint import restore_for_inference
@@ -197,8 +160,7 @@ def explore(
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompts:
         raise ValueError("no prompts: pass a text or a list of texts")
-    # The reference attention returns weights; the fused implementations compute the same function but cannot.
-    cfg = cfg.replace(attention_impl="reference", dropout=0.0)
+    cfg = cfg.replace(attention_impl="reference", dropout=0.0)  # the one attention that returns its weights
     masks, names = head_masks(cfg, extra_masks)
     label = functools.partial(_label, tokenizer)
     views = _views(cfg, params, prompts, tokenizer, label, masks, max_tokens)
@@ -209,22 +171,14 @@ def explore(
 
 
 def head_masks(cfg: ModelConfig, extra: Sequence[np.ndarray] = ()) -> tuple[np.ndarray, list[str]]:
-    """The precomputed head masks [M, L, H] (1 keep, 0 off) and their names: all heads on, each
-    single head off, each whole layer off, then `extra` (duplicates dropped)."""
+    """Head masks [M, L, H] (1 keep, 0 off) and names: all heads on, each single head off, each whole
+    layer off, then `extra` (duplicates dropped)."""
     L, H = cfg.num_layers, cfg.num_heads
-    masks, names = [np.ones((L, H), np.float32)], ["all heads on"]
-    for l in range(L):
-        for h in range(H):
-            m = np.ones((L, H), np.float32)
-            m[l, h] = 0
-            masks.append(m)
-            names.append(f"layer {l + 1} head {h + 1} off")
-    if H > 1:
-        for l in range(L):
-            m = np.ones((L, H), np.float32)
-            m[l] = 0
-            masks.append(m)
-            names.append(f"layer {l + 1} off")
+    heads_off = 1 - np.eye(L * H, dtype=np.float32).reshape(L * H, L, H)  # one head off each
+    layers_off = 1 - np.repeat(np.eye(L, dtype=np.float32)[:, :, None], H, axis=2)  # one layer off each
+    masks = [np.ones((L, H), np.float32), *heads_off, *(layers_off if H > 1 else [])]
+    names = ["all heads on"] + [f"layer {l + 1} head {h + 1} off" for l in range(L) for h in range(H)]
+    names += [f"layer {l + 1} off" for l in range(L)] if H > 1 else []
     keys = {mask_key(m) for m in masks}
     for m in extra:
         m = np.asarray(m, np.float32)
@@ -246,8 +200,8 @@ def mask_key(head_mask: np.ndarray) -> str:
 
 def _views(cfg: ModelConfig, params: Any, prompts: list, tokenizer: Any, label: Any, masks: np.ndarray,
            max_tokens: int) -> list[PromptView]:
-    """Each prompt's PromptView, from one forward with attention weights and one per head mask, all
-    prompts at once: right-padded to the longest, which a causal model's earlier positions never see."""
+    """Each prompt's PromptView, all prompts in one batch right-padded to the longest (which a causal
+    model's earlier positions never see)."""
     encoded = [_encode(cfg, p, tokenizer, max_tokens) for p in prompts]
     lengths = np.array([len(t) for t, _ in encoded])
     batch = np.zeros((len(encoded), lengths.max()), np.int32)  # [B, T_max], padded with token 0
@@ -302,21 +256,15 @@ def _encode(cfg: ModelConfig, prompt: str | Sequence[int], tokenizer: Any, max_t
 @functools.partial(jax.jit, static_argnames="cfg")
 def _forward(cfg: ModelConfig, params: Any, tokens: jax.Array, last: jax.Array, masks: jax.Array):
     """tokens [B, T], each row's last position last [B], head masks [M, L, H] -> (attention weights
-    [L, B, H, T, R + T (+1)] as the point blocks.*.attn.pattern has them, next-token probabilities
-    [M, B, V] after each row's last position with each mask's heads switched off)."""
-    attention = attention_maps(params, cfg, tokens)
-
-    def next_probs(head_mask):  # [L, H] -> [B, V]
-        logits, _ = run(params, cfg, tokens, [ablate_heads(cfg, head_mask)])
-        return jax.nn.softmax(logits[jnp.arange(tokens.shape[0]), last])
-
-    return attention, jax.lax.map(next_probs, masks)  # one masked forward at a time: memory of one
+    [L, B, H, T, R + T (+1)] as blocks.*.attn.pattern has them, next-token probabilities [M, B, V])."""
+    next_probs = lambda logits: jax.nn.softmax(logits[jnp.arange(tokens.shape[0]), last])  # noqa: E731
+    return attention_maps(params, cfg, tokens), run_cells(params, cfg, tokens, masks,
+                                                          lambda mask: [ablate_heads(cfg, mask)], next_probs)
 
 
 def _label(tokenizer: Any, token: int) -> str:
-    """How token id `token` is shown: its text with whitespace made visible; '#id' without a tokenizer,
-    for an id the tokenizer lacks (a model head larger than its tokenizer) or for a part of a character
-    (a byte of a multi-byte UTF-8 character decodes to U+FFFD)."""
+    """Token `token`'s text with whitespace made visible; '#id' without a tokenizer, for an id the
+    tokenizer lacks or for a part of a character (decoded as U+FFFD)."""
     known = tokenizer is not None and 0 <= token < tokenizer.vocab_size
     text = tokenizer.decode([token]) if known else ""
     return f"#{token}" if not text or "\ufffd" in text else token_label(text)
@@ -330,14 +278,8 @@ def token_label(text: str) -> str:
 
 def _describe(cfg: ModelConfig) -> dict:
     """The config fields the page names."""
-    if cfg.attention == "mla":
-        kind = f"MLA (latent {cfg.kv_latent_dim})"
-    elif cfg.num_kv_heads == cfg.num_heads:
-        kind = "MHA"
-    elif cfg.num_kv_heads == 1:
-        kind = "MQA"
-    else:
-        kind = f"GQA ({cfg.num_kv_heads} key/value heads)"
+    kind = (f"MLA (latent {cfg.kv_latent_dim})" if cfg.attention == "mla" else "MHA" if cfg.num_kv_heads == cfg.num_heads
+            else "MQA" if cfg.num_kv_heads == 1 else f"GQA ({cfg.num_kv_heads} key/value heads)")
     return {"num_layers": cfg.num_layers, "num_heads": cfg.num_heads, "d_model": cfg.d_model,
             "attention": kind, "position": cfg.position, "vocab_size": cfg.vocab_size,
             "attention_sink": cfg.attention_sink, "num_registers": cfg.num_registers}
@@ -348,22 +290,16 @@ def _prompt_data(ex: Exploration, i: int) -> dict:
     p = ex.prompts[i]
     top = {mask_key(m): [[t, ex.labels[t], round(prob, PROB_DIGITS)] for t, prob in ex.top_tokens(i, m)]
            for m in ex.masks}
-    return {
-        "text": p.text, "tokens": p.tokens, "query_labels": p.query_labels, "key_labels": p.key_labels,
-        "key_positions": p.key_positions, "first_key": p.first_key,
-        "attention_scale": ATTENTION_SCALE,
-        "attention": _stored_rows(p),  # [L][H][T][<= S]
-        "first_token_share": np.round(p.first_token_share, DIGITS).tolist(),
-        "entropy": np.round(p.entropy, DIGITS).tolist(),
-        "register_share": None if p.register_share is None else np.round(p.register_share, DIGITS).tolist(),
-        "sink_share": None if p.sink_share is None else np.round(p.sink_share, DIGITS).tolist(),
-        "top": top,
-    }
+    stats = {"first_token_share": p.first_token_share, "entropy": p.entropy, "register_share": p.register_share,
+             "sink_share": p.sink_share}
+    return {"text": p.text, "tokens": p.tokens, "query_labels": p.query_labels, "key_labels": p.key_labels,
+            "key_positions": p.key_positions, "first_key": p.first_key, "attention_scale": ATTENTION_SCALE,
+            "attention": _stored_rows(p),  # [L][H][T][<= S]
+            **{k: None if v is None else np.round(v, DIGITS).tolist() for k, v in stats.items()}, "top": top}
 
 
 def _stored_rows(p: PromptView) -> list:
-    """The weights as the page stores them: integers round(a * ATTENTION_SCALE), each query's row
-    cut after its last visible key (the keys after it are masked: nothing to store)."""
+    """The weights as integers round(a * ATTENTION_SCALE), each query's row cut after its last visible key."""
     positions = np.array([-1 if x is None else x for x in p.key_positions])  # None: seen by every query
     ints = np.rint(p.attention * ATTENTION_SCALE).astype(np.int64)  # [L, H, T, S]
     ends = [int(np.nonzero(positions <= t)[0].max()) + 1 for t in range(len(p.query_labels))]  # [T]

@@ -3,17 +3,14 @@
     lens = logit_lens(params, cfg, tokens)                  # [L + 1, B, T, V]: after the embedding, each layer
     dla = direct_logit_attribution(params, cfg, tokens, targets)   # each head's and MLP's share of a logit
 
-The head is the model's: the final norm (pre-norm models; a post-norm model's last layer ends in its
-own norm and there is none), the unembedding (E^T when tied, else W_head) and the soft-cap.
-
+The head is the model's: the final norm (pre-norm models), the unembedding and the soft-cap.
 Direct logit attribution splits a pre-norm model's final residual stream into what wrote it,
 
     x_final = embed (+ pos_embed) + sum over layers l of (sum over heads h of head_out[l, h] + b_o[l] + mlp.out[l])
 
-and reads each part through the head linearised as usual (nostalgebraist 2020; Elhage et al. 2021):
-the final norm's scale, 1 / rms(x_final) for RMSNorm or 1 / std(x_final) after removing each part's
-mean for layer norm, is frozen at its value on this input, and the soft-cap is left out. The parts
-then add up exactly to the target's logit before the soft-cap (tests/test_lens.py).
+and reads each part through the head linearised (nostalgebraist 2020; Elhage et al. 2021): the final
+norm's 1 / rms (RMSNorm) or 1 / std (layer norm, each part's mean removed) frozen at its value on
+this input, no soft-cap. The parts then add up exactly to the target's logit before the soft-cap.
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ def unembedding(params: Any, cfg: ModelConfig) -> Array:
 
 
 def head(params: Any, cfg: ModelConfig, x: Array) -> Array:
-    """The model's head on residual streams x [..., T, D] -> logits [..., T, V] float32: the final
-    norm (pre-norm models), the unembedding, the soft-cap; as the Decoder computes its logits."""
+    """The model's head on residual streams x [..., T, D] -> logits [..., T, V] float32, as the Decoder's."""
     if cfg.prenorm:
         x = config_norm(cfg, "final_norm").apply({"params": params["final_norm"]}, x)
     logits = jnp.einsum("...d,vd->...v", x, unembedding(params, cfg).astype(cfg.dtype)).astype(jnp.float32)
@@ -58,12 +54,9 @@ def logit_lens(params: Any, cfg: ModelConfig, tokens: Array, edits: list[Edit] =
 
 @flax.struct.dataclass
 class Attribution:
-    """Each part's direct contribution to a logit (or a logit difference), [..., B, T] float32.
-
-    embed: the token embedding plus position embedding. heads [L, H, B, T]: head_out[l, h]. attn_bias
-    [L, B, T]: W_o's bias (zero without biases). mlp [L, B, T]: mlp.out (zero with mlp_dim=0).
-    norm_bias [B, T]: the final norm's bias. logit [B, T]: the model's logit before the soft-cap,
-    which the parts add up to."""
+    """Each part's direct contribution to a logit (or a logit difference), float32: embed [B, T] (with
+    the position embedding), heads [L, H, B, T], attn_bias [L, B, T] (W_o's bias), mlp [L, B, T],
+    norm_bias [B, T] (the final norm's bias); logit [B, T], before the soft-cap, is their sum."""
 
     embed: Array
     heads: Array
@@ -79,10 +72,8 @@ class Attribution:
 
 def direct_logit_attribution(params: Any, cfg: ModelConfig, tokens: Array, targets: Array,
                              against: Array | None = None) -> Attribution:
-    """Direct logit attribution of the logit of `targets` [B, T] (ids; with `against` [B, T], of the
-    logit difference targets - against) at each position of `tokens` [B, T]: see the module's
-    docstring. Pre-norm models only: post-norm normalises the residual stream inside every layer,
-    so the final stream is no sum of the parts."""
+    """Direct logit attribution of the logit of `targets` [B, T] (with `against` [B, T]: of the logit
+    difference targets - against) at each position of `tokens` [B, T]. Pre-norm models only."""
     if not cfg.prenorm:
         raise ValueError("direct logit attribution needs a pre-norm model: a post-norm model normalises the "
                          "residual stream inside each layer, so its output is no sum of the heads' and MLPs' parts")

@@ -7,13 +7,14 @@
 
 Each cell runs the corrupted input with one piece of the clean run's activations put in: a head's
 output z at every position (Wang et al. 2022, "denoising"), or the residual stream entering a layer
-at one position (Meng et al. 2022). The cells are edits (model/edits.py) stacked along a leading
-axis and run with `jax.lax.map`: one compile for the whole grid, one forward pass in memory.
+at one position (Meng et al. 2022). The cells are edits run by `run_cells`, which the explorer's
+head ablations share: one compile for the whole grid, one forward pass in memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.struct
@@ -37,8 +38,7 @@ class Patching:
     corrupted: Array
 
     def normalised(self) -> Array:
-        """(grid - corrupted) / (clean - corrupted): 1 where a cell restores the clean metric, 0 where
-        it changes nothing."""
+        """(grid - corrupted) / (clean - corrupted): 1 where a cell restores the clean metric."""
         return (self.grid - self.corrupted) / (self.clean - self.corrupted)
 
 
@@ -57,35 +57,31 @@ def logit_difference(correct: Array, wrong: Array, position: int = -1) -> Metric
 def patch_heads(params: Any, cfg: ModelConfig, clean: Array, corrupted: Array, metric: Metric) -> Patching:
     """The metric on `corrupted` [B, T] with head h of layer l patched from `clean` [B, T] (its z,
     at every position): grid [L, H]."""
-    name = "blocks.*.attn.z"
-    source = capture(params, cfg, clean, [name])[2][name]  # [L, B, T, H, Kv]
-    cells = jnp.eye(cfg.num_layers * cfg.num_heads).reshape(-1, cfg.num_layers, 1, 1, cfg.num_heads, 1)
-    grid = _run_cells(params, cfg, corrupted, metric, name, source, cells)
-    return Patching(grid.reshape(cfg.num_layers, cfg.num_heads), *_baselines(params, cfg, clean, corrupted, metric))
+    return _patch(params, cfg, clean, corrupted, metric, "blocks.*.attn.z", axes=(0, 3))  # z: [L, B, T, H, Kv]
 
 
 def patch_positions(params: Any, cfg: ModelConfig, clean: Array, corrupted: Array, metric: Metric,
                     point: str = "resid_pre") -> Patching:
     """The metric on `corrupted` with layer l's `point` (a [B, T, D] point: resid_pre, resid_mid,
     attn.out, mlp.out, ...) at position t patched from `clean`: grid [L, T]."""
-    name = f"blocks.*.{point}"
-    source = capture(params, cfg, clean, [name])[2][name]  # [L, B, T, ...]
-    l, t = cfg.num_layers, clean.shape[1]
-    cells = jnp.eye(l * t).reshape(-1, l, 1, t, *[1] * (source.ndim - 3))
-    grid = _run_cells(params, cfg, corrupted, metric, name, source, cells)
-    return Patching(grid.reshape(l, t), *_baselines(params, cfg, clean, corrupted, metric))
+    return _patch(params, cfg, clean, corrupted, metric, f"blocks.*.{point}", axes=(0, 2))  # [L, B, T, ...]
 
 
-def _run_cells(params: Any, cfg: ModelConfig, tokens: Array, metric: Metric, name: str, source: Array,
-               cells: Array) -> Array:
-    """The metric for each cell's selection [N, L, ...] (1: patched from `source`) -> [N]."""
-    def one(select: Array) -> Array:
-        logits, _ = edits.run(params, cfg, tokens, [edits.Edit(name, 1.0 - select, source * select)])
-        return metric(logits)
-
-    return jax.lax.map(one, cells)
+def run_cells(params: Any, cfg: ModelConfig, tokens: Array, cells: Array,
+              cell_edits: Callable[[Array], Sequence[edits.Edit]], read: Callable[[Array], Array]) -> Array:
+    """read(logits) of the model on `tokens` with each cell's edits, cell_edits(cells[n]), for the cells
+    [N, ...] -> [N, ...]: mapped with `jax.lax.map`, so one compile and one forward pass in memory."""
+    return jax.lax.map(lambda cell: read(edits.run(params, cfg, tokens, list(cell_edits(cell)))[0]), cells)
 
 
-def _baselines(params: Any, cfg: ModelConfig, clean: Array, corrupted: Array, metric: Metric) -> tuple[Array, Array]:
-    """The metric of the clean and of the corrupted run."""
-    return metric(edits.run(params, cfg, clean, [])[0]), metric(edits.run(params, cfg, corrupted, [])[0])
+def _patch(params: Any, cfg: ModelConfig, clean: Array, corrupted: Array, metric: Metric, name: str,
+           axes: tuple[int, ...]) -> Patching:
+    """Patches the point `name` from `clean` one cell of its `axes` at a time: grid [*shape[axes]]."""
+    source = capture(params, cfg, clean, [name])[2][name]
+    grid_shape = tuple(source.shape[a] for a in axes)
+    one_cell = [n if a in axes else 1 for a, n in enumerate(source.shape)]
+    cells = jnp.eye(math.prod(grid_shape)).reshape(-1, *one_cell)  # [N, *one_cell]: 1 at the patched cell
+    grid = run_cells(params, cfg, corrupted, cells, lambda select: [edits.Edit(name, 1.0 - select, source * select)],
+                     metric)
+    baseline = lambda tokens: metric(edits.run(params, cfg, tokens, [])[0])  # noqa: E731
+    return Patching(grid.reshape(grid_shape), baseline(clean), baseline(corrupted))

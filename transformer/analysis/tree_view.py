@@ -1,14 +1,10 @@
 """Pytrees you can open: parameters, optimizer state or a KV cache as a foldable treescope tree.
 
     show_tree(params, "parameters")          # in Jupyter: the tree, one line per array
-    show_tree(state.opt_state, "AdamW state")
-    show_tree(cache, "KV cache")
 
-Every array becomes one line: dtype and shape, number of elements and bytes, and where it lies
-(`float32[4, 128, 512]  262,144 = 1.0 MiB  cpu:0`; a sharded array names its PartitionSpec and mesh),
-under a header with the totals. The tree keeps its structure (dicts, the optimizer's named tuples, the
-cache's dataclasses), so the parts fold and unfold. treescope (the `notebooks` extra) is imported
-only when a view is rendered; `tree_summary` alone needs nothing beyond JAX.
+Every array becomes one line, `float32[4, 128, 512]  262,144 = 1.0 MiB  cpu:0` (a sharded array names
+its PartitionSpec and mesh), under a header with the totals; the tree keeps its structure, so the
+parts fold. treescope (the `notebooks` extra) is imported only when a view is rendered.
 """
 
 from __future__ import annotations
@@ -104,8 +100,7 @@ class TreeView:
 
 
 def show_tree(tree: Any, title: str = "tree") -> TreeView:
-    """A foldable view of `tree` (parameters, optimizer state, a KV cache, ...): display it in Jupyter
-    (the last expression of a cell), or print it for text."""
+    """A foldable view of `tree`: display it in Jupyter, or print it for text."""
     return TreeView(title, tree_summary(tree))
 
 

@@ -1,13 +1,7 @@
 """Atomic file writes: a file is either its old self or complete, never half-written.
 
-    with atomic_path(path) as tmp:       # write anything to tmp, a file name next to path ...
-        tmp.write_bytes(data)            # ... which becomes `path` only if the block succeeds
-    write_atomically(path, text)         # text -> path
-    save_json(path, obj)                 # JSON (indented) -> path
-
-The trick is write-then-rename: the new contents go to a hidden temporary file in the same folder,
-and `os.replace` swaps it in, which the file system does in one step. A run killed mid-write leaves
-the previous file (or none), and the temporary file is deleted when the block fails.
+The new contents go to a hidden temporary file in the same folder, and `os.replace` swaps it in, in
+one step of the file system: a run killed mid-write leaves the previous file (or none).
 """
 
 from __future__ import annotations
@@ -23,8 +17,8 @@ from typing import Any
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """A temporary file name next to `path` (`.NAME.<random>.tmp`), moved onto `path` when the
-    block ends without an error and deleted otherwise. Nothing is created until the block writes."""
+    """A temporary file name next to `path` (`.NAME.<random>.tmp`) to write; moved onto `path` when the
+    block ends without an error, deleted otherwise."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     try:

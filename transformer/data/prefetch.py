@@ -1,4 +1,4 @@
-"""Overlapping data loading with training: a background thread computes the next batches.
+"""Data loading overlapped with training: a background thread computes the next batches.
 
     with Prefetcher(lambda step: batch_at(tokens, seed=0, step=step, ...), start_step) as batches:
         for inputs, targets in batches:   # batch n + 1 is being read while step n trains
@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -16,45 +16,31 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
-@dataclasses.dataclass
-class _Failure:
-    error: BaseException
-
-
 class Prefetcher(Generic[T]):
-    """Yields fn(start_step), fn(start_step + 1), ... computed in a background thread, up to
-    `depth` results ahead, so loading batch n + 1 overlaps training on batch n.
-
-    An exception raised by fn is raised again by `next()` in the consumer's thread. Call `close()`
-    (or use `with Prefetcher(...) as batches:`) to stop the thread; being a daemon thread, it never
-    keeps the process alive.
-    """
+    """Yields fn(start_step), fn(start_step + 1), ... computed by a daemon thread up to `depth` ahead.
+    An exception of fn is raised again by `next()` in the consumer's thread; `close()` (or the `with`
+    block's end) stops the thread."""
 
     def __init__(self, fn: Callable[[int], T], start_step: int, depth: int = 2):
         if depth < 1:
             raise ValueError(f"depth={depth} must be >= 1 (the number of results computed ahead).")
-        self._fn = fn
-        self._queue: queue.Queue[T | _Failure] = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[tuple[T | None, BaseException | None]] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
-        self._failure: _Failure | None = None
-        self._thread = threading.Thread(target=self._work, args=(start_step,), daemon=True,
-                                        name="Prefetcher")
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, args=(fn, start_step), daemon=True, name="Prefetcher")
         self._thread.start()
 
-    def _work(self, step: int) -> None:
+    def _work(self, fn: Callable[[int], T], step: int) -> None:
         while not self._stop.is_set():
             try:
-                item: T | _Failure = self._fn(step)
+                item = (fn(step), None)
             except BaseException as e:  # handed to the consumer, who decides what to do
-                item = _Failure(e)
-            # Wait for room, but notice close() instead of blocking forever on a full queue.
-            while not self._stop.is_set():
-                try:
+                item = (None, e)
+            while not self._stop.is_set():  # wait for room, but notice close() instead of blocking forever
+                with contextlib.suppress(queue.Full):
                     self._queue.put(item, timeout=0.1)
                     break
-                except queue.Full:
-                    continue
-            if isinstance(item, _Failure):
+            if item[1] is not None:
                 return
             step += 1
 
@@ -62,30 +48,22 @@ class Prefetcher(Generic[T]):
         return self
 
     def __next__(self) -> T:
-        if self._failure is not None:
-            raise self._failure.error
-        if self._stop.is_set():
-            raise StopIteration
-        while True:  # wake up now and then, so a close() from another thread ends the wait
-            try:
-                item = self._queue.get(timeout=0.1)
-                break
-            except queue.Empty:
-                if self._stop.is_set():
-                    raise StopIteration from None
-        if isinstance(item, _Failure):
-            self._failure = item
-            raise item.error
-        return item
+        if self._error is not None:
+            raise self._error
+        while not self._stop.is_set():  # wake up now and then, so a close() from another thread ends the wait
+            with contextlib.suppress(queue.Empty):
+                value, self._error = self._queue.get(timeout=0.1)
+                if self._error is not None:
+                    raise self._error
+                return value
+        raise StopIteration
 
     def close(self) -> None:
         """Stops the background thread; waits for the current fn call to finish (up to 10 s)."""
         self._stop.set()
-        while True:  # free the queue so a blocked put returns
-            try:
+        with contextlib.suppress(queue.Empty):  # free the queue so a blocked put returns
+            while True:
                 self._queue.get_nowait()
-            except queue.Empty:
-                break
         self._thread.join(timeout=10.0)
 
     def __enter__(self) -> Prefetcher[T]:

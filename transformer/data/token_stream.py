@@ -2,12 +2,9 @@
 
     train, val, bytes_per_token = load_corpus(path, tokenizer, cache_dir, val_fraction=0.1)
 
-The corpus's documents (`corpus.corpus_files(path)`) are joined by blank lines and tokenized into
-one 1-D token array, written to `cache_dir/<key>.npy` and memory-mapped, so restarts skip
-tokenization and a corpus larger than memory works. `train` [N_train] and `val` [N_val] (uint16 when
-the vocabulary fits, else int32) are its head and its last `val_fraction`. The key hashes the corpus
-files (paths and contents) and the tokenizer, so any edit re-tokenizes.
-`bytes_per_token`, UTF-8 bytes per validation token, turns a loss per token into bits per byte.
+The documents, joined by blank lines, are tokenized once into `cache_dir/<key>.npy` and memory-mapped,
+so restarts skip tokenization and a corpus larger than memory works. The key hashes the corpus files
+(paths and contents) and the tokenizer, so any edit re-tokenizes.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ from transformer.data.atomic_files import atomic_path, save_json
 from transformer.data.tokenizer import ByteTokenizer, Tokenizer
 
 DOCUMENT_SEPARATOR = "\n\n"  # a blank line between documents
-# Bump when corpus.markdown_to_play or the cache layout changes, so old caches are not reused.
-_CACHE_VERSION = 2  # 2: keyed by the files' contents, not their sizes and times
+_CACHE_VERSION = 2  # bump when corpus.markdown_to_play or the cache layout changes
 
 
 class TokenCorpus(NamedTuple):
@@ -39,26 +35,14 @@ class TokenCorpus(NamedTuple):
     bytes_per_token: float  # UTF-8 bytes per validation token: bits/byte = loss / ln 2 / this
 
 
-def load_corpus(
-    path: str | os.PathLike | None,
-    tokenizer: Tokenizer,
-    cache_dir: str | os.PathLike,
-    val_fraction: float = 0.1,
-) -> TokenCorpus:
-    """Tokenizes the corpus at `path` (see `corpus_files`) once, caches it, and splits it.
-
-    The cache file is `cache_dir/<key>.npy`; the key hashes the corpus files (paths and contents,
-    `file_digests`) and the tokenizer, so any edit of a file or a new tokenizer re-tokenizes.
-    Each document is encoded on its own, with the separator's tokens in between: identical to
-    encoding the joined text for bytes, and for BPE no token spans two documents.
-    """
+def load_corpus(path: str | os.PathLike | None, tokenizer: Tokenizer, cache_dir: str | os.PathLike,
+                val_fraction: float = 0.1) -> TokenCorpus:
+    """The corpus at `path` (see `corpus_files`), tokenized (cached), split into its head and its last
+    `val_fraction`. Each document is encoded on its own, the separator's tokens in between: for BPE
+    no token spans two documents."""
     if not 0.0 < val_fraction < 1.0:
-        raise ValueError(
-            f"val_fraction={val_fraction} must be in (0, 1), e.g. 0.1 for 10% validation."
-        )
-    files = corpus_files(path)
-    bundled = path is None
-    cache_dir = Path(cache_dir)
+        raise ValueError(f"val_fraction={val_fraction} must be in (0, 1), e.g. 0.1 for 10% validation.")
+    files, bundled, cache_dir = corpus_files(path), path is None, Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     key = _cache_key(files, bundled, tokenizer, cache_dir)
     cache = cache_dir / f"{key}.npy"
@@ -68,11 +52,9 @@ def load_corpus(
 
     num_val = int(len(tokens) * val_fraction)
     if num_val < 1 or num_val >= len(tokens):
-        raise ValueError(
-            f"The corpus has {len(tokens)} tokens: val_fraction={val_fraction} leaves "
-            f"{num_val} for validation and {len(tokens) - num_val} for training. Use more text "
-            "or a different val_fraction."
-        )
+        raise ValueError(f"The corpus has {len(tokens)} tokens: val_fraction={val_fraction} leaves {num_val} for "
+                         f"validation and {len(tokens) - num_val} for training. Use more text or a different "
+                         "val_fraction.")
     train, val = tokens[: len(tokens) - num_val], tokens[len(tokens) - num_val :]
     val_bytes = _cached_val_bytes(cache_dir / f"{key}.val{num_val}.json", val, tokenizer)
     return TokenCorpus(train, val, val_bytes / num_val)
@@ -81,11 +63,9 @@ def load_corpus(
 def file_digests(files: list[Path], cache_dir: Path) -> list[list[str]]:
     """[[absolute path, SHA-256 of its bytes], ...] of the corpus files, in corpus order.
 
-    A file's hash is remembered in `cache_dir/file_digests.json` under its path, size, modification
-    time, inode and status-change time (ctime). The system sets the ctime on every write and it
-    cannot be set back (`touch -r`, `cp -p`, `rsync -t` and tar restore the mtime only), so a rewritten
-    file is read and hashed again while an untouched one costs a stat: a corpus of many GB is read
-    once, not at every start.
+    Remembered in `cache_dir/file_digests.json` under each file's size, mtime, inode and ctime (set
+    on every write and never restored, unlike the mtime), so an untouched file costs a stat: a corpus
+    of many GB is read once, not at every start.
     """
     memo_path = cache_dir / "file_digests.json"
     try:
@@ -110,26 +90,15 @@ def file_digests(files: list[Path], cache_dir: Path) -> list[list[str]]:
 
 def _cache_key(files: list[Path], bundled: bool, tokenizer: Tokenizer, cache_dir: Path) -> str:
     """A name for the token stream: changes when any input's content or the tokenizer changes."""
-    identity = {
-        "version": _CACHE_VERSION,
-        "bundled": bundled,
-        "separator": DOCUMENT_SEPARATOR,
-        "corpus": file_digests(files, cache_dir),
-        "tokenizer": tokenizer.fingerprint,
-    }
+    identity = {"version": _CACHE_VERSION, "bundled": bundled, "separator": DOCUMENT_SEPARATOR,
+                "corpus": file_digests(files, cache_dir), "tokenizer": tokenizer.fingerprint}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def _token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.int32)  # halves disk and page cache
-
-
 def _tokenize_to_file(files: list[Path], bundled: bool, tokenizer: Tokenizer, cache: Path) -> None:
-    """Encodes the documents one at a time into `cache` (.npy): memory holds one document at a
-    time, never the whole corpus. Written to a temporary file then renamed, so a killed run leaves
-    no half-written cache. A full disk raises OSError naming `cache` (plain writes, not a memory map,
-    whose writes to a full disk end the process with SIGBUS)."""
-    dtype = _token_dtype(tokenizer.vocab_size)
+    """Encodes the documents one at a time into `cache` (.npy), atomically. Plain writes, not a memory
+    map (whose writes to a full disk end the process with SIGBUS): a full disk raises OSError naming `cache`."""
+    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.int32)  # halves disk and page cache
     separator = tokenizer.encode_array(DOCUMENT_SEPARATOR).astype(dtype)
     raw_fd, raw = tempfile.mkstemp(dir=cache.parent, prefix=".tokens.", suffix=".bin")
     try:
@@ -157,8 +126,7 @@ def _cached_val_bytes(record: Path, val: np.ndarray, tokenizer: Tokenizer) -> in
         return len(val)  # one byte per token, exactly
     if record.exists():
         return json.loads(record.read_text())["val_bytes"]
-    # Decoded in chunks to bound memory; a character cut at a chunk edge miscounts by at most
-    # 3 bytes per million tokens.
+    # In chunks to bound memory; a character cut at a chunk edge miscounts by <= 3 bytes per 1M tokens.
     chunk = 1 << 20
     val_bytes = sum(
         len(tokenizer.decode(val[i : i + chunk]).encode("utf-8")) for i in range(0, len(val), chunk)

@@ -1,25 +1,15 @@
-"""Tokenizers: raw UTF-8 bytes, or byte-level BPE trained here or imported from Hugging Face.
+"""Tokenizers: text <-> token ids [N], by UTF-8 bytes (`ByteTokenizer`, vocabulary 256) or a byte-level
+BPE trained here or any Hugging Face tokenizer.json (`BPETokenizer`). Saved as JSON only (no pickle):
 
-A tokenizer turns text into token ids [N], a Python list[int] (`encode`, as Hugging Face's
-tokenizers return them; `encode_array` gives them as an int32 array for bulk use), and back
-(`decode`, which refuses ids the tokenizer does not have rather than drop them). Two kinds:
-
-- `ByteTokenizer`: one token per UTF-8 byte, vocabulary 256, nothing to train. Every string encodes
-  and loss per token is loss per byte.
-- `BPETokenizer`: a Hugging Face `tokenizers.Tokenizer`. `BPETokenizer.train` builds a byte-level
-  BPE (GPT-2 style: bytes are the base alphabet, so every string encodes and nothing is unknown);
-  `BPETokenizer.from_file` loads any Hugging Face `tokenizer.json`, e.g. that of an imported model.
-
-Both are saved as JSON only (never pickle) by `save_tokenizer` and read back by `load_tokenizer`:
-
-    directory/tokenizer_kind.json   {"kind": "bytes"} or {"kind": "bpe"}
+    directory/tokenizer_kind.json   {"kind": "bytes"} or {"kind": "bpe"}, written last
     directory/tokenizer.json        the Hugging Face tokenizer (BPE only)
 
-A directory holding only a Hugging Face `tokenizer.json` (a downloaded model) loads as BPE.
+A directory holding only a Hugging Face tokenizer.json (a downloaded model) loads as BPE.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -41,64 +31,46 @@ class ByteTokenizer:
     """One token per UTF-8 byte: ids are the byte values 0..255."""
 
     vocab_size: int = 256
-    # Names the tokenizer in cache keys: two tokenizers with equal fingerprints encode alike.
-    fingerprint: str = "bytes"
+    fingerprint: str = "bytes"  # in cache keys: equal fingerprints encode alike
 
     def encode(self, text: str) -> list[int]:
         """Text -> ids [N], N = number of UTF-8 bytes of `text`."""
         return list(_utf8(text))
 
     def encode_array(self, text: str) -> np.ndarray:
-        """`encode` as an int32 array [N], without a Python list in between (large documents)."""
+        """`encode` as int32 [N], without a Python list in between (large documents)."""
         return np.frombuffer(_utf8(text), dtype=np.uint8).astype(np.int32)
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        """Ids [N] -> text. Byte sequences that are not valid UTF-8 (a character cut in two by
-        sampling or slicing) become U+FFFD instead of raising; an id outside [0, 255] raises."""
-        ids = _known_ids(ids, self)
-        return ids.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+        """Ids [N] -> text; a character cut in two (by sampling or slicing) becomes U+FFFD."""
+        return _known_ids(ids, self).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
     def __repr__(self) -> str:
         return "ByteTokenizer(vocab_size=256)"
 
 
 class BPETokenizer:
-    """A Hugging Face `tokenizers.Tokenizer` behind the same encode/decode interface.
-
-    `encode` adds no special tokens (no BOS/EOS from the tokenizer's post-processor): the corpus is
-    one token stream, and callers that want a BOS add it themselves. `decode` keeps special tokens,
-    so what the model produced is what you read.
-    """
+    """A Hugging Face `tokenizers.Tokenizer` behind the same interface. `encode` adds no special tokens
+    (the corpus is one token stream); `decode` keeps them (what the model produced is what you read)."""
 
     def __init__(self, hf_tokenizer: tokenizers.Tokenizer):
         self.hf = hf_tokenizer
         self._unk_id = _unknown_token_id(hf_tokenizer)
-        self._fingerprint: str | None = None
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
-        """Trains a byte-level BPE of `vocab_size` tokens (256 bytes + merges) on `texts`, locally.
-
-        Training stops early, with fewer tokens, only when the texts hold no more pairs to merge
-        (`make_tokenizer` refuses such a tokenizer).
-        """
+        """A byte-level BPE of up to `vocab_size` tokens (256 bytes + merges) trained on `texts`: fewer
+        when the texts hold no more pairs to merge."""
         if vocab_size < 256:
-            raise ValueError(
-                f"vocab_size={vocab_size} is too small for a byte-level BPE: its base alphabet "
-                "alone is the 256 byte values. Use vocab_size >= 256 (e.g. 4096), or the 'bytes' "
-                "tokenizer."
-            )
+            raise ValueError(f"vocab_size={vocab_size} is too small for a byte-level BPE: its base alphabet alone "
+                             "is the 256 byte values. Use vocab_size >= 256 (e.g. 4096), or the 'bytes' tokenizer.")
         tok = tokenizers.Tokenizer(models.BPE())
         # add_prefix_space=False keeps decode(encode(text)) == text exactly.
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            # All 256 bytes are in the vocabulary even if the texts lack some: nothing is unknown.
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            special_tokens=[],
-            show_progress=False,
-        )
+        # All 256 bytes are in the vocabulary even if the texts lack some: nothing is unknown.
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      special_tokens=[], show_progress=False)
         tok.train_from_iterator(texts, trainer)
         return cls(tok)
 
@@ -107,10 +79,8 @@ class BPETokenizer:
         """Loads a Hugging Face `tokenizer.json` (any model type: BPE, WordPiece, Unigram, ...)."""
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(
-                f"No tokenizer file at {path}. Pass the path of a Hugging Face tokenizer.json "
-                "(written by save_tokenizer or shipped with a Hugging Face model)."
-            )
+            raise FileNotFoundError(f"No tokenizer file at {path}. Pass the path of a Hugging Face tokenizer.json "
+                                    "(written by save_tokenizer or shipped with a Hugging Face model).")
         try:
             return cls(tokenizers.Tokenizer.from_file(str(path)))
         except Exception as e:  # the Rust side raises a bare Exception on malformed JSON
@@ -118,23 +88,17 @@ class BPETokenizer:
 
     @property
     def vocab_size(self) -> int:
-        """Number of token ids, added/special tokens included: every id is < vocab_size."""
+        """Number of token ids, added / special tokens included."""
         return self.hf.get_vocab_size(with_added_tokens=True)
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
-        """SHA-256 of the tokenizer's JSON: equal fingerprints encode alike (used in cache keys)."""
-        if self._fingerprint is None:
-            self._fingerprint = hashlib.sha256(self.hf.to_str().encode()).hexdigest()
-        return self._fingerprint
+        """SHA-256 of the tokenizer's JSON (in cache keys)."""
+        return hashlib.sha256(self.hf.to_str().encode()).hexdigest()
 
     def encode(self, text: str) -> list[int]:
-        """Text -> ids [N].
-
-        Raises ValueError if the tokenizer cannot represent part of the text, i.e. the output holds
-        its unknown token (possible with imported non-byte-level tokenizers only). Characters that
-        such a tokenizer silently drops or normalises (lowercasing, NFKC) are not detected.
-        """
+        """Text -> ids [N]; ValueError where the output holds the unknown token (imported tokenizers
+        that are not byte-level). What such a tokenizer drops or normalises is not detected."""
         try:
             encoding = self.hf.encode(text, add_special_tokens=False)
         except TypeError:  # HF raises "TextInputSequence must be str" for lone surrogates
@@ -142,13 +106,10 @@ class BPETokenizer:
             raise
         ids = encoding.ids
         if self._unk_id is not None and self._unk_id in ids:
-            unknown = sorted({text[a:b] for i, (a, b) in zip(encoding.ids, encoding.offsets)
-                              if i == self._unk_id})
-            raise ValueError(
-                f"The tokenizer cannot represent {unknown[:10]!r} (encoded as its unknown token, "
-                f"id {self._unk_id}). Remove or replace these characters, or use a byte-level "
-                "tokenizer ('bytes', or a BPE trained here), which encodes every string."
-            )
+            unknown = sorted({text[a:b] for i, (a, b) in zip(encoding.ids, encoding.offsets) if i == self._unk_id})
+            raise ValueError(f"The tokenizer cannot represent {unknown[:10]!r} (encoded as its unknown token, id "
+                             f"{self._unk_id}). Remove or replace these characters, or use a byte-level tokenizer "
+                             "('bytes', or a BPE trained here), which encodes every string.")
         return ids
 
     def encode_array(self, text: str) -> np.ndarray:
@@ -156,8 +117,7 @@ class BPETokenizer:
         return np.asarray(self.encode(text), dtype=np.int32)
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        """Ids [N] -> text, special tokens kept; an id outside [0, vocab_size) raises (Hugging Face's
-        decode would drop it without a word)."""
+        """Ids [N] -> text (Hugging Face's decode would drop an unknown id without a word)."""
         return self.hf.decode(_known_ids(ids, self).tolist(), skip_special_tokens=False)
 
     def __repr__(self) -> str:
@@ -167,15 +127,9 @@ class BPETokenizer:
 Tokenizer = ByteTokenizer | BPETokenizer
 
 
-def make_tokenizer(
-    kind: str, texts: Iterable[str] = (), vocab_size: int | None = None
-) -> Tokenizer:
-    """Builds a tokenizer of `kind` ('bytes' or 'bpe'); 'bpe' trains on `texts` to `vocab_size`.
-
-    `texts` and `vocab_size` are ignored for 'bytes' (its vocabulary is always 256). A BPE that
-    stops short of `vocab_size` (the texts hold no more pairs to merge) raises ValueError naming the
-    size the texts give: a model sized for `vocab_size` would hold ids no text encodes to.
-    """
+def make_tokenizer(kind: str, texts: Iterable[str] = (), vocab_size: int | None = None) -> Tokenizer:
+    """A tokenizer of `kind`: 'bytes', or 'bpe' trained on `texts` to exactly `vocab_size` (a model
+    sized for more ids than the texts give would hold ids no text encodes to)."""
     if kind == "bytes":
         return ByteTokenizer()
     if kind == "bpe":
@@ -184,17 +138,15 @@ def make_tokenizer(
         tok = BPETokenizer.train(texts, vocab_size)
         if tok.vocab_size < vocab_size:
             n = tok.vocab_size
-            raise ValueError(
-                f"the corpus gives a BPE of only {n} tokens, not vocab_size={vocab_size} (it holds no more "
-                f"pairs to merge), so ids {n} to {vocab_size - 1} would never occur: set "
-                f"--config.data.vocab_size={n} --config.model.vocab_size={n}, or train on more text"
-            )
+            raise ValueError(f"the corpus gives a BPE of only {n} tokens, not vocab_size={vocab_size} (it holds no "
+                             f"more pairs to merge), so ids {n} to {vocab_size - 1} would never occur: set "
+                             f"--config.data.vocab_size={n} --config.model.vocab_size={n}, or train on more text")
         return tok
     raise ValueError(f"Unknown tokenizer kind {kind!r}; choose one of {list(KINDS)}.")
 
 
 def save_tokenizer(tok: Tokenizer, directory: str | os.PathLike) -> None:
-    """Writes `tok` to `directory` as JSON (see the module docstring for the files), atomically."""
+    """Writes `tok` to `directory` (the files of the module docstring), atomically."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if isinstance(tok, ByteTokenizer):
@@ -203,15 +155,12 @@ def save_tokenizer(tok: Tokenizer, directory: str | os.PathLike) -> None:
         kind = "bpe"
         write_atomically(directory / HF_FILE, tok.hf.to_str(pretty=True))
     else:
-        raise TypeError(
-            f"save_tokenizer got a {type(tok).__name__}; expected ByteTokenizer or BPETokenizer."
-        )
-    # The kind file goes last: a directory with a kind file is complete.
+        raise TypeError(f"save_tokenizer got a {type(tok).__name__}; expected ByteTokenizer or BPETokenizer.")
     write_atomically(directory / KIND_FILE, json.dumps({"kind": kind}) + "\n")
 
 
 def is_saved(directory: str | os.PathLike) -> bool:
-    """Whether `save_tokenizer` finished writing `directory` (its kind file, written last, is there)."""
+    """Whether `save_tokenizer` finished writing `directory`."""
     return (Path(directory) / KIND_FILE).is_file()
 
 
@@ -219,45 +168,35 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     """Reads a tokenizer written by `save_tokenizer`, or a folder holding an HF tokenizer.json."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise FileNotFoundError(
-            f"No tokenizer directory at {directory}. Pass the directory that save_tokenizer wrote "
-            f"(it holds {KIND_FILE}) or one holding a Hugging Face {HF_FILE}."
-        )
+        raise FileNotFoundError(f"No tokenizer directory at {directory}. Pass the directory that save_tokenizer "
+                                f"wrote (it holds {KIND_FILE}) or one holding a Hugging Face {HF_FILE}.")
     kind_file, hf_file = directory / KIND_FILE, directory / HF_FILE
-    if kind_file.is_file():
-        kind = json.loads(kind_file.read_text()).get("kind")
-    elif hf_file.is_file():
-        kind = "bpe"  # a Hugging Face model directory
-    else:
-        raise FileNotFoundError(
-            f"{directory} holds neither {KIND_FILE} nor {HF_FILE}. Save a tokenizer there with "
-            "save_tokenizer, or point at the directory of a Hugging Face model's tokenizer.json."
-        )
-    if kind == "bytes":
-        return ByteTokenizer()
-    if kind == "bpe":
-        return BPETokenizer.from_file(hf_file)
-    raise ValueError(f"{kind_file} names kind {kind!r}; expected one of {list(KINDS)}.")
+    if not kind_file.is_file() and not hf_file.is_file():
+        raise FileNotFoundError(f"{directory} holds neither {KIND_FILE} nor {HF_FILE}. Save a tokenizer there with "
+                                "save_tokenizer, or point at the directory of a Hugging Face model's "
+                                "tokenizer.json.")
+    # Without a kind file: a Hugging Face model's folder.
+    kind = json.loads(kind_file.read_text()).get("kind") if kind_file.is_file() else "bpe"
+    if kind not in KINDS:
+        raise ValueError(f"{kind_file} names kind {kind!r}; expected one of {list(KINDS)}.")
+    return ByteTokenizer() if kind == "bytes" else BPETokenizer.from_file(hf_file)
 
 
 def tokenizer_to_json(tok: Tokenizer | None) -> dict:
-    """The tokenizer as a JSON-able dict (stored inside each checkpoint); None: a run without text."""
+    """The tokenizer as a JSON-able dict (in each checkpoint); None: a run without text."""
     if tok is None:
         return {"kind": "none"}
-    if isinstance(tok, ByteTokenizer):
-        return {"kind": "bytes"}
-    return {"kind": "bpe", "tokenizer_json": tok.hf.to_str()}
+    return {"kind": "bytes"} if isinstance(tok, ByteTokenizer) else {"kind": "bpe", "tokenizer_json": tok.hf.to_str()}
 
 
 def tokenizer_from_json(obj: dict) -> Tokenizer | None:
     """Inverse of `tokenizer_to_json`."""
-    if obj.get("kind") == "none":
+    kind = obj.get("kind")
+    if kind not in ("none", *KINDS):
+        raise ValueError(f"unknown tokenizer record {str(obj)[:100]!r}; expected kind 'bytes' or 'bpe'")
+    if kind == "none":
         return None
-    if obj.get("kind") == "bytes":
-        return ByteTokenizer()
-    if obj.get("kind") == "bpe":
-        return BPETokenizer(tokenizers.Tokenizer.from_str(obj["tokenizer_json"]))
-    raise ValueError(f"unknown tokenizer record {str(obj)[:100]!r}; expected kind 'bytes' or 'bpe'")
+    return ByteTokenizer() if kind == "bytes" else BPETokenizer(tokenizers.Tokenizer.from_str(obj["tokenizer_json"]))
 
 
 def _utf8(text: str) -> bytes:
@@ -265,25 +204,20 @@ def _utf8(text: str) -> bytes:
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(
-            f"Cannot encode the text: {e.object[e.start:e.end]!r} at position {e.start} is a lone "
-            "UTF-16 surrogate, which has no UTF-8 form. Read files with encoding='utf-8' (not "
-            "errors='surrogateescape') or replace these characters."
-        ) from None
+        raise ValueError(f"Cannot encode the text: {e.object[e.start:e.end]!r} at position {e.start} is a lone "
+                         "UTF-16 surrogate, which has no UTF-8 form. Read files with encoding='utf-8' (not "
+                         "errors='surrogateescape') or replace these characters.") from None
 
 
 def _known_ids(ids: Sequence[int] | np.ndarray, tok: Tokenizer) -> np.ndarray:
-    """Ids [N] as an int64 array, checked to be the tokenizer's, 0 <= id < tok.vocab_size; raises
-    ValueError naming the others (e.g. drawn from a model head larger than the tokenizer)."""
+    """Ids [N] as int64, checked to be 0 <= id < tok.vocab_size (ValueError naming the others)."""
     ids = np.asarray(ids, dtype=np.int64)
     foreign = ids[(ids < 0) | (ids >= tok.vocab_size)]
     if foreign.size:
         shown = sorted(set(foreign.tolist()))
-        raise ValueError(
-            f"{type(tok).__name__}.decode got ids {shown[:8]}{' ...' if len(shown) > 8 else ''} outside "
-            f"[0, {tok.vocab_size - 1}]: this tokenizer has no such tokens (a wrong tokenizer for this model, "
-            "or a model vocab_size larger than the tokenizer's)"
-        )
+        raise ValueError(f"{type(tok).__name__}.decode got ids {shown[:8]}{' ...' if len(shown) > 8 else ''} "
+                         f"outside [0, {tok.vocab_size - 1}]: this tokenizer has no such tokens (a wrong tokenizer "
+                         "for this model, or a model vocab_size larger than the tokenizer's)")
     return ids
 
 

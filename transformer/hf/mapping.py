@@ -1,31 +1,103 @@
-"""What a model family's module (gpt2.py, llama.py, deepseek.py) gives `from_hf` and `to_hf`.
+"""The tensor mapping every family shares: one table of Hugging Face tensors per model, read by `from_hf`
+and written by `to_hf`, so that import and export cannot disagree.
 
-Each family module defines
-    ARCH, MODEL_TYPE   its transformers class name and config.json model_type
-    DEFAULTS           transformers' class defaults for the config keys it reads (a config.json
-                       may omit a key left at its default)
-    import_config(hf)  -> (ModelConfig, Converter): checks the config, maps its fields
-    export(cfg, top, layers) -> (config.json dict, {tensor name: array})   (GPT-2 and Llama)
-
-`from_hf` reads one layer at a time (`Converter.layer`), then the rest (`Converter.top`), and
-lays the layers out with param_tree.join_layers; `to_hf` hands `export` the layers as a list
-(param_tree.split_layers), whatever layout the params have.
+A family module (gpt2, llama, mistral, deepseek) defines ARCH, MODEL_TYPE (its transformers class and
+config.json model_type), DEFAULTS (transformers' defaults for the keys it reads, which a config.json
+may omit), `import_config(hf) -> (ModelConfig, Layout)` and, all but DeepSeek, `layout(cfg)` and
+`export(cfg) -> its config.json fields`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
-from transformer.model.config import ModelConfig
+import numpy as np
+from flax import traverse_util
+
 from transformer.hf.model_files import Tensors
+from transformer.model.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+    """One stored tensor `name` [*shape] and the params it holds: `parts` {our path ("attn/q/kernel"):
+    our shape} (or one path of the stored shape), concatenated along the first axis (GPT-2's c_attn
+    holds q, k and v). transposed: stored [in, out], ours [out, in]. fill: what `to_hf` writes for a
+    param the model lacks (a norm's gain 1, a bias 0). rows: read as stored[rows] before the split,
+    import only (DeepSeek's rotary pairs and per-head key / value halves)."""
+
+    name: str
+    shape: tuple[int, ...]
+    parts: dict[str, tuple[int, ...]] | str
+    transposed: bool = False
+    fill: float | None = None
+    rows: np.ndarray | None = None
+
+    def ours(self) -> dict[str, tuple[int, ...]]:
+        return {self.parts: self.shape} if isinstance(self.parts, str) else self.parts
 
 
 @dataclasses.dataclass
-class Converter:
-    top: Callable[[Tensors, ModelConfig], dict]  # embed, pos_embed, final_norm, head
-    layer: Callable[[Tensors, ModelConfig, int], dict]  # one layer's params
-    ignore: Callable[[ModelConfig], list]  # regexes (or predicates) of tensors no one reads
+class Layout:
+    """A model's tensors: `top` (embedding, positions, final norm, head), `ignored` (regexes or
+    predicates of stored tensors that carry nothing: buffers, tied heads) and `layer(i)` (layer i's)."""
+
+    top: list[Tensor]
+    ignored: list
+    layer: Callable[[int], list[Tensor]]
+
+
+def read(t: Tensors, table: list[Tensor]) -> dict:
+    """The params the tensors of `table` hold, as a nested dict (float32 NumPy leaves)."""
+    params = {}
+    for x in table:
+        array = t.get(x.name, x.shape)
+        array = array.T if x.transposed else array
+        array = array if x.rows is None else array[x.rows]
+        ours = x.ours()
+        sizes = [math.prod(s) // math.prod(array.shape[1:]) for s in ours.values()]
+        for (path, shape), part in zip(ours.items(), np.split(array, np.cumsum(sizes)[:-1])):
+            params[path] = part.reshape(shape)
+    return traverse_util.unflatten_dict(params, sep="/")
+
+
+def write(params: dict, table: list[Tensor]) -> dict[str, np.ndarray]:
+    """{name: stored array} of the tensors of `table`, from `params` (a param it lacks: its fill)."""
+    flat, out = traverse_util.flatten_dict(params, sep="/"), {}
+    for x in table:
+        assert x.rows is None, "the rows of an import-only table cannot be written"
+        trailing = (x.shape[::-1] if x.transposed else x.shape)[1:]
+        parts = [np.asarray(flat[path]) if path in flat or x.fill is None else np.full(shape, x.fill, np.float32)
+                 for path, shape in x.ours().items()]
+        array = np.concatenate([part.reshape(-1, *trailing) for part in parts])
+        out[x.name] = array.T if x.transposed else array
+    return out
+
+
+def norm(name: str, ours: str, d: int, bias: bool) -> list[Tensor]:
+    """A norm's gain [D] (`name`.weight) and, with `bias`, its bias (`name`.bias)."""
+    return [Tensor(f"{name}.weight", (d,), f"{ours}/scale", fill=1.0)] + (
+        [Tensor(f"{name}.bias", (d,), f"{ours}/bias", fill=0.0)] if bias else [])
+
+
+def top(cfg: ModelConfig, embed: str, final_norm: str, bias: bool = False, pos_embed: str | None = None) -> list[Tensor]:
+    """The embedding [V, D], positions [T, D], final norm and, untied, the head [V, D]."""
+    v, d = cfg.vocab_size, cfg.d_model
+    table = [Tensor(embed, (v, d), "embed/embedding")]
+    table += [Tensor(pos_embed, (cfg.max_seq_len, d), "pos_embed")] if pos_embed else []
+    table += norm(final_norm, "final_norm", d, bias)
+    return table + ([] if cfg.tie_embeddings else [Tensor("lm_head.weight", (v, d), "head/kernel")])
+
+
+def linear(name: str, ours: str, out: tuple[int, ...], inputs: tuple[int, ...], bias: bool,
+           transposed: bool = False) -> list[Tensor]:
+    """A torch Linear `name` (weight [out, in], bias [out]) as ours (kernel [*out, *inputs], bias [*out])."""
+    n_out, n_in = math.prod(out), math.prod(inputs)
+    weight = Tensor(f"{name}.weight", (n_in, n_out) if transposed else (n_out, n_in),
+                    {f"{ours}/kernel": (*out, *inputs)}, transposed)
+    return [weight] + ([Tensor(f"{name}.bias", (n_out,), {f"{ours}/bias": out}, fill=0.0)] if bias else [])
 
 
 def check_export(cfg: ModelConfig, arch: str, required: dict[str, tuple]) -> None:
@@ -34,3 +106,11 @@ def check_export(cfg: ModelConfig, arch: str, required: dict[str, tuple]) -> Non
              for k, v in required.items() if getattr(cfg, k) not in v]
     if wrong:
         raise ValueError(f"cannot export this config as {arch}: " + "; ".join(wrong))
+
+
+def export(layout: Layout, top_params: dict, layers: list[dict]) -> dict[str, np.ndarray]:
+    """Every stored tensor of the model `top_params` + `layers` (one dict per layer)."""
+    tensors = {}
+    for i, layer in enumerate(layers):
+        tensors.update(write(layer, layout.layer(i)))
+    return tensors | write(top_params, layout.top)

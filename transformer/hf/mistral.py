@@ -1,17 +1,11 @@
-"""MistralForCausalLM <-> ModelConfig and params: Llama with a sliding window in every layer.
-
-Mistral's checkpoints name and shape their tensors as Llama's (no biases), so the conversion is
-llama.py's; what Mistral adds is `sliding_window` = W, read as ModelConfig.attention_window (the
-same convention: a query sees itself and the W - 1 tokens before it) or None for full attention.
-transformers' MistralConfig defaults sliding_window to 4096, so a config.json without the key has
-that window. Per-layer `layer_types` (local and global layers, Ministral / Gemma) are refused: a
-MistralForCausalLM applies one window to every layer, so `global_every` is not exported either.
-"""
+"""MistralForCausalLM <-> ModelConfig: Llama's tensors (no biases) with `sliding_window` = W (default
+4096; None: full attention) in every layer as our attention_window (a query sees itself and W - 1
+tokens before it). Per-layer windows (`layer_types`, global_every) are refused both ways."""
 
 from __future__ import annotations
 
 from transformer.hf import llama
-from transformer.hf.mapping import Converter
+from transformer.hf.mapping import Layout
 from transformer.model.config import ModelConfig
 
 ARCH, MODEL_TYPE = "MistralForCausalLM", "mistral"
@@ -22,32 +16,32 @@ DEFAULTS = {
 }
 
 
-def import_config(hf: dict) -> tuple[ModelConfig, Converter]:
+def import_config(hf: dict) -> tuple[ModelConfig, Layout]:
     types = hf.get("layer_types")
     if types and set(types) != {"sliding_attention"} and hf["sliding_window"] is not None:
-        raise ValueError(
-            f"Mistral with per-layer layer_types {sorted(set(types))} is not supported: MistralForCausalLM "
-            "applies sliding_window to every layer (ModelConfig.global_every's pattern is not read from layer_types)"
-        )
+        raise ValueError(f"Mistral with per-layer layer_types {sorted(set(types))} is not supported: "
+                         "MistralForCausalLM applies sliding_window to every layer (ModelConfig.global_every's "
+                         "pattern is not read from layer_types)")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         raise ValueError("Mistral has no biases in its projections; this config.json asks for some")
-    cfg, convert = llama.import_config(hf)
+    cfg, tensors = llama.import_config(hf)
     window = hf["sliding_window"]
     if window is not None and (not isinstance(window, int) or window < 1):
         raise ValueError(f"Mistral's sliding_window must be a positive integer or null, got {window!r}")
-    return cfg.replace(attention_window=window or 0), convert
+    return cfg.replace(attention_window=window or 0), tensors
 
 
-def export(cfg: ModelConfig, top: dict, layers: list[dict]) -> tuple[dict, dict]:
+layout = llama.layout
+
+
+def export(cfg: ModelConfig) -> dict:
+    """Mistral's config.json fields for `cfg`; ValueError naming what it cannot hold."""
     if cfg.global_every:
-        raise ValueError(
-            f"cannot export global_every={cfg.global_every}: MistralForCausalLM applies its sliding_window to every "
-            "layer, and no supported Hugging Face architecture interleaves local and global layers; train with "
-            "global_every=0 (a window in every layer) to export"
-        )
+        raise ValueError(f"cannot export global_every={cfg.global_every}: MistralForCausalLM applies its "
+                         "sliding_window to every layer, and no supported Hugging Face architecture interleaves "
+                         "local and global layers; train with global_every=0 (a window in every layer) to export")
     if cfg.use_bias:
         raise ValueError("cannot export use_bias=True with a sliding window: MistralForCausalLM has no biases")
-    hf, tensors = llama.export(cfg.replace(attention_window=0), top, layers)
-    for key in ("attention_bias", "mlp_bias"):
-        del hf[key]
-    return {**hf, "architectures": [ARCH], "model_type": MODEL_TYPE, "sliding_window": cfg.attention_window}, tensors
+    hf = llama.export(cfg.replace(attention_window=0))
+    del hf["attention_bias"], hf["mlp_bias"]
+    return {**hf, "sliding_window": cfg.attention_window}

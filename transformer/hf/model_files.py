@@ -1,15 +1,9 @@
-"""Hugging Face model files: reading a model's config and tensors, writing an exported model.
-
-A source is a local folder written by `save_pretrained` (config.json, and model.safetensors or the
-shards listed in model.safetensors.index.json), read with `safetensors` and NumPy only (no
-PyTorch, no `transformers`), or a `transformers` model object in memory (its `config` and
-`state_dict()`). Either way the tensors are read lazily, one at a time, as float32 NumPy arrays
-(bfloat16 and float16 widened), and `Tensors` tracks which were read, so that a tensor the
-importer leaves unused is an error rather than a silently different model.
-"""
+"""Hugging Face model files: a model's config and tensors read from a `save_pretrained` folder (with
+`safetensors` and NumPy only) or a `transformers` model object; an exported model written."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -20,10 +14,11 @@ import numpy as np
 
 
 class Tensors:
-    """Named tensors, read lazily as float32 NumPy arrays; tracks which were used.
+    """Named tensors read lazily, one at a time, as float32 NumPy arrays (bfloat16 and float16 widened).
 
-    `get(name, shape)` also finds a name without its first component ('transformer.', 'model.'),
-    as old checkpoints (e.g. the original `gpt2`) store them.
+    Tracks which were read, so that a tensor the importer leaves unused is an error rather than a
+    silently different model. `get` also finds a name without its first component ('transformer.',
+    'model.'), as old checkpoints (the original `gpt2`) store them.
     """
 
     def __init__(self, names: list[str], read: Callable[[str], np.ndarray], where: str):
@@ -33,33 +28,25 @@ class Tensors:
         self.used: set[str] = set()
 
     def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        stored = name
-        if stored not in self.names and "." in name and name.split(".", 1)[1] in self.names:
-            stored = name.split(".", 1)[1]
+        stored = name if name in self.names else name.split(".", 1)[-1]
         if stored not in self.names:
             raise ValueError(f"tensor {name} is missing from {self.where}")
         self.used.add(stored)
         array = self.read(stored)
         if tuple(array.shape) != tuple(shape):
-            raise ValueError(
-                f"tensor {stored} in {self.where} has shape {tuple(array.shape)}, but the config "
-                f"implies {tuple(shape)}; the weights do not belong to this config.json"
-            )
+            raise ValueError(f"tensor {stored} in {self.where} has shape {tuple(array.shape)}, but the config "
+                             f"implies {tuple(shape)}; the weights do not belong to this config.json")
         return array
 
     def check_all_used(self, ignore: list) -> None:
         """Raises if a tensor was neither read nor matched by `ignore` (regexes or predicates)."""
         tests = [p if callable(p) else re.compile(p).fullmatch for p in ignore]
         full = lambda n: [n] + [f"{p}.{n}" for p in ("transformer", "model")]  # noqa: E731
-        left = sorted(
-            n for n in self.names - self.used if not any(t(m) for t in tests for m in full(n))
-        )
+        left = sorted(n for n in self.names - self.used if not any(t(m) for t in tests for m in full(n)))
         if left:
             shown = ", ".join(left[:8]) + (f" and {len(left) - 8} more" if len(left) > 8 else "")
-            raise ValueError(
-                f"{self.where} holds tensors the importer does not use ({shown}): the model uses "
-                "a feature this code does not implement, so it would not compute the same function"
-            )
+            raise ValueError(f"{self.where} holds tensors the importer does not use ({shown}): the model uses a "
+                             "feature this code does not implement, so it would not compute the same function")
 
 
 def open_source(source: Any) -> tuple[dict, str | None, Callable[[], Tensors]]:
@@ -68,25 +55,18 @@ def open_source(source: Any) -> tuple[dict, str | None, Callable[[], Tensors]]:
     if isinstance(source, (str, os.PathLike)):
         return _open_directory(os.fspath(source))
     if hasattr(source, "state_dict") and hasattr(source, "config"):
-        hf = source.config.to_dict()
         arch = type(source).__name__
 
         def open_tensors():
+            import torch
+
             state = source.state_dict()
-            read = lambda name: _torch_to_numpy(state[name])  # noqa: E731
+            read = lambda name: state[name].detach().to(device="cpu", dtype=torch.float32).numpy()  # noqa: E731
             return Tensors(list(state), read, f"the {arch} model's state_dict")
 
-        return hf, arch, open_tensors
-    raise TypeError(
-        f"from_hf takes a local model folder or a transformers model object, got {type(source).__name__}"
-    )
-
-
-def _torch_to_numpy(tensor: Any) -> np.ndarray:
-    """A torch tensor (any float dtype) -> float32 NumPy array."""
-    import torch
-
-    return tensor.detach().to(device="cpu", dtype=torch.float32).numpy()
+        return source.config.to_dict(), arch, open_tensors
+    raise TypeError("from_hf takes a local model folder or a transformers model object, got "
+                    f"{type(source).__name__}")
 
 
 def _open_directory(directory: str) -> tuple[dict, str | None, Callable[[], Tensors]]:
@@ -94,10 +74,8 @@ def _open_directory(directory: str) -> tuple[dict, str | None, Callable[[], Tens
     if os.path.isdir(os.path.join(directory, "checkpoints")):
         _refuse_training_run(directory, "it holds checkpoints/")
     if not os.path.isfile(config_path):
-        raise FileNotFoundError(
-            f"{directory} holds no config.json; pass a folder written by save_pretrained (config.json "
-            "and *.safetensors), e.g. a model downloaded with huggingface-cli"
-        )
+        raise FileNotFoundError(f"{directory} holds no config.json; pass a folder written by save_pretrained "
+                                "(config.json and *.safetensors), e.g. a model downloaded with huggingface-cli")
     with open(config_path) as f:
         hf = json.load(f)
     if isinstance(hf, dict) and {"model", "train"} <= set(hf):  # a run's config, not a Hugging Face one
@@ -106,11 +84,8 @@ def _open_directory(directory: str) -> tuple[dict, str | None, Callable[[], Tens
 
 
 def _refuse_training_run(directory: str, sign: str) -> None:
-    """A clear error for a training run's folder passed as a Hugging Face one (`sign`: how it shows)."""
-    raise ValueError(
-        f"{directory} is not a Hugging Face model folder ({sign}): this is a training run: use --workdir "
-        "(sample.py, python -m transformer.explore), or transformer.load_run in Python"
-    )
+    raise ValueError(f"{directory} is not a Hugging Face model folder ({sign}): this is a training run: use "
+                     "--workdir (sample.py, python -m transformer.explore), or transformer.load_run in Python")
 
 
 def _directory_tensors(directory: str) -> Tensors:
@@ -121,21 +96,11 @@ def _directory_tensors(directory: str) -> Tensors:
     else:
         files = sorted(n for n in os.listdir(directory) if n.endswith(".safetensors"))
         if not files:
-            raise FileNotFoundError(
-                f"{directory} holds no *.safetensors weights (PyTorch .bin files are not read); "
-                "convert them with save_pretrained(..., safe_serialization=True)"
-            )
-        weight_map = {}
-        for file in files:
-            for name in _safe_open(os.path.join(directory, file), "numpy").keys():
-                weight_map[name] = file
-
-    handles: dict[tuple[str, str], Any] = {}
-
-    def handle(file: str, framework: str):
-        if (file, framework) not in handles:
-            handles[file, framework] = _safe_open(os.path.join(directory, file), framework)
-        return handles[file, framework]
+            raise FileNotFoundError(f"{directory} holds no *.safetensors weights (PyTorch .bin files are not "
+                                    "read); convert them with save_pretrained(..., safe_serialization=True)")
+        weight_map = {name: file for file in files
+                      for name in _safe_open(os.path.join(directory, file), "numpy").keys()}
+    handle = functools.cache(lambda file, framework: _safe_open(os.path.join(directory, file), framework))
 
     def read(name: str) -> np.ndarray:
         file = weight_map[name]
@@ -148,15 +113,12 @@ def _directory_tensors(directory: str) -> Tensors:
 
 
 def _safe_open(path: str, framework: str):
-    """The safetensors file at `path`, opened; ValueError naming it when it is damaged or truncated."""
     from safetensors import SafetensorError, safe_open
 
     try:
         return safe_open(path, framework=framework)
     except SafetensorError as e:
-        raise ValueError(
-            f"{path} is damaged or truncated ({e}): download or export the model again"
-        ) from None
+        raise ValueError(f"{path} is damaged or truncated ({e}): download or export the model again") from None
 
 
 def write_model(directory: str | os.PathLike, hf_config: dict, tensors: dict[str, np.ndarray]) -> None:

@@ -1,4 +1,5 @@
-"""The tokenizer files `to_hf` writes next to an exported model (see `to_hf`'s docstring)."""
+"""The tokenizer files `to_hf` writes next to an exported model: tokenizer.json (for bytes: a byte-level
+BPE without merges whose ids are the byte values), tokenizer_config.json and tokenizer_kind.json."""
 
 from __future__ import annotations
 
@@ -14,19 +15,15 @@ from transformer.data.tokenizer import HF_FILE, BPETokenizer, ByteTokenizer, Tok
 def check_tokenizer(cfg: ModelConfig, tokenizer: Tokenizer) -> None:
     """Raises unless `tokenizer` is one this code writes, with no more ids than the model has."""
     if not isinstance(tokenizer, (ByteTokenizer, BPETokenizer)):
-        raise TypeError(
-            f"to_hf got a tokenizer of type {type(tokenizer).__name__}; pass the ByteTokenizer or "
-            "BPETokenizer the model was trained with (e.g. load_tokenizer(workdir + '/tokenizer'))"
-        )
+        raise TypeError(f"to_hf got a tokenizer of type {type(tokenizer).__name__}; pass the ByteTokenizer or "
+                        "BPETokenizer the model was trained with (e.g. load_tokenizer(workdir + '/tokenizer'))")
     if tokenizer.vocab_size > cfg.vocab_size:
-        raise ValueError(
-            f"the tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is {cfg.vocab_size}: "
-            "it is not the tokenizer this model was trained with; pass that one"
-        )
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is "
+                         f"{cfg.vocab_size}: it is not the tokenizer this model was trained with; pass that one")
 
 
 def write_tokenizer(cfg: ModelConfig, tokenizer: Tokenizer, directory: str | os.PathLike) -> None:
-    """tokenizer.json, tokenizer_config.json and tokenizer_kind.json (see `to_hf`)."""
+    """tokenizer.json, tokenizer_config.json and tokenizer_kind.json into `directory`."""
     if isinstance(tokenizer, ByteTokenizer):
         # save_tokenizer writes only the kind file for bytes; transformers needs a tokenizer.json.
         byte_level_identity().save(os.path.join(directory, HF_FILE))
@@ -39,11 +36,8 @@ def write_tokenizer(cfg: ModelConfig, tokenizer: Tokenizer, directory: str | os.
 
 def byte_level_identity() -> tokenizers.Tokenizer:
     """A Hugging Face tokenizer equal to ByteTokenizer: token id = byte value, 256 tokens, no merges.
-
-    The ByteLevel pre-tokenizer turns each UTF-8 byte into one printable character (GPT-2's table:
-    printable bytes stand for themselves, the other 68 take U+0100, U+0101, ... in byte order);
-    the vocabulary maps that character back to its byte value.
-    """
+    ByteLevel turns each byte into one character by GPT-2's table (printable bytes stand for
+    themselves, the other 68 take U+0100, U+0101, ... in byte order)."""
     printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
     others = iter(range(0x100, 0x200))
     chars = [chr(b) if b in printable else chr(next(others)) for b in range(256)]

@@ -1,4 +1,4 @@
-"""Tests of transformer/model/attention.py: segment_masks, Attention (MHA / GQA / MQA), LatentAttention
+"""Tests of transformer/model/attention.py (and key_view.py): Attention (MHA / GQA / MQA), LatentAttention
 (MLA, naive and absorbed) and output_projection (W_o and the head mask).
 
 The module-level tests call the layers directly; the others go through a tiny Decoder
@@ -16,19 +16,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.helpers.decoder import BASE, PREFILL, TOL, T, build, jit, make_cfg, max_diff, random_params
+from tests.helpers.decoder import BASE, PREFILL, TOL, T, build, jit, make_cfg, max_diff, random_params, segment_masks
 from transformer import ModelConfig, init_cache
 from transformer.analysis.capture import capture
 from transformer.model import edits, ops
-from transformer.model.attention import Attention, LatentAttention, segment_masks
+from transformer.model.attention import Attention, LatentAttention
 from transformer.model.kv_cache import KVCache, LatentCache
 from transformer.model.decoder import Decoder
 
 
-# ----------------------------------------------------------------------------- segment_masks
+# ----------------------------------------------------------------------------- key_view
 
-
-def test_segment_masks_without_a_cache_is_the_causal_mask_of_the_new_tokens():
+def test_key_view_without_a_cache_is_the_causal_mask_of_the_new_tokens():
     positions = jnp.array([[0, 1, 2], [5, 6, 7]])
     (mask,) = segment_masks(positions, None)
     chex.assert_shape(mask, (2, 1, 3, 3))
@@ -37,7 +36,7 @@ def test_segment_masks_without_a_cache_is_the_causal_mask_of_the_new_tokens():
     np.testing.assert_array_equal(allowed, np.broadcast_to(np.tril(np.ones((3, 3), bool)), (2, 3, 3)))
 
 
-def test_segment_masks_with_a_cache_hide_slots_from_the_first_new_position_on():
+def test_key_view_with_a_cache_hides_slots_from_the_first_new_position_on():
     """Row 0 continues at position 3 (slots 0..2 filled), row 1 at 0 (nothing cached): a query sees
     the cached slots before its row's first new position, then this call's tokens up to its own."""
     positions = jnp.array([[3, 4], [0, 1]])

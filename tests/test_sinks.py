@@ -17,14 +17,13 @@ import pytest
 
 from configs import tiny
 from tests.helpers.cli import run as run_train
-from tests.helpers.decoder import PREFILL, TOL, T, build, jit, max_diff
+from tests.helpers.decoder import PREFILL, TOL, T, build, jit, max_diff, segment_masks
 from tests.helpers.marks import first_fast
 from tests.test_model import check_cached_decoding_equals_forward, check_causality, check_ragged_batch_equals_rows_alone
 from transformer import ModelConfig, init_cache
 from transformer.analysis import sinks
 from transformer.analysis.capture import attention_maps, capture
 from transformer.model import edits, ops
-from transformer.model.attention import segment_masks
 from transformer.model.execution import resolve_auto
 from transformer.data.batches import with_start_token
 from transformer.training.loss import cross_entropy, loss_fn

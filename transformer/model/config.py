@@ -11,9 +11,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from transformer.model.positions import SCHEMES
+
 CHOICES = {
     "activation": ("gelu", "gelu_tanh", "relu", "relu2", "swiglu"),
-    "position": ("learned", "sinusoidal", "rope", "none"),
+    "position": tuple(SCHEMES),  # model/positions.py
     "norm": ("layernorm", "rmsnorm"),
     "attention": ("mha", "mla"),
     "dtype": ("float32", "bfloat16", "float16", "auto"),

@@ -31,6 +31,7 @@ from transformer.model.config import ModelConfig
 from transformer.model.linear import Linear, dense_init
 from transformer.model.norm import config_norm
 from transformer.model.points import COLLECTION, EDITS, point
+from transformer.model.positions import scheme
 from transformer.model import table
 
 Array = jax.Array
@@ -228,12 +229,9 @@ class Decoder(nn.Module):
         # Clipped: nn.Embed looks up an id >= V as NaN, which the attention would spread to every
         # position of the row. A bad id's logits are set to NaN after the layers instead.
         x = point(self, "token_embedding", embed(jnp.clip(tokens, 0, cfg.vocab_size - 1)))  # [B, T, D]: point embed
-        if cfg.position == "learned":
-            pos_embed = self.param("pos_embed", nn.initializers.normal(0.01), (cfg.max_seq_len, cfg.d_model))
-            x = x + point(self, "position_embedding",  # + P[positions]: the point pos_embed
-                          jnp.take(pos_embed, positions, axis=0, mode="clip").astype(cfg.dtype))
-        elif cfg.position == "sinusoidal":
-            x = x + point(self, "position_embedding", ops.sinusoidal_positions(positions, cfg.d_model).astype(cfg.dtype))
+        embed_positions = scheme(cfg).embed
+        if embed_positions is not None:  # + P[positions], learned or sinusoidal: the point pos_embed
+            x = x + point(self, "position_embedding", embed_positions(self, cfg, positions))
         return nn.Dropout(cfg.dropout, deterministic=deterministic)(x)  # [B, T, D]
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
@@ -350,7 +348,7 @@ def position_limit(cfg: ModelConfig, cache: Cache | None) -> int:
     when positions are relative (RoPE) or absent."""
     if cache is None:
         return cfg.max_seq_len
-    if cache.max_len >= kv_cache.PAD_POSITION and cfg.position in ("rope", "none"):
+    if cache.max_len >= kv_cache.PAD_POSITION and scheme(cfg).relative:
         return kv_cache.PAD_POSITION
     return min(cfg.max_seq_len, cache.max_len)
 

@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.model.config import ModelConfig
+from transformer.model.positions import SCHEMES, scheme
 
 Array = jax.Array
 Layers = tuple[Array, ...]  # one array per layer
@@ -114,15 +115,6 @@ def buffers(cache: Cache) -> dict[str, Layers | Array]:
     return {"latent": cache.latent} if isinstance(cache, LatentCache) else {"k": cache.k, "v": cache.v}
 
 
-def slot_positions(cached: Cache, batch: int) -> Array:
-    """[B, R + S] int32: the position each slot of one layer's view holds (registers: -R..-1; a ring
-    slot's recorded position, PAD_POSITION while empty)."""
-    if cached.positions is not None:
-        return cached.positions
-    slots = cached.registers + cached.max_len
-    return jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32) - cached.registers, (batch, slots))
-
-
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: str | None = None) -> Cache:
     """An empty cache for `batch_size` rows of up to `max_len` positions (zeros; nothing is valid yet).
 
@@ -166,16 +158,17 @@ def init_rolling_cache(cfg: ModelConfig, batch_size: int, sinks: int = 0, dtype:
     0..S-1 for good (the attention sinks) while the other M = max_seq_len - S roll over the last M
     positions; a local layer keeps its ring of W. A query sees at most max_seq_len keys in every
     layer, the context it was trained with, however far the generation runs. Positions past
-    max_seq_len are then allowed; with RoPE the attention re-rotates the sinks' keys so that each
-    query sees them at the distance StreamingLLM's in-cache positions give (`rotated_sink_keys`).
+    max_seq_len are then allowed; each query sees the sinks at the distance StreamingLLM's in-cache
+    positions give (model/key_view.py).
 
-    Only for position='rope' or 'none': learned and sinusoidal positions are added into the token's
-    vector before the first layer, so every cached key holds its absolute position and no position
-    past max_seq_len exists (learned) or was trained (sinusoidal).
+    Only for a relative position scheme (positions.SCHEMES): an absolute one is added into the
+    token's vector before the first layer, so every cached key holds its absolute position and no
+    position past max_seq_len exists (learned) or was trained (sinusoidal).
     """
-    if cfg.position not in ("rope", "none"):
+    if not scheme(cfg).relative:
+        relative = " or ".join(repr(name) for name, s in SCHEMES.items() if s.relative)
         raise ValueError(
-            f"generation past the context needs position='rope' or 'none', not {cfg.position!r}: {cfg.position} "
+            f"generation past the context needs position={relative}, not {cfg.position!r}: {cfg.position} "
             "positions are added into every token's vector, so each cached key holds its absolute position and "
             f"none exists past max_seq_len={cfg.max_seq_len}; generate at most the context (no sinks option)"
         )
@@ -205,14 +198,6 @@ def with_register_slots(cache: Cache, registers: int) -> Cache:
     record = lambda p: jnp.concatenate(  # noqa: E731
         [jnp.broadcast_to(jnp.arange(-registers, 0, dtype=p.dtype), (p.shape[0], registers)), p], axis=1)
     return cache.replace(**fields, positions=tuple(map(record, cache.positions)), registers=registers)
-
-
-def ring_window(cached: Cache) -> tuple[int, int]:
-    """(window, sinks) of one layer's ring: its slots roll over the last `window` positions and
-    keep the first `sinks` (and the registers, `with_register_slots`) for good; a local layer's ring
-    is its W slots (no sinks)."""
-    sinks = cached.sinks if isinstance(cached.sinks, int) else 0
-    return cached.positions.shape[1] - cached.registers - sinks, sinks
 
 
 def max_len(cache: Cache) -> int:

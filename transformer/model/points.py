@@ -50,6 +50,7 @@ import flax.linen as nn
 import jax
 
 from transformer.model.config import ModelConfig
+from transformer.model.positions import scheme
 
 COLLECTION = "intermediates"  # Flax's own name for sown values (`Module.sow`)
 EDITS = "edits"  # the variable collection of edits, {module path: {point: (scale, add)}} (model/edits.py)
@@ -116,6 +117,6 @@ def point_axes(cfg: ModelConfig, name: str) -> str:
 def point_names(cfg: ModelConfig) -> list[str]:
     """Every point a model of `cfg` has, in forward order: `embed`, ..., `blocks.{l}.resid_post`, ...,
     `logits` (MLA decoding from a cache, the absorbed form, has no attn.k / attn.v)."""
-    top = ["embed"] + (["pos_embed"] if cfg.position in ("learned", "sinusoidal") else [])
+    top = ["embed"] + (["pos_embed"] if scheme(cfg).embed is not None else [])
     layers = [f"blocks.{l}.{name}" for l in range(cfg.num_layers) for name in layer_points(cfg)]
     return top + layers + (["final_norm.out"] if cfg.prenorm else []) + ["logits"]

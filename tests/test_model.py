@@ -32,7 +32,7 @@ from transformer.model.positions import scheme
 POSTNORM = {"mha": "learned", "gqa": "rope", "mqa": "none", "mla": "sinusoidal"}
 VARIANTS = (
     [(a, p, p != POSTNORM[a]) for a in ("mha", "gqa", "mqa") for p in POSITION]
-    + [("mla", p, p != POSTNORM["mla"]) for p in ("learned", "sinusoidal", "none")]
+    + [("mla", p, p != POSTNORM["mla"]) for p in ("learned", "sinusoidal", "none", "alibi")]
     + [("mla_q_rope", "rope", True), ("mla_q_rope", "rope", False)]
 )
 VARIANT_IDS = [f"{a}-{p}-{'pre' if pre else 'post'}" for a, p, pre in VARIANTS]

@@ -36,6 +36,7 @@ POSITION = {
     "rope": dict(position="rope", norm="rmsnorm", norm_bias=False, activation="swiglu",
                  use_bias=False, tie_embeddings=False),
     "none": dict(position="none", activation="gelu_tanh", tie_embeddings=False),
+    "alibi": dict(position="alibi", norm="rmsnorm", norm_bias=False),
 }
 
 # The tests check what the model computes, not how fast, and compiling dominates their time: XLA's

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer.model import ops
 
@@ -55,11 +56,30 @@ def rotary(x: Array, positions: Array, cfg) -> Array:
     return ops.rope(x, positions, cfg.rope_theta)
 
 
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """ALiBi's head slopes m_h [H] (Press et al. 2022): for H a power of two the geometric sequence
+    m_h = 2^(-8 (h + 1) / H); otherwise the slopes of the power of two below H, then every other
+    slope of the one above, as many as are missing (the paper's interleaving)."""
+    def geometric(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+
+    below = 2 ** math.floor(math.log2(num_heads))
+    return np.array(geometric(below) + geometric(2 * below)[0::2][: num_heads - below], np.float32)
+
+
+def alibi_bias(cfg, q_positions: Array, k_positions: Array) -> Array:
+    """-m_h |pos_t - pos_s| [B, H, T, S] float32: each head penalises distance linearly, with its own
+    slope; the causal mask hides the keys after the query (for them |.| keeps the bias <= 0)."""
+    distance = jnp.abs(q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)  # [B, T, S]
+    return -jnp.asarray(alibi_slopes(cfg.num_heads))[:, None, None] * distance[:, None]  # [B, H, T, S]
+
+
 SCHEMES = {
     "learned": PositionScheme(relative=False, embed=learned_embedding),
     "sinusoidal": PositionScheme(relative=False, embed=sinusoidal_embedding),
     "rope": PositionScheme(relative=True, rotate=rotary),
     "none": PositionScheme(relative=True),
+    "alibi": PositionScheme(relative=True, score_bias=alibi_bias),
 }
 
 

@@ -25,7 +25,8 @@ from tests.helpers import reference
 from tests.helpers.decoder import BASE, POSITION, PREFILL, TOL, T, build, jit, make_cfg, max_diff, random_params
 from transformer import ModelConfig, count_params, init_cache
 from transformer.model.execution import resolve_auto
-from transformer.model.decoder import Decoder, check_positions
+from transformer.model.decoder import Decoder
+from transformer.model.inputs import check_positions
 from transformer.model.param_tree import unstack_layers
 from transformer.model.positions import scheme
 
@@ -180,7 +181,7 @@ def test_cache_overflow_under_jit_gives_nan_logits_for_that_row():
     logits, new = m.step(m.params, m.tokens[:, :1], np.array([[3], [8]]), cache)
     assert np.all(np.isnan(logits[1])), "the row that wrote past the cache must be NaN"
     assert np.all(np.isfinite(logits[0]))
-    k = np.asarray(new.k)  # [L, B, G, S, K]
+    k = np.stack([np.asarray(c.k) for c in new])  # [L, B, G, S, K]
     assert np.any(k[:, 0, :, 3] != 0) and np.all(k[:, 1] == 0)  # row 1's write was dropped
 
 
@@ -310,10 +311,10 @@ def test_bfloat16_compute_keeps_float32_params():
     want = jit(reference.logits, static_argnums=0)(cfg, params, tokens)  # float32, no model code
     reference.assert_close(logits, want, reference.BFLOAT16_TOL)
     cache = init_cache(cfg, 2, T)
-    assert {x.dtype for x in cache.k} == {jnp.dtype(jnp.bfloat16)}
+    assert {c.k.dtype for c in cache} == {jnp.dtype(jnp.bfloat16)}
     out, cache = step(params, tokens[:, :1], np.full((2, 1), 3), cache)
     chex.assert_tree_all_finite(out)
-    assert {x.dtype for x in cache.k} == {jnp.dtype(jnp.bfloat16)}
+    assert {c.k.dtype for c in cache} == {jnp.dtype(jnp.bfloat16)}
 
 
 def _loss(model, params, tokens):

@@ -67,11 +67,11 @@ def test_generation_runs_8x_the_context_with_a_constant_cache():
     params = random_params(Decoder(cfg))
     prompts, key, options = [[1, 2, 3], [4, 5, 6, 7, 8, 9]], jax.random.key(0), SamplingOptions(temperature=0.0)
     state = _start(params, cfg, prompts, key, 8 * 16, options, sinks=4)
-    assert [b.shape[2] for b in state.cache.k] == [4, 16] and state.cache.sinks == (0, 4)
+    assert [c.k.shape[2] for c in state.cache] == [4, 16] and tuple(c.sinks for c in state.cache) == (0, 4)
     after, tokens, _ = decode(params, cfg, state, 8 * 16 - 1, options)
     assert jax.tree.map(jnp.shape, after.cache) == jax.tree.map(jnp.shape, state.cache)
     assert tokens.shape == (2, 8 * 16 - 1) and np.asarray(after.positions).tolist() == [3 + 127, 6 + 127]
-    assert int(np.asarray(after.cache.positions[1]).max()) == 6 + 126  # the last position written
+    assert int(np.asarray(after.cache[1].positions).max()) == 6 + 126  # the last position written
     fits = sampling.generate(params, cfg, prompts, key, 10, temperature=0.0)
     rolled = sampling.generate(params, cfg, prompts, key, 10, sinks=4, temperature=0.0)
     np.testing.assert_array_equal(rolled.tokens, fits.tokens)

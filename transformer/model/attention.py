@@ -58,21 +58,17 @@ def sink_logit(module: nn.Module, cfg: ModelConfig) -> Array | None:
 
 class Attention(nn.Module):
     """Multi-head attention with learned W_q, W_k, W_v, W_o; G < H key/value heads = grouped-query.
-
-    cfg.qk_norm: q [B, T, H, K] and k [B, T, G, K] go through an RMSNorm over K (`q_norm`, `k_norm`,
-    each a gain [K] shared by the heads) before RoPE, so the cache holds normalised, rotated keys.
-
-    x [B, T, D] -> out [B, T, D]; new cache entries KVCache(k, v) with arrays [B, T, G, K]. The
-    weights are the points attn.scores and attn.pattern (model/points.py). window: this layer's
-    sliding window W (cfg.layer_windows), or None. context: [B, T] bool, a table's training rows
-    (model/table.py). Both go to the key view (model/key_view.py).
-    """
+    
+    x [B, T, D] -> out [B, T, D] and this call's cache entries KVCache(k, v [B, T, G, K]). qk_norm: q
+    and k go through an RMSNorm over K (gains [K] shared by the heads) before RoPE, so the cache holds
+    normalised, rotated keys. window: this layer's sliding window W, or None; order: the input's own
+    order of this call's keys [B, 1, T, T] (model/inputs.py), or None. Both go to the key view."""
 
     cfg: ModelConfig
 
     @nn.compact
     def __call__(self, x: Array, positions: Array, cached: KVCache | None = None,
-                 window: int | Array | None = None, context: Array | None = None) -> tuple[Array, KVCache]:
+                 window: int | Array | None = None, order: Array | None = None) -> tuple[Array, KVCache]:
         cfg = self.cfg
         dense = lambda heads, name: Linear(  # noqa: E731  W [heads, K, D]
             (heads, cfg.head_dim), use_bias=cfg.use_bias, dtype=cfg.dtype,
@@ -90,7 +86,7 @@ class Attention(nn.Module):
             q, k = rotate(q, positions, cfg), rotate(k, positions, cfg)
         q, k, v = point(self, "queries", q), point(self, "keys", k), point(self, "values", v)  # attn.q, .k, .v
 
-        view = key_view(cfg, positions, cached, window, context)
+        view = key_view(cfg, positions, cached, window, order)
         ks, vs, heads_first = [k], [v], [False]
         if cached is not None:  # one layer's cache, [B, G, S, K] as it lies
             ks.insert(0, view.cached_keys(cfg, cached.k.astype(k.dtype), slot_axis=2))
@@ -121,27 +117,22 @@ def output_projection(module: nn.Module, cfg: ModelConfig, heads: Array) -> Arra
 
 class LatentAttention(nn.Module):
     """Multi-head latent attention (DeepSeek-V2): keys and values come from a cached latent.
-
-    Per token: c = RMSNorm(W_DKV x) of width C; keys k_h = W_UK,h c and values v_h = W_UV,h c for
-    each head h. With RoPE, a rotary part of width Kr (rope_head_dim) is added to each query (per
-    head) and to one key shared by all heads, so position never passes through W_UK. The cache
-    holds [c, k_rope].
-
-    absorb: compute scores against the latent directly, q_h^T W_UK,h c = (W_UK,h^T q_h)^T c, and
-    apply W_UV after the weighted sum. Then nothing is up-projected per cached token: decoding
-    reads only C + Kr numbers per token and layer. None (default): absorbed when decoding from a
-    cache, naive (up-project every key and value) otherwise. Both compute the same function.
-
-    x [B, T, D] -> out [B, T, D]; new cache entries LatentCache(latent [B, T, C + Kr]). window: as
-    Attention's, and context.
-    """
+    
+    Per token c = RMSNorm(W_DKV x) [C]; head h's key W_UK,h c and value W_UV,h c. With RoPE a rotary
+    part of width Kr is added to each query and to one key shared by all heads, so position never
+    passes through W_UK. The cache holds [c, k_rope]. absorb: score against the latent itself,
+    q_h^T W_UK,h c = (W_UK,h^T q_h)^T c, and apply W_UV after the weighted sum, so decoding reads C + Kr
+    numbers per token and layer; None (default): absorbed when decoding from a cache, naive (every key
+    and value up-projected) otherwise. The same function either way.
+    
+    x [B, T, D] -> out [B, T, D] and LatentCache(latent [B, T, C + Kr]); window, order: as Attention's."""
 
     cfg: ModelConfig
     absorb: bool | None = None
 
     @nn.compact
     def __call__(self, x: Array, positions: Array, cached: LatentCache | None = None,
-                 window: int | Array | None = None, context: Array | None = None) -> tuple[Array, LatentCache]:
+                 window: int | Array | None = None, order: Array | None = None) -> tuple[Array, LatentCache]:
         cfg = self.cfg
         h, k_nope, k_v, c_kv = cfg.num_heads, cfg.head_dim, cfg.v_head_dim, cfg.kv_latent_dim
         k_r = cfg.rope_head_dim or 0  # Kr, the rotary width (0 without RoPE)
@@ -155,7 +146,7 @@ class LatentAttention(nn.Module):
         w_uk = self.param("k_up", dense_init(cfg), (h, k_nope, c_kv), jnp.float32).astype(cfg.dtype)
         w_uv = self.param("v_up", dense_init(cfg), (h, k_v, c_kv), jnp.float32).astype(cfg.dtype)
 
-        view = key_view(cfg, positions, cached, window, context)
+        view = key_view(cfg, positions, cached, window, order)
         if cached is not None:  # a rolling layer's kept slots turned in their rotary part (Kr features after C)
             past = view.cached_keys(cfg, cached.latent.astype(latent.dtype), 1, slice(c_kv, None))
         segments = [latent] if cached is None else [past, latent]
@@ -222,18 +213,10 @@ def absorbed_latent_attention(
     q_nope: Array, q_rope: Array, segments: list[Array], w_uk: Array, w_uv: Array, masks: list[Array], *,
     scale: float, sink: Array | None, at: ops.AttentionPoint | None = None,
 ) -> Array:
-    """MLA scored against the latent itself: q_h^T W_UK,h c = (W_UK,h^T q_h)^T c, and W_UV applied
-    after the weighted sum, so nothing is up-projected per cached token.
-
-    Args:
-      q_nope: [B, T, H, K]; q_rope: [B, T, H, Kr], rotated.
-      segments: latents [B, S, C + Kr] ([c, k_rope]; the cached slots, then this call's tokens).
-      w_uk: W_UK [H, K, C]; w_uv: W_UV [H, Kv, C].
-      masks: one bias [B, 1 or H, T, S_i] per segment (`key_view`).
-      at: as `ops.dot_product_attention`'s (the scores and the pattern).
-    Returns:
-      out [B, T, H, Kv].
-    """
+    """MLA scored against the latent: q_h^T W_UK,h c = (W_UK,h^T q_h)^T c, W_UV applied after the
+    weighted sum, so nothing is up-projected per cached token. q_nope [B, T, H, K], q_rope [B, T, H, Kr]
+    (rotated), segments: latents [B, S_i, C + Kr] (cached slots, then this call's), W_UK [H, K, C],
+    W_UV [H, Kv, C], masks: one bias per segment (`key_view`) -> out [B, T, H, Kv]."""
     c_kv = w_uk.shape[-1]
     # Scores against [c, k_rope] with the query [W_UK^T q_nope, q_rope]: one shared key
     # head (G = 1) of width C + Kr, and the latent itself as the value.
@@ -258,11 +241,8 @@ def naive_latent_attention(
     q_nope: Array, q_rope: Array, segments: list[Array], w_uk: Array, w_uv: Array, masks: list[Array], *,
     scale: float, sink: Array | None, implementation: str, at: ops.AttentionPoint | None = None,
 ) -> Array:
-    """MLA as multi-head attention: every token's key [W_UK,h c, k_rope] and value W_UV,h c
-    up-projected for every head h, then attention with `implementation`.
-
-    Arguments as `absorbed_latent_attention`'s. Returns out [B, T, H, Kv].
-    """
+    """MLA as multi-head attention over every token's up-projected key [W_UK,h c, k_rope] and value
+    W_UV,h c. Arguments as `absorbed_latent_attention`'s -> out [B, T, H, Kv]."""
     ks, vs = zip(*(up_project(s, w_uk, w_uv) for s in segments))  # every token's key and value, every head
     out, _ = ops.dot_product_attention(
         jnp.concatenate([q_nope, q_rope], axis=-1), ks, vs, masks, scale=scale, sink=sink,

@@ -10,8 +10,8 @@ Every attention kind (MHA / GQA / MQA, MLA in both forms) reads one `KeyView`, b
 
 Query t sees key s (`ops.causal_mask`) iff pos_s <= pos_t; with a window W also pos_t - pos_s < W,
 unless s is kept for good (a rolling cache's sinks, the registers); a cached slot only if filled
-before this call (slots at or after the row's first new position are rewritten by it); a table's
-rows replace the causal order by "the training rows and itself" (`context`, model/table.py).
+before this call (slots at or after the row's first new position are rewritten by it). An input
+may bring its own order of this call's keys instead (`order`: a table's rows, model/table.py).
 
 A rolling layer with sinks or registers (kv_cache.init_rolling_cache) numbers its cache as
 StreamingLLM does once a query q runs past sinks + window - 1: the keys kept for good move `shift` =
@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 
 from transformer.model import ops
-from transformer.model.kv_cache import PAD_POSITION, Cache, buffers
+from transformer.model import kv_cache
+from transformer.model.kv_cache import PAD_POSITION, LayerCache
 from transformer.model.positions import scheme
 
 Array = jax.Array
@@ -66,34 +67,33 @@ class KeyView:
         return jnp.moveaxis(head.at[:, : self.kept, ..., rotary].set(turned), 1, slot_axis)
 
 
-def slot_positions(cached: Cache, batch: int) -> Array:
+def slot_positions(cached: LayerCache, batch: int) -> Array:
     """[B, R + S] int32: the position each slot of one layer's cache holds (registers -R..-1; a ring
     slot's recorded position, PAD_POSITION while empty)."""
     if cached.positions is not None:
         return cached.positions
-    slots = next(iter(buffers(cached).values())).shape[-2]  # [B, G, S, K] or [B, S, C + Kr]
+    slots = kv_cache.slots(cached)
     return jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32) - cached.registers, (batch, slots))
 
 
-def ring_window(cached: Cache) -> tuple[int, int]:
+def ring_window(cached: LayerCache) -> tuple[int, int]:
     """(window, sinks) of one layer's ring: its slots roll over the last `window` positions and keep
     the first `sinks` and the R registers for good; a local layer's ring is its W slots (no sinks)."""
-    sinks = cached.sinks if isinstance(cached.sinks, int) else 0
-    return cached.positions.shape[1] - cached.registers - sinks, sinks
+    return cached.positions.shape[1] - cached.registers - cached.sinks, cached.sinks
 
 
-def key_view(cfg, positions: Array, cached: Cache | None = None, window: int | Array | None = None,
-             context: Array | None = None) -> KeyView:
+def key_view(cfg, positions: Array, cached: LayerCache | None = None, window: int | Array | None = None,
+             order: Array | None = None) -> KeyView:
     """The keys this call's queries at `positions` [B, T] see, in one layer whose cache is `cached`
-    (or None) and whose sliding window is `window` (None: none). context: [B, T] bool, a table's
-    training rows, which every row sees (model/table.py); read without a cache."""
+    (or None) and whose sliding window is `window` (None: none). order: [B, 1, T, T] additive, the
+    input's own order of this call's keys in place of the causal mask (read without a cache)."""
     sinks = None
     kept, shift = 0, None
     segments = []  # (positions, valid or None), cached slots first
     if cached is not None:
-        if context is not None:
-            raise ValueError("a table's rows (context) are read in one forward pass, without a KV cache; "
-                             "pass cache=None")
+        if order is not None:
+            raise ValueError("an input with its own order of keys (a table's rows) is read in one forward "
+                             "pass, without a KV cache; pass cache=None")
         slots = slot_positions(cached, positions.shape[0])
         if cached.positions is not None:  # a ring: its window and the slots it keeps for good
             window, ring_sinks = ring_window(cached)
@@ -107,8 +107,10 @@ def key_view(cfg, positions: Array, cached: Cache | None = None, window: int | A
     view = KeyView([], [], [], kept, shift)
     for i, (k_positions, valid) in enumerate(segments):
         is_new = i == len(segments) - 1
-        mask = ops.causal_mask(positions, k_positions, valid, window=window, sinks=sinks,
-                               k_context=context if is_new else None)
+        if is_new and order is not None:
+            mask = order
+        else:
+            mask = ops.causal_mask(positions, k_positions, valid, window=window, sinks=sinks)
         scored = k_positions
         if shift is not None and not is_new:  # the kept slots move `shift` towards the queries
             scored = jnp.where(jnp.arange(k_positions.shape[1]) < kept, k_positions + shift[:, None], k_positions)

@@ -65,6 +65,10 @@ LAYER = {
     "mlp.hidden": "btf", "mlp.out": "btd", "resid_post": "btd",
 }
 TOP = {"embed": "btd", "pos_embed": "btd", "final_norm.out": "btd", "logits": "btv"}
+# The key a point is sown under, where its public name (the last part of it) differs; a norm's output,
+# sown as "output", is the point NAME.out. capture.PUBLIC is its inverse.
+SOWN = {"embed": "token_embedding", "pos_embed": "position_embedding", "q": "queries", "k": "keys",
+        "v": "values", "out": "output"}
 # Points computed from others for the capture alone: edit the point they come from (z, the pattern).
 CAPTURE_ONLY = ("attn.sink_share", "attn.register_share", "attn.head_out")
 

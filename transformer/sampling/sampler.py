@@ -1,21 +1,13 @@
 """Sampling: logit filters, prefill, the `lax.scan` decode loop, and generate / generate_stream.
 
-Generation runs in two compiled stages over a ragged batch of prompts:
+Two compiled stages over a ragged batch of prompts: `prefill` runs the right-padded prompts once,
+filling the KV cache and drawing each row's first token at its own last position; `decode` is a
+`lax.scan` of steps, each feeding the last tokens at their rows' positions. Shapes are rounded up to
+buckets (64, 128, 256, ...), so similar requests reuse the compiled functions. Row b draws its i-th
+new token with fold_in(fold_in(key, b), i): a row's tokens depend neither on the other rows nor on
+how decoding is cut into chunks.
 
-    prefill   one forward pass over the right-padded prompts fills the KV cache and draws each
-              row's first token from the logit at that row's own last prompt position;
-    decode    a `lax.scan` of decode steps: each feeds the last tokens at their rows' positions,
-              appends one key/value per layer to the cache and draws the next tokens.
-
-Both are jitted with the shapes and sampling options as static arguments, and the shapes are
-rounded up to a few buckets (64, 128, 256, ...), so a second call with similar prompts reuses the
-compiled functions instead of compiling again.
-
-Randomness: row b owns the key fold_in(key, b) and draws its i-th new token with
-fold_in(fold_in(key, b), i). A row's tokens therefore depend neither on the other rows of the batch
-nor on how the decoding is cut into chunks, and `row_keys` reproduces a batch row on its own.
-
-Shapes (see docs/design.md): B batch, P padded prompt length, S cache slots, V vocabulary, N new tokens.
+Shapes: B batch, P padded prompt length, S cache slots, V vocabulary, N new tokens.
 """
 
 from __future__ import annotations

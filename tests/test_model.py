@@ -149,7 +149,8 @@ def test_jit_and_eager_agree():
     jitted, cache_j = step(m.params, m.tokens[:, :PREFILL], positions, init_cache(m.cfg, 2, T))
     np.testing.assert_allclose(eager, jitted, **TOL)
     chex.assert_trees_all_close(cache_e, cache_j, rtol=1e-5, atol=1e-5)
-    assert np.any(np.asarray(cache_e.k)[..., :PREFILL, :] != 0) and np.all(np.asarray(cache_e.k)[..., PREFILL:, :] == 0)
+    k = np.stack([np.asarray(c.k) for c in cache_e])  # [L, B, G, S, K]
+    assert np.any(k[..., :PREFILL, :] != 0) and np.all(k[..., PREFILL:, :] == 0)
     # And the fast-compiling jit the other tests use computes the same.
     np.testing.assert_allclose(m.step(m.params, m.tokens[:, :PREFILL], positions, init_cache(m.cfg, 2, T))[0],
                                jitted, **TOL)

@@ -17,7 +17,7 @@ A rolling layer with sinks or registers (kv_cache.init_rolling_cache) numbers it
 StreamingLLM does once a query q runs past sinks + window - 1: the keys kept for good move `shift` =
 q - (sinks + window - 1) towards it, so sink i sits at distance sinks + window - 1 - i and the rolling
 keys keep their true distances. A relative scheme reads those positions: RoPE turns the kept keys by
-`shift` (`KeyView.cached_keys`), a score bias takes them from `scored`.
+`shift` (`KeyView.cached_keys`), a score bias measures from them.
 """
 
 from __future__ import annotations
@@ -37,12 +37,11 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class KeyView:
-    """positions, scored, bias: one entry per key segment (cached slots first), [B, S_i], [B, S_i],
-    [B, 1 or H, T, S_i]. scored: the positions a relative scheme measures distances from. kept:
-    the leading cached slots kept for good (R + sinks) and shift [B] how far they move, or None."""
+    """positions [B, S_i] and bias [B, 1 or H, T, S_i]: one entry per key segment (cached slots
+    first). kept: the leading cached slots kept for good (R + sinks); shift [B]: how far they move
+    towards the queries, or None."""
 
     positions: list[Array]
-    scored: list[Array]
     bias: list[Array]
     kept: int = 0
     shift: Array | None = None
@@ -104,19 +103,18 @@ def key_view(cfg, positions: Array, cached: LayerCache | None = None, window: in
         segments.append((slots, slots < positions[:, :1]))  # slots at or after the first new position are stale
     segments.append((positions, None))
     bias_of = scheme(cfg).score_bias
-    view = KeyView([], [], [], kept, shift)
+    view = KeyView([], [], kept, shift)
     for i, (k_positions, valid) in enumerate(segments):
         is_new = i == len(segments) - 1
         if is_new and order is not None:
             mask = order
         else:
             mask = ops.causal_mask(positions, k_positions, valid, window=window, sinks=sinks)
-        scored = k_positions
-        if shift is not None and not is_new:  # the kept slots move `shift` towards the queries
-            scored = jnp.where(jnp.arange(k_positions.shape[1]) < kept, k_positions + shift[:, None], k_positions)
-        if bias_of is not None:
+        if bias_of is not None:  # measured from the kept slots' positions moved `shift` towards the queries
+            scored = k_positions
+            if shift is not None and not is_new:
+                scored = jnp.where(jnp.arange(k_positions.shape[1]) < kept, k_positions + shift[:, None], k_positions)
             mask = mask + bias_of(cfg, positions, scored)  # [B, H, T, S_i]
         view.positions.append(k_positions)
-        view.scored.append(scored)
         view.bias.append(mask)
     return view

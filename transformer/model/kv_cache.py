@@ -158,19 +158,15 @@ def init_rolling_cache(cfg: ModelConfig, batch_size: int, sinks: int = 0, dtype:
 
 def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None) -> Cache:
     """Writes this call's entries into their slots, layer by layer.
-
+    
     Args:
       cache: per layer KVCache [B, G, R + S, K] or LatentCache [B, R + S, C + Kr].
       new: this call's entries, per layer KVCache [B, T, G, K] or LatentCache [B, T, C + Kr].
-      positions: [B, T] position of each new entry (registers: -R..-1; padding: PAD_POSITION); it
-        goes to slot position + R, or in a ring to `ring_slots`. Out-of-range slots are dropped: the
-        decoder checks the range and reports it.
-      after: an array computed from every layer's read of the cache (the decoder passes its final
-        hidden state). The write is made to depend on it (adding 0 * one of its elements), so that
-        XLA sees every read come before the write and updates the cache in place; XLA orders
-        buffers by data dependence only, and without this it copies the whole cache twice per
-        decode step (layer l's new keys do not depend on layer l's read).
-    """
+      positions: [B, T] (registers -R..-1, padding PAD_POSITION): to slot position + R, or a ring's
+        `ring_slots`; out-of-range slots are dropped (the decoder reports them).
+      after: an array computed from every layer's read (the decoder's final hidden state). Adding
+        0 * one of its elements makes XLA order every read before the write and update the cache in
+        place; without it XLA copies the whole cache twice per decode step."""
     zero = None if after is None else 0.0 * after.reshape(-1)[0]
     rows = jnp.arange(positions.shape[0])[:, None]  # [B, 1], broadcasts against positions [B, T]
 
@@ -222,16 +218,9 @@ def per_layer(stack: LayerCache, num_layers: int) -> Cache:
 
 
 def kv_cache_bytes_per_token(cfg: ModelConfig, dtype: str | None = None) -> int:
-    """Bytes of KV cache one token of context costs, summed over every layer of the model.
-
-    What `init_cache` allocates per (row, slot), in `dtype` (default cfg.dtype, the dtype the
-    sampler's cache has):
-      MHA / GQA / MQA: L * 2 * G * K values (a key and a value per key/value head and layer;
-                       G = num_kv_heads: H for MHA, 1 for MQA, K = head_dim).
-      MLA:             L * (C + Kr) values (one latent and one shared rotary key per layer;
-                       C = kv_latent_dim, Kr = rope_head_dim or 0).
-    A cache of B rows and S slots takes B * S times this.
-    """
+    """Bytes of cache one token costs over every layer, in `dtype` (default cfg.dtype): L * 2 * G * K
+    values (MHA / GQA / MQA: a key and a value per key/value head), or L * (C + Kr) (MLA: the latent and
+    the shared rotary key). A cache of B rows and S slots takes B * S times this."""
     if dtype is None:
         cfg.check_resolved()
     itemsize = jnp.dtype(dtype or cfg.dtype).itemsize
@@ -243,12 +232,8 @@ def kv_cache_bytes_per_token(cfg: ModelConfig, dtype: str | None = None) -> int:
 
 
 def kv_cache_bytes(cfg: ModelConfig, length: int, dtype: str | None = None) -> int:
-    """Bytes of one row's KV cache holding `length` tokens: a global layer keeps every token, a
-    local layer (cfg.layer_windows) at most its W. So the cache grows by kv_cache_bytes_per_token
-    per token up to W; past W only the global layers' share grows, and the local layers' part stays
-    at W times theirs (with a window in every layer the whole cache is constant past W). The ring
-    slots' position records (4 bytes per slot and local layer) are not counted.
-    """
+    """Bytes of one row's cache holding `length` tokens: a global layer keeps every token, a local
+    layer at most its W (the rings' position records not counted)."""
     per_layer = kv_cache_bytes_per_token(cfg, dtype) // cfg.num_layers
     return per_layer * sum(length if w is None else min(length, w) for w in cfg.layer_windows())
 

@@ -52,16 +52,16 @@ def make_per_layer_decode(steps: int):
     """The cache.py scheme: a KVCache of L buffers [B, G, S, K] per kind, written by cache.write."""
 
     def step(carry, _):
-        kv, x, pos = carry  # kv: cache.KVCache (tuples of L buffers); x [B, 1, H, K]; pos [B, 1]
+        kv, x, pos = carry  # kv: a tuple of L cache.KVCache (buffers [B, G, S, K]); x [B, 1, H, K]; pos [B, 1]
         s = cache.max_len(kv)
         slots = jnp.broadcast_to(jnp.arange(s), (x.shape[0], s))
         masks = [ops.causal_mask(pos, slots, slots < pos), ops.causal_mask(pos, pos)]
         news = []
-        for k_l, v_l in zip(kv.k, kv.v, strict=True):
+        for k_l, v_l in ((c.k, c.v) for c in kv):
             k_new, v_new = x * 0.5, x * 0.25  # stand-ins for the projections
             x, _ = ops.dot_product_attention(x, [k_l, k_new], [v_l, v_new], masks, heads_first=[True, False])
             news.append((k_new, v_new))
-        new = cache.KVCache(k=tuple(k for k, _ in news), v=tuple(v for _, v in news))
+        new = tuple(cache.KVCache(k=k, v=v) for k, v in news)
         return (cache.write(kv, new, pos, after=x), x, pos + 1), None
 
     return decode_loop(step, steps)

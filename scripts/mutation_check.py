@@ -82,8 +82,8 @@ MUTANTS = (
         name="cache-write-position",
         what="the KV cache writes position p into slot p + R + 1 instead of p + R",
         path="transformer/model/kv_cache.py",
-        old="full_slots = positions + cache.registers  # slot = position + R",
-        new="full_slots = positions + cache.registers + 1  # slot = position + R",
+        old="slot = positions + c.registers  # [B, T]: slot = position + R",
+        new="slot = positions + c.registers + 1  # [B, T]: slot = position + R",
         tests=(
             "tests/test_cache.py::test_write_puts_each_row_at_its_own_positions",
             "tests/test_model.py::test_variant[gqa-rope-post]",

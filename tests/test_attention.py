@@ -1,4 +1,4 @@
-"""Tests of transformer/model/attention.py: segment_masks, Attention (MHA / GQA / MQA), LatentAttention
+"""Tests of transformer/model/attention.py (and key_view.py): Attention (MHA / GQA / MQA), LatentAttention
 (MLA, naive and absorbed) and output_projection (W_o and the head mask).
 
 The module-level tests call the layers directly; the others go through a tiny Decoder
@@ -8,6 +8,7 @@ The module-level tests call the layers directly; the others go through a tiny De
 from __future__ import annotations
 
 import functools
+import math
 
 import chex
 import flax
@@ -16,19 +17,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.helpers.decoder import BASE, PREFILL, TOL, T, build, jit, make_cfg, max_diff, random_params
+from tests.helpers.decoder import BASE, PREFILL, TOL, T, build, jit, make_cfg, max_diff, random_params, segment_masks
 from transformer import ModelConfig, init_cache
 from transformer.analysis.capture import capture
 from transformer.model import edits, ops
-from transformer.model.attention import Attention, LatentAttention, segment_masks
+from transformer.model.attention import Attention, LatentAttention
 from transformer.model.kv_cache import KVCache, LatentCache
 from transformer.model.decoder import Decoder
+from transformer.model.positions import alibi_slopes
 
 
-# ----------------------------------------------------------------------------- segment_masks
+# ----------------------------------------------------------------------------- key_view
 
-
-def test_segment_masks_without_a_cache_is_the_causal_mask_of_the_new_tokens():
+def test_key_view_without_a_cache_is_the_causal_mask_of_the_new_tokens():
     positions = jnp.array([[0, 1, 2], [5, 6, 7]])
     (mask,) = segment_masks(positions, None)
     chex.assert_shape(mask, (2, 1, 3, 3))
@@ -37,7 +38,7 @@ def test_segment_masks_without_a_cache_is_the_causal_mask_of_the_new_tokens():
     np.testing.assert_array_equal(allowed, np.broadcast_to(np.tril(np.ones((3, 3), bool)), (2, 3, 3)))
 
 
-def test_segment_masks_with_a_cache_hide_slots_from_the_first_new_position_on():
+def test_key_view_with_a_cache_hides_slots_from_the_first_new_position_on():
     """Row 0 continues at position 3 (slots 0..2 filled), row 1 at 0 (nothing cached): a query sees
     the cached slots before its row's first new position, then this call's tokens up to its own."""
     positions = jnp.array([[3, 4], [0, 1]])
@@ -216,3 +217,43 @@ def test_ablating_heads_equals_zeroing_output_projection_rows(attention, positio
     zeroed = np.asarray(m.forward(jax.tree.map(jnp.asarray, params), m.tokens))
     np.testing.assert_allclose(masked, zeroed, **TOL)
     assert max_diff(masked, plain) > 1e-3, "ablating two heads changed nothing"
+
+
+# ----------------------------------------------------------------------------- ALiBi
+
+
+def paper_slopes(n):
+    """Press et al. 2022's reference code (github.com/ofirpress/attention_with_linear_biases)."""
+    def power_of_2(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+    if math.log2(n).is_integer():
+        return power_of_2(n)
+    closest = 2 ** math.floor(math.log2(n))
+    return power_of_2(closest) + paper_slopes(2 * closest)[0::2][: n - closest]
+
+
+@pytest.mark.parametrize("heads", [1, 2, 4, 6, 8, 12, 16])
+def test_alibi_slopes_are_the_papers(heads):
+    np.testing.assert_allclose(alibi_slopes(heads), paper_slopes(heads), rtol=1e-6)
+    if heads == 8:
+        np.testing.assert_allclose(alibi_slopes(8), [2.0 ** -(h + 1) for h in range(8)])  # 2^(-8(h+1)/H)
+
+
+@pytest.mark.parametrize("attention", ["mha", "gqa", "mla"])
+def test_alibi_scores_are_the_reference_formula(attention):
+    """attn.scores == q_t . k_s / sqrt(d) - m_h (t - s) for s <= t (and hidden for s > t), m_h the
+    paper's slopes, computed from the captured queries and keys (MLA: its naive form's per-head keys)."""
+    m = build(attention, "alibi")
+    cfg = m.cfg
+    names = ["blocks.0.attn.q", "blocks.0.attn.k", "blocks.0.attn.scores"]
+    _, _, got = jit(lambda p, x: capture(p, cfg, x, names))(m.params, m.tokens)
+    q, k, scores = (np.asarray(got[n], np.float64) for n in names)  # [B, T, H, K], [B, T, G, K], [B, H, T, S]
+    k = np.repeat(k, cfg.num_heads // k.shape[2], axis=2)  # each key head serves R query heads
+    t = np.arange(T)
+    distance = t[:, None] - t[None, :]  # [T, S]: t - s
+    slopes = np.asarray(paper_slopes(cfg.num_heads))[:, None, None]  # [H, 1, 1]
+    expected = np.einsum("bthk,bshk->bhts", q, k) / np.sqrt(q.shape[-1]) - slopes * distance
+    seen = distance >= 0
+    np.testing.assert_allclose(scores[..., seen], expected[..., seen], rtol=1e-4, atol=1e-4)
+    assert np.all(scores[..., ~seen] < -1e8), "a later key is not hidden"

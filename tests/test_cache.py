@@ -10,7 +10,7 @@ import pytest
 
 from configs import gpt2
 from transformer import KVCache, LatentCache, ModelConfig, init_cache, kv_cache_bytes_per_token
-from transformer.model import kv_cache, param_tree
+from transformer.model import kv_cache
 from transformer.model.execution import resolve_auto
 
 BASE = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)  # K = 8
@@ -35,7 +35,7 @@ CFGS = {
 )
 def test_init_cache_shapes(name, shape):
     cache = init_cache(CFGS[name], batch_size=3, max_len=10)
-    assert isinstance(cache, LatentCache if name.startswith("mla") else KVCache)
+    assert all(isinstance(c, LatentCache if name.startswith("mla") else KVCache) for c in cache)  # one per layer
     buffers = jax.tree.leaves(cache)
     assert len(buffers) == CFGS[name].num_layers * (1 if name.startswith("mla") else 2)  # one per layer
     chex.assert_shape(buffers, shape)
@@ -63,8 +63,8 @@ EXPECTED_BYTES = {
 def test_bytes_per_token_formula_and_measured(name):
     cfg = CFGS[name]
     expected = EXPECTED_BYTES[name]
-    assert kv_cache.bytes_per_token(cfg) == expected
-    assert kv_cache.bytes_per_token(cfg, "bfloat16") == expected // 2
+    assert kv_cache_bytes_per_token(cfg) == expected
+    assert kv_cache_bytes_per_token(cfg, "bfloat16") == expected // 2
     assert kv_cache.measured_bytes_per_token(init_cache(cfg, 3, 10)) == expected
     assert kv_cache.measured_bytes_per_token(init_cache(cfg, 2, 5, dtype="bfloat16")) == expected // 2
 
@@ -80,17 +80,16 @@ def test_exported_kv_cache_bytes_per_token_counts_init_cache_buffers(name, dtype
     assert len(buffers) == cfg.num_layers * (1 if cfg.attention == "mla" else 2)
     assert kv_cache_bytes_per_token(cfg) == sum(b.nbytes for b in buffers) // (batch * slots)
     assert kv_cache_bytes_per_token(cfg) == EXPECTED_BYTES[name] * jnp.dtype(dtype).itemsize // 4
-    assert kv_cache.bytes_per_token is kv_cache_bytes_per_token  # the old name still works
 
 
 def test_gqa_and_mla_caches_are_smaller_than_mha():
-    mha = kv_cache.bytes_per_token(CFGS["mha"])
-    assert kv_cache.bytes_per_token(CFGS["gqa"]) == mha // 2
-    assert kv_cache.bytes_per_token(CFGS["mqa"]) == mha // 4
-    assert kv_cache.bytes_per_token(CFGS["mla"]) < mha
+    mha = kv_cache_bytes_per_token(CFGS["mha"])
+    assert kv_cache_bytes_per_token(CFGS["gqa"]) == mha // 2
+    assert kv_cache_bytes_per_token(CFGS["mqa"]) == mha // 4
+    assert kv_cache_bytes_per_token(CFGS["mla"]) < mha
     # GPT-2 small in float32 (a CPU's 'auto' dtype): 12 layers * 2 * 12 heads * 64 * 4 bytes = 73,728
     # bytes (72 KiB) per token.
-    assert kv_cache.bytes_per_token(resolve_auto(ModelConfig.from_dict(gpt2.get_config().model), "cpu").cfg) == 73_728
+    assert kv_cache_bytes_per_token(resolve_auto(ModelConfig.from_dict(gpt2.get_config().model), "cpu").cfg) == 73_728
 
 
 def test_init_cache_longer_than_context_raises():
@@ -130,25 +129,26 @@ def test_cache_is_a_pytree_through_jit_and_scan(name):
 
 
 @pytest.mark.parametrize("name", ["gqa", "mla"])
-def test_layer_views_and_stacking(name):
-    """cache_layer(i) is layer i's buffers; stack_cache / unstack_cache convert to and from [L, ...]
-    arrays, and join_cache puts the layers' views back together (param_tree.py)."""
+def test_layer_caches_and_stacking(name):
+    """cache[i] is layer i's buffers; kv_cache.stacked / per_layer convert to and from [L, ...]
+    arrays (the scanned layout's one boundary), and per_layer puts the layers back together."""
     cache = jax.tree.map(lambda x: x + jnp.arange(x.size, dtype=x.dtype).reshape(x.shape), init_cache(CFGS[name], 2, 6))
     times = lambda x: x * jnp.arange(1, 3).reshape(2, *[1] * (x.ndim - 1))  # noqa: E731
-    cache = param_tree.unstack_cache(jax.tree.map(times, param_tree.stack_cache(cache)))  # layer i's values times i + 1
-    stack = param_tree.stack_cache(cache)
-    for i in range(CFGS[name].num_layers):
-        view = param_tree.cache_layer(cache, i)
-        assert type(view) is type(cache) and view.max_len == 6
+    L = CFGS[name].num_layers
+    cache = kv_cache.per_layer(jax.tree.map(times, kv_cache.stacked(cache)), L)  # layer i's values times i + 1
+    stack = kv_cache.stacked(cache)
+    for i in range(L):
+        view = cache[i]
+        assert type(view) is type(stack) and kv_cache.max_len((view,)) == 6
         for got, whole in zip(jax.tree.leaves(view), jax.tree.leaves(stack), strict=True):
             np.testing.assert_array_equal(got, whole[i])
-    assert jax.tree.structure(param_tree.unstack_cache(stack)) == jax.tree.structure(cache)
-    views = [param_tree.cache_layer(cache, i) for i in range(CFGS[name].num_layers)]
-    joined = param_tree.join_cache(views)
+    assert jax.tree.structure(kv_cache.per_layer(stack, L)) == jax.tree.structure(cache)
+    views = [cache[i] for i in range(L)]
+    joined = tuple(views)
     assert jax.tree.structure(joined) == jax.tree.structure(cache)
     for got, want in zip(jax.tree.leaves(joined), jax.tree.leaves(cache), strict=True):
         np.testing.assert_array_equal(got, want)
-    assert not np.array_equal(*[np.asarray(x) for x in jax.tree.leaves(cache)[:2]])  # layers differ
+    assert not np.array_equal(*[np.asarray(jax.tree.leaves(c)[0]) for c in cache[:2]])  # layers differ
 
 
 def test_write_puts_each_row_at_its_own_positions():
@@ -156,15 +156,15 @@ def test_write_puts_each_row_at_its_own_positions():
     cache = init_cache(cfg, 2, 8)
     L, G, K = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
     new_k = jnp.arange(1.0, 1 + L * 2 * 3 * G * K).reshape(L, 2, 3, G, K)  # [L, B, T, G, K]
-    new = param_tree.unstack_cache(KVCache(k=new_k, v=-new_k))
+    new = kv_cache.per_layer(KVCache(k=new_k, v=-new_k), L)
     positions = jnp.array([[0, 1, 2], [4, 5, 6]])
-    out = param_tree.stack_cache(kv_cache.write(cache, new, positions))
+    out = kv_cache.stacked(kv_cache.write(cache, new, positions))
     k = np.moveaxis(np.asarray(out.k), 3, 2)  # [L, B, G, S, K] -> [L, B, S, G, K] to compare
     np.testing.assert_array_equal(k[:, 0, 0:3], new_k[:, 0])
     np.testing.assert_array_equal(k[:, 1, 4:7], new_k[:, 1])
     np.testing.assert_array_equal(np.moveaxis(np.asarray(out.v), 3, 2), -k)
     assert not np.any(k[:, 0, 3:]) and not np.any(k[:, 1, :4]) and not np.any(k[:, 1, 7:])
     # Out-of-range slots are dropped, not clipped onto the last slot.
-    first = param_tree.unstack_cache(KVCache(k=new_k[:, :, :1], v=new_k[:, :, :1]))
+    first = kv_cache.per_layer(KVCache(k=new_k[:, :, :1], v=new_k[:, :, :1]), L)
     dropped = kv_cache.write(cache, first, jnp.array([[8], [9]]))
     assert not any(np.any(np.asarray(x)) for x in jax.tree.leaves(dropped))

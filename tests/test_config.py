@@ -35,7 +35,7 @@ INVALID = [
     (dict(BASE, head_dim=5, position="rope"), "got head_dim=5", ROPE_PAIRS),
     (dict(BASE, activation="tanh"), "activation='tanh' is not a known choice",
      "use one of 'gelu', 'gelu_tanh', 'relu', 'relu2', 'swiglu'"),
-    (dict(BASE, position="alibi"), "position='alibi' is not a known choice",
+    (dict(BASE, position="xpos"), "position='xpos' is not a known choice",
      "use one of 'learned', 'sinusoidal', 'rope', 'none'"),
     (dict(BASE, norm="batchnorm"), "norm='batchnorm' is not a known choice", "use one of 'layernorm', 'rmsnorm'"),
     (dict(BASE, attention="linear"), "attention='linear' is not a known choice", "use one of 'mha', 'mla'"),

@@ -25,13 +25,15 @@ from tests.helpers import reference
 from tests.helpers.decoder import BASE, POSITION, PREFILL, TOL, T, build, jit, make_cfg, max_diff, random_params
 from transformer import ModelConfig, count_params, init_cache
 from transformer.model.execution import resolve_auto
-from transformer.model.decoder import Decoder, check_positions
+from transformer.model.decoder import Decoder
+from transformer.model.inputs import check_positions
 from transformer.model.param_tree import unstack_layers
+from transformer.model.positions import scheme
 
 POSTNORM = {"mha": "learned", "gqa": "rope", "mqa": "none", "mla": "sinusoidal"}
 VARIANTS = (
     [(a, p, p != POSTNORM[a]) for a in ("mha", "gqa", "mqa") for p in POSITION]
-    + [("mla", p, p != POSTNORM["mla"]) for p in ("learned", "sinusoidal", "none")]
+    + [("mla", p, p != POSTNORM["mla"]) for p in ("learned", "sinusoidal", "none", "alibi")]
     + [("mla_q_rope", "rope", True), ("mla_q_rope", "rope", False)]
 )
 VARIANT_IDS = [f"{a}-{p}-{'pre' if pre else 'post'}" for a, p, pre in VARIANTS]
@@ -76,7 +78,7 @@ def check_position_dependence(m):
     seq = m.tokens[:1]
     ref = np.asarray(m.forward(m.params, seq))
     shifted = np.asarray(m.forward(m.params, seq, np.arange(T)[None] + 3))
-    if m.cfg.position in ("rope", "none"):
+    if scheme(m.cfg).relative:
         np.testing.assert_allclose(shifted, ref, **TOL, err_msg=f"{m.cfg.position}: shifting positions changed logits")
     else:
         assert max_diff(shifted, ref) > 1e-3, f"{m.cfg.position}: the logits ignore absolute positions"
@@ -147,7 +149,8 @@ def test_jit_and_eager_agree():
     jitted, cache_j = step(m.params, m.tokens[:, :PREFILL], positions, init_cache(m.cfg, 2, T))
     np.testing.assert_allclose(eager, jitted, **TOL)
     chex.assert_trees_all_close(cache_e, cache_j, rtol=1e-5, atol=1e-5)
-    assert np.any(np.asarray(cache_e.k)[..., :PREFILL, :] != 0) and np.all(np.asarray(cache_e.k)[..., PREFILL:, :] == 0)
+    k = np.stack([np.asarray(c.k) for c in cache_e])  # [L, B, G, S, K]
+    assert np.any(k[..., :PREFILL, :] != 0) and np.all(k[..., PREFILL:, :] == 0)
     # And the fast-compiling jit the other tests use computes the same.
     np.testing.assert_allclose(m.step(m.params, m.tokens[:, :PREFILL], positions, init_cache(m.cfg, 2, T))[0],
                                jitted, **TOL)
@@ -179,7 +182,7 @@ def test_cache_overflow_under_jit_gives_nan_logits_for_that_row():
     logits, new = m.step(m.params, m.tokens[:, :1], np.array([[3], [8]]), cache)
     assert np.all(np.isnan(logits[1])), "the row that wrote past the cache must be NaN"
     assert np.all(np.isfinite(logits[0]))
-    k = np.asarray(new.k)  # [L, B, G, S, K]
+    k = np.stack([np.asarray(c.k) for c in new])  # [L, B, G, S, K]
     assert np.any(k[:, 0, :, 3] != 0) and np.all(k[:, 1] == 0)  # row 1's write was dropped
 
 
@@ -309,10 +312,10 @@ def test_bfloat16_compute_keeps_float32_params():
     want = jit(reference.logits, static_argnums=0)(cfg, params, tokens)  # float32, no model code
     reference.assert_close(logits, want, reference.BFLOAT16_TOL)
     cache = init_cache(cfg, 2, T)
-    assert {x.dtype for x in cache.k} == {jnp.dtype(jnp.bfloat16)}
+    assert {c.k.dtype for c in cache} == {jnp.dtype(jnp.bfloat16)}
     out, cache = step(params, tokens[:, :1], np.full((2, 1), 3), cache)
     chex.assert_tree_all_finite(out)
-    assert {x.dtype for x in cache.k} == {jnp.dtype(jnp.bfloat16)}
+    assert {c.k.dtype for c in cache} == {jnp.dtype(jnp.bfloat16)}
 
 
 def _loss(model, params, tokens):

@@ -127,7 +127,7 @@ def test_qk_norm_caches_normalised_keys():
     params = flax.core.unfreeze(jax.tree.map(np.array, m.params))
     params["layers"]["attn"]["k_norm"]["scale"][:] = 1.0
     _, cache = m.step(params, m.tokens[:, :5], np.broadcast_to(np.arange(5), (2, 5)), init_cache(m.cfg, 2, 8))
-    k = np.asarray(cache.k[0])[:, :, :5]  # layer 0, [B, G, S, K], the 5 written slots
+    k = np.asarray(cache[0].k)[:, :, :5]  # layer 0, [B, G, S, K], the 5 written slots
     np.testing.assert_allclose(np.sqrt(np.mean(k**2, axis=-1)), 1.0, rtol=1e-4)
 
 

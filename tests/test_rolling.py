@@ -21,11 +21,14 @@ BASE = dict(vocab_size=64, max_seq_len=CONTEXT, d_model=32, num_heads=4, scan_la
 KINDS = {"gqa-rope": dict(num_kv_heads=2, position="rope"), "mha-none": dict(position="none"),
          "mla-rope": dict(attention="mla", kv_latent_dim=12, rope_head_dim=4, position="rope"),
          "mla-none": dict(attention="mla", kv_latent_dim=12, position="none"),
+         "gqa-alibi": dict(num_kv_heads=2, position="alibi"),
+         "mla-alibi": dict(attention="mla", kv_latent_dim=12, position="alibi"),
+         "gqa-alibi-registers": dict(num_kv_heads=2, position="alibi", num_registers=2),
          # register tokens stay in the cache for good, before the sinks, at positions -R..-1
          "gqa-rope-registers": dict(num_kv_heads=2, position="rope", num_registers=2),
          "mla-rope-registers": dict(attention="mla", kv_latent_dim=12, rope_head_dim=4, position="rope",
                                     num_registers=3)}
-FAST = {("gqa-rope", S), ("gqa-rope-registers", 0)}  # in make test; the other cases in make test-all
+FAST = {("gqa-rope", S), ("gqa-rope-registers", 0), ("gqa-alibi", S)}  # in make test; the other cases in make test-all
 CASES = [pytest.param(kind, sinks, marks=() if (kind, sinks) in FAST else pytest.mark.slow)
          for kind, sinks in [(kind, S) for kind in KINDS] + [("gqa-rope-registers", 0), ("mla-rope-registers", 1)]]
 
@@ -64,11 +67,11 @@ def test_generation_runs_8x_the_context_with_a_constant_cache():
     params = random_params(Decoder(cfg))
     prompts, key, options = [[1, 2, 3], [4, 5, 6, 7, 8, 9]], jax.random.key(0), SamplingOptions(temperature=0.0)
     state = _start(params, cfg, prompts, key, 8 * 16, options, sinks=4)
-    assert [b.shape[2] for b in state.cache.k] == [4, 16] and state.cache.sinks == (0, 4)
+    assert [c.k.shape[2] for c in state.cache] == [4, 16] and tuple(c.sinks for c in state.cache) == (0, 4)
     after, tokens, _ = decode(params, cfg, state, 8 * 16 - 1, options)
     assert jax.tree.map(jnp.shape, after.cache) == jax.tree.map(jnp.shape, state.cache)
     assert tokens.shape == (2, 8 * 16 - 1) and np.asarray(after.positions).tolist() == [3 + 127, 6 + 127]
-    assert int(np.asarray(after.cache.positions[1]).max()) == 6 + 126  # the last position written
+    assert int(np.asarray(after.cache[1].positions).max()) == 6 + 126  # the last position written
     fits = sampling.generate(params, cfg, prompts, key, 10, temperature=0.0)
     rolled = sampling.generate(params, cfg, prompts, key, 10, sinks=4, temperature=0.0)
     np.testing.assert_array_equal(rolled.tokens, fits.tokens)
@@ -79,7 +82,7 @@ def test_generation_runs_8x_the_context_with_a_constant_cache():
 def test_learned_positions_and_requests_past_the_context_are_refused_by_name():
     learned = ModelConfig(**BASE, num_layers=1)
     params = random_params(Decoder(learned))
-    with pytest.raises(ValueError, match="needs position='rope' or 'none', not 'learned'"):
+    with pytest.raises(ValueError, match="needs position='rope' or 'none' or 'alibi', not 'learned'"):
         sampling.generate(params, learned, [[1, 2]], jax.random.key(0), 20, sinks=2)
     with pytest.raises(ValueError, match="pass sinks=S"):
         sampling.generate(params, learned, [[1, 2]], jax.random.key(0), 20)

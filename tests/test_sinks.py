@@ -17,14 +17,13 @@ import pytest
 
 from configs import tiny
 from tests.helpers.cli import run as run_train
-from tests.helpers.decoder import PREFILL, TOL, T, build, jit, max_diff
+from tests.helpers.decoder import PREFILL, TOL, T, build, jit, max_diff, segment_masks
 from tests.helpers.marks import first_fast
 from tests.test_model import check_cached_decoding_equals_forward, check_causality, check_ragged_batch_equals_rows_alone
 from transformer import ModelConfig, init_cache
 from transformer.experiments.sinks import sinks
 from transformer.analysis.capture import attention_maps, capture
-from transformer.model import edits, ops
-from transformer.model.attention import segment_masks
+from transformer.model import edits, kv_cache, ops
 from transformer.model.execution import resolve_auto
 from transformer.data.batches import with_start_token
 from transformer.training.loss import cross_entropy, loss_fn
@@ -176,15 +175,15 @@ def test_registers_keep_the_logits_shape_and_the_loss_token_count():
 def test_registers_fill_the_leading_slots_of_the_cache_once():
     m = build("gqa", "rope", num_registers=R)
     cache = init_cache(m.cfg, 2, T)
-    assert cache.max_len == T and cache.k[0].shape[2] == R + T and not cache.registers_written
+    assert kv_cache.max_len(cache) == T and cache[0].k.shape[2] == R + T and not cache[0].registers_written
     positions = np.broadcast_to(np.arange(PREFILL), (2, PREFILL))
     _, cache = m.step(m.params, m.tokens[:, :PREFILL], positions, cache)
-    assert cache.registers_written
-    k = np.asarray(cache.k[0])  # [B, G, R + S, K]
+    assert cache[0].registers_written
+    k = np.asarray(cache[0].k)  # [B, G, R + S, K]
     assert np.abs(k[:, :, :R]).min() > 0 and np.all(k[:, :, R + PREFILL:] == 0)
     np.testing.assert_array_equal(k[0, :, :R], k[1, :, :R])  # the same registers in every row
     _, after = m.step(m.params, m.tokens[:, PREFILL:PREFILL + 1], np.full((2, 1), PREFILL), cache)
-    np.testing.assert_array_equal(np.asarray(after.k[0])[:, :, :R + PREFILL], k[:, :, :R + PREFILL])
+    np.testing.assert_array_equal(np.asarray(after[0].k)[:, :, :R + PREFILL], k[:, :, :R + PREFILL])
 
 
 def test_segment_masks_show_written_registers_to_every_query():

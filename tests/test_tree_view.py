@@ -41,7 +41,7 @@ def test_optimizer_state_cache_numpy_and_sharded_arrays(params):
     assert adam.totals()[1] == 2 * count_params(params) + 1  # two moments and the step count
     cache = show_tree(init_cache(CFG, batch_size=3, max_len=16, dtype="bfloat16"), "KV cache")
     assert cache.totals()[2] == 3 * 16 * kv_cache_bytes_per_token(CFG.replace(dtype="bfloat16"))
-    assert str(cache.summary.k[0]).startswith("bfloat16[3, 2, 16, 8]")  # [B, G, S, K]
+    assert str(cache.summary[0].k).startswith("bfloat16[3, 2, 16, 8]")  # [B, G, S, K]
     assert tree_summary({"a": np.zeros((2, 3), np.int8), "n": 7})["a"].sharding == "numpy (host)"
     assert tree_summary({"n": 7, "none": None}) == {"n": 7, "none": None}
     abstract = tree_summary(jax.ShapeDtypeStruct((4,), jnp.float16))

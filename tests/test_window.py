@@ -132,7 +132,7 @@ def test_ring_buffer_decoding_equals_the_windowed_forward(variant):
         m = build(*variant, attention_window=W, **extra)
         cache = init_cache(m.cfg, 2, T)
         local = [w is not None for w in m.cfg.layer_windows()]
-        assert [b.shape[-2] == W for b in kv_cache.buffers(cache).popitem()[1]] == local  # W slots, or T
+        assert [kv_cache.buffers(c).popitem()[1].shape[-2] == W for c in cache] == local  # W slots, or T
         check_cached_decoding_equals_forward(m)
         check_ragged_with_padding_at_pad_position(m)
 
@@ -142,17 +142,17 @@ def test_a_prefill_longer_than_the_ring_keeps_each_rows_last_w():
     padding (PAD_POSITION) is written nowhere; empty slots record PAD_POSITION."""
     cfg = ModelConfig(vocab_size=8, max_seq_len=16, d_model=8, num_layers=1, num_heads=1, attention_window=W)
     cache = init_cache(cfg, 3, 16)
-    np.testing.assert_array_equal(cache.positions[0], kv_cache.PAD_POSITION)
+    np.testing.assert_array_equal(cache[0].positions, kv_cache.PAD_POSITION)
     positions = np.array([[0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3] + [kv_cache.PAD_POSITION] * 3,
                           [0] + [kv_cache.PAD_POSITION] * 6])
     values = jnp.asarray(positions % 1000, jnp.float32)[:, :, None, None] + 1.0  # [B, T, G=1, K=1]: position + 1
-    new = kv_cache.KVCache(k=(jnp.broadcast_to(values, (3, 7, 1, 8)),), v=(jnp.broadcast_to(-values, (3, 7, 1, 8)),))
+    new = (kv_cache.KVCache(k=jnp.broadcast_to(values, (3, 7, 1, 8)), v=jnp.broadcast_to(-values, (3, 7, 1, 8))),)
     out = kv_cache.write(cache, new, jnp.asarray(positions))
-    recorded = np.asarray(out.positions[0])  # [B, W]
+    recorded = np.asarray(out[0].positions)  # [B, W]
     np.testing.assert_array_equal(recorded, [[6, 4, 5], [3, 1, 2], [0, kv_cache.PAD_POSITION, kv_cache.PAD_POSITION]])
-    k = np.asarray(out.k[0])[:, 0, :, 0]  # [B, W]
+    k = np.asarray(out[0].k)[:, 0, :, 0]  # [B, W]
     np.testing.assert_array_equal(k, np.where(recorded < kv_cache.PAD_POSITION, recorded + 1.0, 0.0))
-    np.testing.assert_array_equal(np.asarray(out.v[0])[:, 0, :, 0], -k)
+    np.testing.assert_array_equal(np.asarray(out[0].v)[:, 0, :, 0], -k)
 
 
 def test_a_local_layers_cache_is_bounded():
@@ -168,9 +168,9 @@ def test_a_local_layers_cache_is_bounded():
     assert kv_cache.kv_cache_bytes(every, 40) == kv_cache.kv_cache_bytes(every, 8) == 8 * 4 * per_layer
     # init_cache allocates exactly that for a cache of 40 slots: rings of W, full buffers of 40 (+ the records).
     cache = init_cache(cfg, 2, 40)
-    records = sum(p.nbytes for p in cache.positions if p is not None)
+    records = sum(c.positions.nbytes for c in cache if c.positions is not None)
     assert kv_cache.measured_bytes(cache) - records == 2 * kv_cache.kv_cache_bytes(cfg, 40)
-    assert cache.max_len == 40 and init_cache(every, 1, 40).max_len == kv_cache.PAD_POSITION
+    assert kv_cache.max_len(cache) == 40 and kv_cache.max_len(init_cache(every, 1, 40)) == kv_cache.PAD_POSITION
     line = kv_cache.describe_cache_size(cfg)
     assert "512 bytes per token up to the window W=8" in line and "256 bytes per token (2 global layers)" in line
     assert "2,048 bytes for the 2 local layers" in line

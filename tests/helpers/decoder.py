@@ -17,6 +17,8 @@ import numpy as np
 
 from transformer import ModelConfig
 from transformer.model.decoder import Decoder
+from transformer.model.key_view import key_view
+from transformer.model.kv_cache import init_cache
 
 BASE = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=2, num_heads=4)
 ATTENTION = {
@@ -34,6 +36,7 @@ POSITION = {
     "rope": dict(position="rope", norm="rmsnorm", norm_bias=False, activation="swiglu",
                  use_bias=False, tie_embeddings=False),
     "none": dict(position="none", activation="gelu_tanh", tie_embeddings=False),
+    "alibi": dict(position="alibi", norm="rmsnorm", norm_bias=False),
 }
 
 # The tests check what the model computes, not how fast, and compiling dominates their time: XLA's
@@ -44,6 +47,18 @@ jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_lev
 T = 12  # full sequence length
 PREFILL = 7
 TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def segment_masks(positions, cache_len: int | None, registers: int = 0) -> list:
+    """The key view's biases (model/key_view.py) for one layer without a window, with a cache of
+    `cache_len` slots for tokens and `registers` leading register slots, or none (cache_len None)."""
+    cfg = ModelConfig(vocab_size=8, max_seq_len=64, d_model=8, num_layers=1, num_heads=2, position="none",
+                      num_registers=registers, dtype="float32", attention_impl="reference")
+    cached = None
+    if cache_len is not None:
+        cached = jax.tree.map(lambda layers: layers[0], init_cache(cfg, positions.shape[0], cache_len),
+                              is_leaf=lambda x: isinstance(x, tuple))
+    return key_view(cfg, positions, cached).bias
 
 
 def make_cfg(attention="gqa", position="rope", prenorm=True, **extra) -> ModelConfig:

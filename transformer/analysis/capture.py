@@ -25,16 +25,14 @@ import jax.numpy as jnp
 
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
-from transformer.model.kv_cache import Cache
+from transformer.model.kv_cache import Cache, registers_to_run
 from transformer.model.edits import Edit
 from transformer.model.edits import variables as edit_variables
-from transformer.model.points import COLLECTION, EDITS, LAYER, layer_points, point_names
+from transformer.model.points import COLLECTION, EDITS, LAYER, SOWN, layer_points, point_names
 
 Array = jax.Array
 
-# Sown keys whose point has another name; a norm's output, sown as "output", is the point NAME.out.
-PUBLIC = {"token_embedding": "embed", "position_embedding": "pos_embed", "queries": "q", "keys": "k",
-          "values": "v", "output": "out"}
+PUBLIC = {sown: public for public, sown in SOWN.items()}  # a sown key -> its point's name
 _LAYER_NAME = re.compile(r"^blocks\.(\*|\d+)\.(.+)$")
 
 
@@ -58,7 +56,7 @@ def capture(params: Any, cfg: ModelConfig, tokens: Array, names: Sequence[str], 
     variables = {"params": params, EDITS: edit_variables(cfg, edits, cache)}
     (logits, new_cache), state = Decoder(cfg).apply(variables, tokens, positions=positions, cache=cache,
                                                     mutable=[COLLECTION])
-    r = cfg.num_registers if cache is None or not cache.registers_written else 0
+    r = registers_to_run(cfg, cache)
     found = sown_points(state.get(COLLECTION, {}), cfg, r)
     got = {}
     for name in wanted:

@@ -26,6 +26,7 @@ from transformer.model import ops
 from transformer.model.config import ModelConfig
 from transformer.model.edits import Edit
 from transformer.model.norm import config_norm
+from transformer.model.positions import scheme
 
 Array = jax.Array
 
@@ -79,7 +80,7 @@ def direct_logit_attribution(params: Any, cfg: ModelConfig, tokens: Array, targe
                          "residual stream inside each layer, so its output is no sum of the heads' and MLPs' parts")
     last = f"blocks.{cfg.num_layers - 1}.resid_post"
     names = ["embed", "blocks.*.attn.head_out", "blocks.*.attn.out", last]
-    names += ["pos_embed"] if cfg.position in ("learned", "sinusoidal") else []
+    names += ["pos_embed"] if scheme(cfg).embed is not None else []
     names += ["blocks.*.mlp.out"] if cfg.mlp_dim else []
     _, _, got = capture(params, cfg, tokens, names)
     w_u = unembedding(params, cfg).astype(jnp.float32)

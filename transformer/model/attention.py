@@ -1,11 +1,10 @@
 """Self-attention modules: multi-head / grouped-query attention and multi-head latent attention.
 
-Both take one layer's view of the cache (or None) and return, beside their output, this call's new
-cache entries; the decoder writes those into the cache after the layer stack (see cache.py). The
-keys a query sees are the cached slots before this call's first position, then this call's tokens
-up to its own position: two segments that `ops.dot_product_attention` softmaxes together. It
-computes the lecture's softmax(q k^T / sqrt(d_h) + mask) v, `ops.attention`, over their
-concatenation.
+Both take one layer's cache (or None) and return, beside their output, this call's new cache
+entries; the decoder writes those into the cache after the layer stack (kv_cache.write). The keys a
+query sees, and their biases, come from one `key_view.KeyView` (the cached slots, then this call's
+keys): segments that `ops.dot_product_attention` softmaxes together, the lecture's
+softmax(q k^T / sqrt(d_h) + mask) v (`ops.attention`) over their concatenation.
 """
 
 from __future__ import annotations
@@ -17,113 +16,18 @@ import jax
 import jax.numpy as jnp
 
 from transformer.model import ops
-from transformer.model.kv_cache import PAD_POSITION, Cache, KVCache, LatentCache, ring_window, slot_positions
 from transformer.model.config import ModelConfig
+from transformer.model.key_view import KeyView, key_view
+from transformer.model.kv_cache import KVCache, LatentCache
 from transformer.model.linear import Linear, dense_init
 from transformer.model.norm import rms_norm_module
+from transformer.model.positions import scheme
 from transformer.model.points import capturing, point, touched
 
 Array = jax.Array
 
 
-def segment_masks(positions: Array, cache_len: int | None, registers: int = 0,
-                  window: int | Array | None = None) -> list[Array]:
-    """Masks for the keys a query sees: cached slots (if any), then this call's tokens.
-
-    Args:
-      positions: [B, T] positions of this call's tokens, contiguous in each row (register tokens
-        at -R..-1 before 0, see model.py).
-      cache_len: S, the cache's number of slots for tokens, or None without a cache.
-      registers: R, the cache's leading register slots (positions -R..-1).
-      window: W of a sliding-window layer (ops.causal_mask), or None.
-    Returns:
-      [cache mask [B, 1, T, R + S],] new-token mask [B, 1, T, T].
-    """
-    slots = None
-    if cache_len is not None:
-        slots = jnp.arange(registers + cache_len) - registers  # [R + S]: the position each slot holds
-        slots = jnp.broadcast_to(slots, (positions.shape[0], registers + cache_len))
-    return _masks(positions, slots, window)
-
-
-def _masks(positions: Array, slots: Array | None, window: int | Array | None, sinks: int | None = None,
-           context: Array | None = None) -> list[Array]:
-    """`segment_masks` given the position each cached slot holds ([B, R + S], or None: no cache);
-    sinks: the positions below it stay visible past the window (ops.causal_mask), or None; context:
-    [B, T] bool, this call's keys every query sees (a table's training rows, `ops.causal_mask`)."""
-    masks = [ops.causal_mask(positions, positions, window=window, sinks=sinks, k_context=context)]
-    if slots is not None:
-        # Slots at or after this call's first position are stale: this call rewrites them.
-        filled = slots < positions[:, :1]
-        masks.insert(0, ops.causal_mask(positions, slots, filled, window=window, sinks=sinks))
-    return masks
-
-
-def rotated_sinks(cached: Array, positions: Array, window: int, sinks: int, theta: float, slot_axis: int,
-                  rotary: slice = slice(None), registers: int = 0) -> Array:
-    """A rolling layer's cached keys with the sinks' rotary features turned to StreamingLLM's
-    in-cache positions (re-rotation: keys are cached rotated by their own positions).
-
-    Once a row's query q runs past sinks + window - 1, StreamingLLM numbers the cache 0..S+M-1 and
-    puts the query last: it sees sink i at distance sinks + window - 1 - i, not q - i, while the
-    rolling keys keep their true distances. RoPE scores depend on the difference of positions
-    only, so turning each sink key by shift = q - (sinks + window - 1) more does just that, for S
-    keys per step. A call of several tokens per row uses its last (the sampler's calls past the
-    context are one token per row). R register slots before the sinks (positions -R..-1, numbered
-    so in the cache too) turn by the same shift.
-
-    Args:
-      cached: the layer's keys, [B, G, slots, K] (slot_axis 2) or the MLA latent [B, slots, C + Kr]
-        (slot_axis 1, rotary: its last Kr features).
-      positions: [B, T] this call's positions (padding at PAD_POSITION).
-    """
-    real = jnp.where(positions < PAD_POSITION, positions, -1)
-    shift = jnp.maximum(real.max(axis=1) - (sinks + window - 1), 0)  # [B]
-    head = jnp.moveaxis(cached, slot_axis, 1)  # [B, slots, ...]
-    kept = registers + sinks
-    sink = head[:, :kept, ..., rotary]  # [B, R + S, G, Kr] or [B, R + S, Kr]
-    flat = sink if sink.ndim == 4 else sink[:, :, None]  # [B, R + S, G or 1, Kr]
-    turned = ops.rope(flat, jnp.broadcast_to(shift[:, None], flat.shape[:2]), theta).reshape(sink.shape)
-    return jnp.moveaxis(head.at[:, :kept, ..., rotary].set(turned), 1, slot_axis)
-
-
-def read_keys(cfg: ModelConfig, cached: Cache, keys: Array, positions: Array, slot_axis: int,
-              rotary: slice = slice(None)) -> Array:
-    """One layer's cached keys as this call's queries see them: as they lie, except in a rolling layer
-    with sinks or registers and RoPE (`rotated_sinks`)."""
-    if cached.positions is None or not (cached.sinks or cached.registers) or cfg.position != "rope":
-        return keys
-    window, sinks = ring_window(cached)
-    return rotated_sinks(keys, positions, window, sinks, cfg.rope_theta, slot_axis, rotary, cached.registers)
-
-
-def cache_masks(positions: Array, cached: Cache | None, window: int | Array | None = None,
-                context: Array | None = None) -> list[Array]:
-    """`segment_masks` for one layer's view of the cache (or None); a ring layer's slots hold the
-    positions its record says, and its window and sinks are the ring's (`kv_cache.ring_window`: a
-    local layer's W, or a rolling global layer's, see `init_rolling_cache`). context: a table's
-    training rows [B, T] (model/table.py), read in one call without a cache."""
-    if cached is None:
-        return _masks(positions, None, window, context=context)
-    if context is not None:
-        raise ValueError("a table's rows (context) are read in one forward pass, without a KV cache; pass cache=None")
-    if cached.positions is None:
-        return _masks(positions, slot_positions(cached, positions.shape[0]), window)
-    window, sinks = ring_window(cached)
-    # A rolling layer's sinks, and its registers (before position 0), stay visible past its window.
-    return _masks(positions, cached.positions, window, sinks if sinks or cached.registers else None)
-
-
-def key_positions(positions: Array, cached: Cache | None) -> Array:
-    """[B, S_total]: the position of every key the queries see (cached slots first; registers < 0)."""
-    if cached is None:
-        return positions
-    cached_positions = slot_positions(cached, positions.shape[0]).astype(positions.dtype)
-    return jnp.concatenate([cached_positions, positions], axis=1)
-
-
-def attention_point(module: nn.Module, cfg: ModelConfig, positions: Array, cached: Cache | None, name: str,
-                    value: Array) -> Array:
+def attention_point(module: nn.Module, cfg: ModelConfig, view: KeyView, name: str, value: Array) -> Array:
     """`ops.dot_product_attention`'s `at`: the points attn.scores and attn.pattern [B, H, T, S_total
     (+1)] (edited if asked), and with the pattern the sink's and the registers' shares."""
     value = point(module, name, value)
@@ -131,17 +35,17 @@ def attention_point(module: nn.Module, cfg: ModelConfig, positions: Array, cache
         if cfg.attention_sink:
             point(module, "sink_share", value[..., -1])  # [B, H, T]: the sink's column
         if cfg.num_registers:
-            is_register = (key_positions(positions, cached) < 0).astype(value.dtype)  # [B, S_total]
+            is_register = (view.all_positions() < 0).astype(value.dtype)  # [B, S_total]
             point(module, "register_share", jnp.einsum("bhts,bs->bht", value[..., :is_register.shape[-1]], is_register))
     return value
 
 
-def looking_at(module: nn.Module, cfg: ModelConfig, positions: Array, cached: Cache | None):
+def looking_at(module: nn.Module, cfg: ModelConfig, view: KeyView):
     """The `at` of `ops.dot_product_attention` when this call captures or edits the scores or the
     pattern (which only the reference attention computes), else None."""
     if not touched(module, "scores", "pattern"):
         return None
-    return functools.partial(attention_point, module, cfg, positions, cached)
+    return functools.partial(attention_point, module, cfg, view)
 
 
 def sink_logit(module: nn.Module, cfg: ModelConfig) -> Array | None:
@@ -154,21 +58,17 @@ def sink_logit(module: nn.Module, cfg: ModelConfig) -> Array | None:
 
 class Attention(nn.Module):
     """Multi-head attention with learned W_q, W_k, W_v, W_o; G < H key/value heads = grouped-query.
-
-    cfg.qk_norm: q [B, T, H, K] and k [B, T, G, K] go through an RMSNorm over K (`q_norm`, `k_norm`,
-    each a gain [K] shared by the heads) before RoPE, so the cache holds normalised, rotated keys.
-
-    x [B, T, D] -> out [B, T, D]; new cache entries KVCache(k, v) with arrays [B, T, G, K]. The
-    weights are the points attn.scores and attn.pattern (model/points.py). window: this layer's
-    sliding window W (cfg.layer_windows), or None: a band in the causal mask. context: [B, T] bool,
-    a table's training rows (model/table.py): then each row sees those and itself (`ops.causal_mask`).
-    """
+    
+    x [B, T, D] -> out [B, T, D] and this call's cache entries KVCache(k, v [B, T, G, K]). qk_norm: q
+    and k go through an RMSNorm over K (gains [K] shared by the heads) before RoPE, so the cache holds
+    normalised, rotated keys. window: this layer's sliding window W, or None; order: the input's own
+    order of this call's keys [B, 1, T, T] (model/inputs.py), or None. Both go to the key view."""
 
     cfg: ModelConfig
 
     @nn.compact
     def __call__(self, x: Array, positions: Array, cached: KVCache | None = None,
-                 window: int | Array | None = None, context: Array | None = None) -> tuple[Array, KVCache]:
+                 window: int | Array | None = None, order: Array | None = None) -> tuple[Array, KVCache]:
         cfg = self.cfg
         dense = lambda heads, name: Linear(  # noqa: E731  W [heads, K, D]
             (heads, cfg.head_dim), use_bias=cfg.use_bias, dtype=cfg.dtype,
@@ -181,19 +81,20 @@ class Attention(nn.Module):
         k, v = (nn.with_logical_constraint(a, ("batch", "length", "kv_heads", "head_dim")) for a in (k, v))
         if cfg.qk_norm:  # each head's q and k to RMS 1 over K (gains [K] shared by the heads), then rotated
             q, k = rms_norm_module(cfg, "q_norm")(q), rms_norm_module(cfg, "k_norm")(k)
-        if cfg.position == "rope":
-            q = ops.rope(q, positions, cfg.rope_theta)
-            k = ops.rope(k, positions, cfg.rope_theta)
+        rotate = scheme(cfg).rotate
+        if rotate is not None:
+            q, k = rotate(q, positions, cfg), rotate(k, positions, cfg)
         q, k, v = point(self, "queries", q), point(self, "keys", k), point(self, "values", v)  # attn.q, .k, .v
 
+        view = key_view(cfg, positions, cached, window, order)
         ks, vs, heads_first = [k], [v], [False]
         if cached is not None:  # one layer's cache, [B, G, S, K] as it lies
-            ks.insert(0, read_keys(cfg, cached, cached.k.astype(k.dtype), positions, slot_axis=2))
+            ks.insert(0, view.cached_keys(cfg, cached.k.astype(k.dtype), slot_axis=2))
             vs.insert(0, cached.v.astype(v.dtype))
             heads_first.insert(0, True)
-        at = looking_at(self, cfg, positions, cached)  # the weights' points need the reference path
+        at = looking_at(self, cfg, view)  # the weights' points need the reference path
         out, _ = ops.dot_product_attention(
-            q, ks, vs, cache_masks(positions, cached, window, context), at=at,
+            q, ks, vs, view.bias, at=at,
             implementation="reference" if cached is not None or at else cfg.attention_impl,
             heads_first=heads_first, sink=sink_logit(self, cfg),
         )
@@ -216,27 +117,22 @@ def output_projection(module: nn.Module, cfg: ModelConfig, heads: Array) -> Arra
 
 class LatentAttention(nn.Module):
     """Multi-head latent attention (DeepSeek-V2): keys and values come from a cached latent.
-
-    Per token: c = RMSNorm(W_DKV x) of width C; keys k_h = W_UK,h c and values v_h = W_UV,h c for
-    each head h. With RoPE, a rotary part of width Kr (rope_head_dim) is added to each query (per
-    head) and to one key shared by all heads, so position never passes through W_UK. The cache
-    holds [c, k_rope].
-
-    absorb: compute scores against the latent directly, q_h^T W_UK,h c = (W_UK,h^T q_h)^T c, and
-    apply W_UV after the weighted sum. Then nothing is up-projected per cached token: decoding
-    reads only C + Kr numbers per token and layer. None (default): absorbed when decoding from a
-    cache, naive (up-project every key and value) otherwise. Both compute the same function.
-
-    x [B, T, D] -> out [B, T, D]; new cache entries LatentCache(latent [B, T, C + Kr]). window: as
-    Attention's, and context.
-    """
+    
+    Per token c = RMSNorm(W_DKV x) [C]; head h's key W_UK,h c and value W_UV,h c. With RoPE a rotary
+    part of width Kr is added to each query and to one key shared by all heads, so position never
+    passes through W_UK. The cache holds [c, k_rope]. absorb: score against the latent itself,
+    q_h^T W_UK,h c = (W_UK,h^T q_h)^T c, and apply W_UV after the weighted sum, so decoding reads C + Kr
+    numbers per token and layer; None (default): absorbed when decoding from a cache, naive (every key
+    and value up-projected) otherwise. The same function either way.
+    
+    x [B, T, D] -> out [B, T, D] and LatentCache(latent [B, T, C + Kr]); window, order: as Attention's."""
 
     cfg: ModelConfig
     absorb: bool | None = None
 
     @nn.compact
     def __call__(self, x: Array, positions: Array, cached: LatentCache | None = None,
-                 window: int | Array | None = None, context: Array | None = None) -> tuple[Array, LatentCache]:
+                 window: int | Array | None = None, order: Array | None = None) -> tuple[Array, LatentCache]:
         cfg = self.cfg
         h, k_nope, k_v, c_kv = cfg.num_heads, cfg.head_dim, cfg.v_head_dim, cfg.kv_latent_dim
         k_r = cfg.rope_head_dim or 0  # Kr, the rotary width (0 without RoPE)
@@ -250,14 +146,15 @@ class LatentAttention(nn.Module):
         w_uk = self.param("k_up", dense_init(cfg), (h, k_nope, c_kv), jnp.float32).astype(cfg.dtype)
         w_uv = self.param("v_up", dense_init(cfg), (h, k_v, c_kv), jnp.float32).astype(cfg.dtype)
 
-        if cached is not None:  # a rolling layer's sinks turned in their rotary part (Kr features after C)
-            past = read_keys(cfg, cached, cached.latent.astype(latent.dtype), positions, 1, slice(c_kv, None))
+        view = key_view(cfg, positions, cached, window, order)
+        if cached is not None:  # a rolling layer's kept slots turned in their rotary part (Kr features after C)
+            past = view.cached_keys(cfg, cached.latent.astype(latent.dtype), 1, slice(c_kv, None))
         segments = [latent] if cached is None else [past, latent]
-        masks = cache_masks(positions, cached, window, context)
+        masks = view.bias
         sink = sink_logit(self, cfg)
         scale = (k_nope + k_r) ** -0.5  # the width of the original query/key dot product
         absorb = cached is not None if self.absorb is None else self.absorb
-        at = looking_at(self, cfg, positions, cached)
+        at = looking_at(self, cfg, view)
         if absorb:
             out = absorbed_latent_attention(q_nope, q_rope, segments, w_uk, w_uv, masks, scale=scale, sink=sink, at=at)
         else:
@@ -316,18 +213,10 @@ def absorbed_latent_attention(
     q_nope: Array, q_rope: Array, segments: list[Array], w_uk: Array, w_uv: Array, masks: list[Array], *,
     scale: float, sink: Array | None, at: ops.AttentionPoint | None = None,
 ) -> Array:
-    """MLA scored against the latent itself: q_h^T W_UK,h c = (W_UK,h^T q_h)^T c, and W_UV applied
-    after the weighted sum, so nothing is up-projected per cached token.
-
-    Args:
-      q_nope: [B, T, H, K]; q_rope: [B, T, H, Kr], rotated.
-      segments: latents [B, S, C + Kr] ([c, k_rope]; the cached slots, then this call's tokens).
-      w_uk: W_UK [H, K, C]; w_uv: W_UV [H, Kv, C].
-      masks: one per segment, as `cache_masks` gives them.
-      at: as `ops.dot_product_attention`'s (the scores and the pattern).
-    Returns:
-      out [B, T, H, Kv].
-    """
+    """MLA scored against the latent: q_h^T W_UK,h c = (W_UK,h^T q_h)^T c, W_UV applied after the
+    weighted sum, so nothing is up-projected per cached token. q_nope [B, T, H, K], q_rope [B, T, H, Kr]
+    (rotated), segments: latents [B, S_i, C + Kr] (cached slots, then this call's), W_UK [H, K, C],
+    W_UV [H, Kv, C], masks: one bias per segment (`key_view`) -> out [B, T, H, Kv]."""
     c_kv = w_uk.shape[-1]
     # Scores against [c, k_rope] with the query [W_UK^T q_nope, q_rope]: one shared key
     # head (G = 1) of width C + Kr, and the latent itself as the value.
@@ -352,11 +241,8 @@ def naive_latent_attention(
     q_nope: Array, q_rope: Array, segments: list[Array], w_uk: Array, w_uv: Array, masks: list[Array], *,
     scale: float, sink: Array | None, implementation: str, at: ops.AttentionPoint | None = None,
 ) -> Array:
-    """MLA as multi-head attention: every token's key [W_UK,h c, k_rope] and value W_UV,h c
-    up-projected for every head h, then attention with `implementation`.
-
-    Arguments as `absorbed_latent_attention`'s. Returns out [B, T, H, Kv].
-    """
+    """MLA as multi-head attention over every token's up-projected key [W_UK,h c, k_rope] and value
+    W_UV,h c. Arguments as `absorbed_latent_attention`'s -> out [B, T, H, Kv]."""
     ks, vs = zip(*(up_project(s, w_uk, w_uv) for s in segments))  # every token's key and value, every head
     out, _ = ops.dot_product_attention(
         jnp.concatenate([q_nope, q_rope], axis=-1), ks, vs, masks, scale=scale, sink=sink,

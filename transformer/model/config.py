@@ -11,9 +11,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from transformer.model.positions import SCHEMES
+
 CHOICES = {
     "activation": ("gelu", "gelu_tanh", "relu", "relu2", "swiglu"),
-    "position": ("learned", "sinusoidal", "rope", "none"),
+    "position": tuple(SCHEMES),  # model/positions.py
     "norm": ("layernorm", "rmsnorm"),
     "attention": ("mha", "mla"),
     "dtype": ("float32", "bfloat16", "float16", "auto"),
@@ -38,50 +40,19 @@ DERIVED_FIELDS = ("num_kv_heads", "head_dim", "mlp_dim", "v_head_dim")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Hyper-parameters of a decoder-only transformer.
+    """Hyper-parameters of a decoder-only transformer; each field's comment says what it does.
 
-    Attention: H = num_heads query heads of width K = head_dim; G = num_kv_heads key/value heads
-    (G == H: multi-head, 1 < G < H: grouped-query, G == 1: multi-query). attention='mla' replaces
-    the key/value projections by a latent of width kv_latent_dim (DeepSeek-V2's multi-head latent
-    attention); its queries may go through a latent of width q_latent_dim; with RoPE, a separate
-    rotary part of width rope_head_dim is added to each query and to one key shared by all heads;
-    v_head_dim is the value width (defaults to head_dim). mlp_dim=0 leaves the MLP and its norm out
-    of every block (attention-only layers).
-
-    Attention sinks (both off by default): attention_sink=True gives each head a learned logit that
-    joins every softmax row as one more column and meets no value, so a row may give attention to
-    "nothing" (gpt-oss's sinks; a logit of 0 is "softmax plus one"). num_registers=R > 0 prepends R
-    learned register tokens to every sequence: they attend and are attended to like tokens, come
-    first causally (at positions -R..-1: no position embedding; RoPE rotates them as tokens just
-    before the window) and give no logits; real tokens keep positions 0..T-1. See docs/design.md
-    ("Attention sinks and registers").
-
-    Training-recipe options of recent GPT speed-runs (all off by default; docs/design.md, "Recipe
-    options"): qk_norm=True applies RMSNorm over K to each head's q and k after their projections and
-    before RoPE (OLMo-2, Gemma 3), with a learned gain [K] each for q and k (shared by the heads) when
-    norm_scale; MHA / GQA / MQA only. activation='relu2' is relu(x)^2 (Primer). logit_softcap=c > 0
-    caps the logits at c * tanh(logits / c), in float32 (Gemma 2); 0 is off. zero_init_out=True
-    starts the projections into the residual stream (W_o, the MLP's fc_out) at zero, and
-    zero_init_head=True the untied head (modded-nanogpt), so that every block starts as the identity
-    and the first logits are uniform.
-
-    Sliding-window attention (off by default; docs/design.md, "Sliding windows"): attention_window=W
-    > 0 lets a query at position q see the keys at positions q - W + 1 .. q, itself and the W - 1
-    before it (Hugging Face Mistral's convention: a key W back is hidden), in every layer, or with
-    global_every=k > 0 in every layer but each k-th (layers k-1, 2k-1, ...: local layers interleaved
-    with global ones as in Gemma 2 (k=2) and 3 (k=6)). A local layer's KV cache is a ring buffer of
-    W slots (kv_cache.py). `layer_windows` gives each layer's window.
-
-    A table instead of text (inputs='table', model/table.py; docs/experiments/tables.md): the decoder
-    reads the rows of a classification table, each row's num_features features and, for a training
-    row, its label, and gives num_classes logits per row. A test row attends to every training row
-    and to itself only (`ops.causal_mask`'s k_context); the rows are a set, so position='none'.
+    Attention: H = num_heads query heads of width K = head_dim and G = num_kv_heads key/value heads
+    (G == H multi-head, 1 < G < H grouped-query, G == 1 multi-query), or attention='mla' (DeepSeek-V2's
+    latent of width kv_latent_dim; with RoPE a decoupled rotary part of width rope_head_dim).
+    Sinks and registers (docs/design.md), the speed-run recipe (qk_norm, relu2, logit_softcap,
+    zero_init_*), sliding windows (attention_window W, with global_every=k every k-th layer global;
+    `layer_windows`) and a table instead of text (inputs='table', model/table.py) are off by default.
 
     The fields fall in three groups: the architecture (every field above `zero_init_out`: what the
-    parameters mean), the initialisation (INIT_FIELDS: how they start) and the execution
-    (EXECUTION_FIELDS: how they are computed). Fields left None
-    are derived (DERIVED_FIELDS); `replace` derives them again from the new values unless they were
-    set explicitly, so cfg.replace(d_model=128) also doubles head_dim and mlp_dim.
+    parameters mean), the initialisation (INIT_FIELDS) and the execution (EXECUTION_FIELDS). Fields
+    left None are derived (DERIVED_FIELDS); `replace` derives them again unless they were set, so
+    cfg.replace(d_model=128) also doubles head_dim and mlp_dim.
     """
 
     vocab_size: int

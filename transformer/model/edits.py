@@ -1,28 +1,15 @@
-"""Edits at named points: run the model with chosen activations changed, under jit and in the sampler.
+"""Edits at named points: the model run with chosen activations changed, under jit and in the sampler.
 
-An edit changes one named point (model/points.py) by an affine map of its value,
-
-    value -> scale * value + add        (scale and add broadcast against the value)
-
-which is every edit of the interpretability literature:
-
-    zero ablation       scale 0 where selected, add 0                      `zero`
-    mean ablation       scale 0 where selected, add a mean over inputs     `mean`
-    activation patching scale 0 where selected, add another input's value  `patch`
-    steering            scale 1, add a vector where selected               `steer`
-    head_mask [L, H]    scale = mask[l, h] on head h of blocks.{l}.attn.z  `ablate_heads`
-
-Each constructor selects by layer (in the name: blocks.3.attn.z for layer 3, blocks.*.attn.z for
-every layer), by head and by position (this call's tokens: T counts the tokens, not the registers).
-An `Edit` is data, a pytree of two arrays: a grid of edits can be stacked and vmapped or scanned
-through one compile (analysis/patching.py does). A layer's edit is held for every layer, a leading
-L axis (1 where all layers are alike), so the scanned and the unrolled layer stacks take the same
-edits. Several edits of one point compose in order (`compose`).
+An edit changes one named point (model/points.py) by value -> scale * value + add, which is every
+edit of the interpretability literature: zero ablation (`zero`), mean ablation (`mean`), activation
+patching (`patch`), steering (`steer`) and a head mask [L, H] at attn.z (`ablate_heads`). Each
+selects by layer (blocks.3.attn.z, or blocks.*.attn.z for all), head and position (this call's
+tokens, not the registers). An `Edit` is a pytree of two arrays with a leading L axis for a layer's
+point (1 where all layers are alike), so a grid of edits can be vmapped through one compile
+(analysis/patching.py) and the scanned and unrolled stacks take the same edits; edits of one point
+compose in order (`compose`).
 
     logits, cache = run(params, cfg, tokens, [zero(cfg, "blocks.1.attn.z", head=3)])
-
-`variables(cfg, edits, cache)` is the "edits" collection that `Decoder.apply` reads next to the
-params; `point` applies it where the model marks the point.
 """
 
 from __future__ import annotations
@@ -37,14 +24,10 @@ import numpy as np
 
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
-from transformer.model.kv_cache import Cache
-from transformer.model.points import CAPTURE_ONLY, EDITS, TOP, layer_points, point_axes
+from transformer.model.kv_cache import Cache, registers_to_run
+from transformer.model.points import CAPTURE_ONLY, EDITS, SOWN, TOP, layer_points, point_axes
 
 Array = jax.Array
-
-# The key a point is sown under, where its public name differs (the inverse of capture.PUBLIC).
-SOWN = {"embed": "token_embedding", "pos_embed": "position_embedding", "q": "queries", "k": "keys",
-        "v": "values", "out": "output"}
 
 
 @flax.struct.dataclass
@@ -160,7 +143,7 @@ def variables(cfg: ModelConfig, edits: Sequence[Edit], cache: Cache | None = Non
     A position-selected edit of a layer's point gets identity rows for the registers (which run
     first in the call that fills the cache, or in a forward without one), so positions count tokens."""
     tree: dict = {}
-    r = cfg.num_registers if cache is None or not cache.registers_written else 0
+    r = registers_to_run(cfg, cache)
     for name, (scale, add) in compose(edits).items():
         if name in TOP:
             _put(tree, _sown_path(name), (scale, add))

@@ -2,7 +2,7 @@
 
 Nothing here holds parameters or state: every function takes arrays and returns arrays, so each
 can be called, tested and plotted on its own (the notebooks do). The Flax modules in
-`attention.py` and `model.py` own the parameters and call these.
+`attention.py` and `decoder.py` own the parameters and call these.
 
 Axis letters (see docs/design.md): B batch, T query length, S key length, D model width, H query heads,
 G key/value heads, K head width (d_h), R = H // G query heads per key/value head.
@@ -27,7 +27,7 @@ MASK_VALUE = -1e9
 
 
 def mask_value(dtype: jnp.dtype = jnp.float32) -> float:
-    """A finite, very negative logit that is representable in `dtype` (half of its lowest value)."""
+    """A finite, very negative logit representable in `dtype` (half of its lowest value)."""
     lowest = float(jnp.finfo(dtype).min)  # compare as Python floats: -1e9 overflows float16
     return lowest / 2 if lowest > MASK_VALUE else MASK_VALUE
 
@@ -42,35 +42,18 @@ def causal_mask(
     k_context: Array | None = None,
 ) -> Array:
     """Additive causal mask from explicit positions: key s is visible to query t iff pos_s <= pos_t,
-    and with a window W also pos_t - pos_s < W (a band: the query and the W - 1 keys before it),
-    or pos_s < sinks (the first tokens stay visible: StreamingLLM's attention sinks; register
-    tokens, at negative positions, too).
-
-    With k_context (a table's rows, model/table.py) the order of positions no longer decides: key s
-    is visible to query t iff s is a context key (a training row, seen by every row) or
-    pos_s == pos_t (the row itself). A test row then reads every training row and no other test
-    row; no position order can say that, since each test row must see keys "after" it and not
-    the test rows "before" it.
-
-    The window follows Hugging Face Mistral (`sliding_window`): a key exactly W positions back is
-    hidden, so each query sees at most W keys, itself included.
-
+    and with a window W also pos_t - pos_s < W (Mistral's band: the query and the W - 1 keys before
+    it) or pos_s < sinks (kept visible: StreamingLLM's sinks, and the registers at negative positions).
+    With k_context [B, S] bool (a table's training rows, the lecture's drawing of model/table.py's
+    order) key s is visible iff it is a context key or pos_s == pos_t.
+    
     Args:
-      q_positions: [B, T] integer position of each query token.
-      k_positions: [B, S] integer position of each key (for a cache: of each slot).
-      k_valid: optional [B, S] bool, False for keys that hold nothing yet (cache occupancy).
-      dtype: dtype of the returned mask.
-      window: W > 0 (a Python int, or a traced scalar for a layer of a scanned stack), or None for
-        no window.
-      sinks: with a window, keys at positions below it are visible however far back (None: none; 0:
-        only the registers, which sit before position 0).
-      k_context: optional [B, S] bool, True for keys every query sees (a table's training rows); the
-        other keys are seen by the query at their own position only. Replaces the causal order.
-
+      q_positions: [B, T]; k_positions: [B, S] (for a cache: each slot's position).
+      k_valid: optional [B, S] bool, False for slots that hold nothing yet.
+      window: W > 0 (an int, or a traced scalar in a scanned stack), or None. sinks: None, or the
+        positions below it stay visible past the window.
     Returns:
-      [B, 1, T, S] mask: 0 where attention is allowed, a large finite negative value elsewhere.
-      The singleton axis broadcasts over heads.
-    """
+      [B, 1, T, S] in `dtype`: 0 where allowed, a large finite negative value elsewhere."""
     if k_context is None:
         allowed = k_positions[:, None, :] <= q_positions[:, :, None]  # [B, T, S]: the causal order
     else:  # [B, T, S]: the context keys, and each query itself
@@ -87,12 +70,9 @@ def causal_mask(
 
 
 def attention(q: Array, k: Array, v: Array, mask: Array | None = None) -> tuple[Array, Array]:
-    """The lecture's attention, softmax(q k^T / sqrt(d_h) + mask) v, for all rows and heads at once.
-
-    q [B, T, H, K], k and v [B, S, H, K], mask additive [B, 1 or H, T, S] or None. Returns the
-    output [B, T, H, K] and the weights [B, H, T, S]. The model calls `dot_product_attention`: the
-    same function, for fewer key/value heads, several key segments and the KV cache's layout.
-    """
+    """The lecture's attention, softmax(q k^T / sqrt(d_h) + mask) v: q [B, T, H, K], k and v
+    [B, S, H, K], mask [B, 1 or H, T, S] or None -> out [B, T, H, K], weights [B, H, T, S]. The model
+    runs `dot_product_attention`, held equal to it."""
     d_h = q.shape[-1]  # K, the head width
     scores = jnp.einsum("bthk,bshk->bhts", q, k) / d_h**0.5  # [B, H, T, S]: q_t . k_s / sqrt(d_h)
     if mask is not None:  # mask [B, 1 or H, T, S]
@@ -114,56 +94,33 @@ def dot_product_attention(
     sink: Array | None = None,
     at: AttentionPoint | None = None,
 ) -> tuple[Array, Array | None]:
-    """`attention` as the model runs it: grouped key/value heads, key segments, the cache's layout.
-
-    It returns what `attention` returns, for keys and values with G <= H heads that come in one or
-    more segments along S: with R = H // G query heads per key/value head,
-
+    """`attention` as the model runs it, for G <= H key/value heads in one or more segments along S:
+    
         dot_product_attention(q, [k_1, k_2], [v_1, v_2], [m_1, m_2])
         == attention(q, repeat(concat(k_1, k_2)), repeat(concat(v_1, v_2)), concat(m_1, m_2))
-
-    where concat joins the segments along S and repeat copies each key/value head R times along
-    the head axis (tests/test_ops.py holds the two equal). Neither copy is ever made:
-
-    - Grouped heads (`_group_query_heads`): the H query heads are split into G groups of R, and
-      group g attends with key/value head g. Multi-head (G = H), grouped-query (1 < G < H) and
-      multi-query (G = 1) attention are all this one function; q is reshaped, not k and v repeated.
-    - Segments (`_segment_scores`, `_joint_softmax`, `_weigh_values`): for decoding, the cache,
-      then this call's new tokens. Each segment is scored on its own, one softmax runs over all of
-      them, and each segment's weights meet its own values, so the cache is never copied to append
-      to it.
-    - Layout: a heads-first segment, [B, G, S, K] as the KV cache lies, is scored as it lies by
-      multi-head attention, because XLA:CPU would copy a transposed cache at every decode step.
-    - Precision: scores and softmax in float32 whatever the compute dtype (a softmax of bfloat16
-      logits loses too much); the output in q's dtype.
-    - implementation='xla' / 'cudnn' hands one segment to `jax.nn.dot_product_attention`
-      (`_fused_attention`).
-    - Sink (`_joint_softmax`): a logit per query head that joins every row as one more column after
-      the keys; it takes part in the normalisation and meets no value, so the weights of a row sum
-      to 1 - (the sink's share) over the real keys. A sink of -inf is no sink.
-
+    
+    (repeat: each key/value head R = H // G times; tests/test_ops.py holds the two equal), with
+    neither copy made: the query heads are grouped (`_group_query_heads`) rather than k and v
+    repeated; each segment (the cache, then this call's keys) is scored on its own and one softmax
+    runs over all (`_joint_softmax`), so the cache is never copied to append to it; a heads-first
+    segment [B, G, S, K], as the cache lies, is scored as it lies by multi-head attention (XLA:CPU
+    would copy a transposed cache every step). Scores and softmax in float32 (a bfloat16 softmax loses
+    too much). A sink logit per head joins every row as one more column that meets no value.
+    
     Args:
-      q: [B, T, H, K] queries.
-      k: [B, S, G, K] keys, or a sequence of such arrays with different S.
-      v: [B, S, G, Kv] values (Kv may differ from K), matching k segment by segment.
-      mask: additive [B, 1 or H, T, S] mask (or one per segment), or None for no mask.
-      scale: score scale; default 1 / sqrt(K), the lecture's 1/sqrt(d_h).
-      implementation: 'reference' (the einsums below, runs everywhere), or 'xla' / 'cudnn' to call
-        `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU). The fused paths take a single
-        segment and return no weights.
-      heads_first: per segment, True if its keys and values come as [B, G, S, K] (the KV cache's
-        layout) instead of [B, S, G, K].
-      sink: optional [H] sink logit per query head (reference implementation only).
-      at: optional f(name, value) -> value, called with "scores" (the pre-softmax logits: scaled
-        scores plus the mask) and then "pattern" (the weights), each [B, H, T, S_total (+1)]
-        float32, and what it returns is used: the model's named points attn.scores and attn.pattern
-        see and edit them this way (reference implementation only).
-
+      q: [B, T, H, K]; k: [B, S, G, K] or a sequence of segments; v: [B, S, G, Kv] likewise.
+      mask: additive [B, 1 or H, T, S] (or one per segment), or None.
+      scale: default 1 / sqrt(K).
+      implementation: 'reference' (the einsums below), or 'xla' / 'cudnn' through
+        `jax.nn.dot_product_attention` (one segment, no sink, no weights).
+      heads_first: per segment, True for keys and values [B, G, S, K].
+      sink: optional [H] logit per query head.
+      at: optional f(name, value) -> value, given "scores" (scaled scores plus mask) then "pattern"
+        (the weights), each [B, H, T, S_total (+1)] float32; its result is used (the points
+        attn.scores and attn.pattern).
     Returns:
-      (out, weights): out [B, T, H, Kv] in q's dtype; weights [B, H, T, S_total] float32 (None from
-      the fused paths), [B, H, T, S_total + 1] with a sink (its last column: the sink's share).
-      Under jit, weights that no one uses cost nothing.
-    """
+      out [B, T, H, Kv] in q's dtype; weights [B, H, T, S_total (+1 with a sink, last)] float32, or
+      None from the fused paths."""
     ks, vs, masks, firsts = _segments(k, v, mask, heads_first)
     b, t, h, d_h = q.shape  # [B, T, H, K]
     g = ks[0].shape[1 if firsts[0] else 2]  # G key/value heads
@@ -210,7 +167,7 @@ def _segments(
     mask: Array | Sequence[Array] | None,
     heads_first: Sequence[bool] | None,
 ) -> tuple[list[Array], list[Array], list[Array | None], list[bool]]:
-    """Keys, values, masks and heads_first flags as lists of equal length, one entry per segment."""
+    """Keys, values, masks and heads_first flags as lists of one entry per segment."""
     # Only a list or tuple is a sequence of segments: a NumPy array must not be split along its batch axis.
     ks = list(k) if isinstance(k, (list, tuple)) else [k]
     vs = list(v) if isinstance(v, (list, tuple)) else [v]
@@ -224,14 +181,10 @@ def _segments(
 
 
 def _group_query_heads(q: Array, masks: list[Array | None], g: int) -> tuple[Array, list[Array | None]]:
-    """Split the H query heads into G groups of R = H // G; group g will meet key/value head g.
-
-    q [B, T, H, K] -> [B, T, G, R, K]; each mask [B, 1 or H, T, S] -> [B, 1 or G, 1 or R, T, S].
-    Query head h = g R + r lands in group g = h // R, the key head that `attention` pairs with it
-    after repeating each key head R times. Multi-head attention (R = 1) keeps q and the masks as
-    they are, with no R axis: a size-1 R axis makes XLA:CPU transpose the [B, H, T, S] scores in
-    the backward pass.
-    """
+    """q [B, T, H, K] -> [B, T, G, R, K] and masks [B, 1 or H, T, S] -> [B, 1 or G, 1 or R, T, S]:
+    query head h = g R + r meets key head g, as after repeating each key head R times. Multi-head
+    attention keeps q and the masks as they are: a size-1 R axis makes XLA:CPU transpose the scores
+    in the backward pass."""
     b, t, h, d_h = q.shape  # [B, T, H, K]
     if g == h:
         return q, masks
@@ -243,11 +196,9 @@ def _group_query_heads(q: Array, masks: list[Array | None], g: int) -> tuple[Arr
 
 
 def _segment_scores(q: Array, k: Array, mask: Array | None, scale: float, heads_first: bool) -> Array:
-    """One key segment's logits, q k^T * scale + mask, in float32: [B, G, R, T, S] or [B, H, T, S].
-
-    q: grouped [B, T, G, R, K] with k [B, S, G, K], or multi-head [B, T, H, K] with k [B, S, H, K]
-    (or [B, H, S, K] when heads_first). mask: grouped like q, or None.
-    """
+    """One segment's logits q k^T * scale + mask in float32, [B, G, R, T, S] for grouped q
+    [B, T, G, R, K] and k [B, S, G, K], or [B, H, T, S] for multi-head q [B, T, H, K] and k [B, S, H, K]
+    ([B, H, S, K] heads first)."""
     f32 = jnp.float32  # the dot products accumulate and come out in float32
     if q.ndim == 5:  # grouped queries
         scores = jnp.einsum("btgrk,bsgk->bgrts", q, k, preferred_element_type=f32)  # [B, G, R, T, S]
@@ -263,14 +214,10 @@ def _segment_scores(q: Array, k: Array, mask: Array | None, scale: float, heads_
 def _joint_softmax(
     scores: list[Array], sink: Array | None = None, at: AttentionPoint | None = None
 ) -> tuple[Array, list[Array]]:
-    """One softmax over the keys of all segments together, as over their concatenation.
-
-    scores: per segment [..., T, S_i] float32. sink: None, or a logit per head broadcastable to
-    [..., T, 1]: one more column after the keys, normalised with them, that no value meets (its
-    weight is attention given to nothing). at: applied to the joint logits ("scores") and weights
-    ("pattern"), see `dot_product_attention`. Returns the weights [..., T, S_total] ([..., T,
-    S_total + 1] with a sink, its column last) and their slices [..., T, S_i], one per segment.
-    """
+    """One softmax over the keys of all segments, as over their concatenation. scores: per segment
+    [..., T, S_i] float32; sink: a logit per head broadcastable to [..., T, 1], one more column that
+    no value meets, or None; at: sees and edits the joint logits and weights. Returns the weights
+    [..., T, S_total (+1)] and their per-segment slices [..., T, S_i]."""
     columns = list(scores)
     if sink is not None:
         columns.append(jnp.broadcast_to(sink, (*scores[0].shape[:-1], 1)))  # [..., T, 1]
@@ -289,11 +236,9 @@ def _joint_softmax(
 
 
 def _weigh_values(weights: Array, v: Array, heads_first: bool) -> Array:
-    """One segment's share of the output, the weighted sum of its values over its S keys.
-
-    weights [B, G, R, T, S] with v [B, S, G, Kv] -> [B, T, G, R, Kv]; weights [B, H, T, S] with v
-    [B, S, H, Kv] (or [B, H, S, Kv] when heads_first) -> [B, T, H, Kv]. Computed in v's dtype.
-    """
+    """One segment's share of the output, its weights times its values, in v's dtype: weights
+    [B, G, R, T, S] with v [B, S, G, Kv] -> [B, T, G, R, Kv]; [B, H, T, S] with v [B, S, H, Kv] (or
+    [B, H, S, Kv] heads first) -> [B, T, H, Kv]."""
     weights = weights.astype(v.dtype)
     if weights.ndim == 5:  # grouped
         return jnp.einsum("bgrts,bsgk->btgrk", weights, v)  # [B, T, G, R, Kv]
@@ -305,10 +250,8 @@ def _weigh_values(weights: Array, v: Array, heads_first: bool) -> Array:
 def _fused_attention(
     q: Array, k: Array, v: Array, mask: Array | None, scale: float, implementation: str
 ) -> Array:
-    """One sequence-first segment through `jax.nn.dot_product_attention` ('xla', or 'cudnn' on GPU).
-
-    q [B, T, H, K], k [B, S, G, K], v [B, S, G, Kv], mask [B, 1 or H, T, S] or None -> [B, T, H, Kv].
-    """
+    """One sequence-first segment through `jax.nn.dot_product_attention` ('xla', or 'cudnn' on GPU):
+    q [B, T, H, K], k [B, S, G, K], v [B, S, G, Kv], mask [B, 1 or H, T, S] or None -> [B, T, H, Kv]."""
     if implementation == "cudnn" and jax.default_backend() != "gpu":
         raise ValueError(
             f"implementation='cudnn' needs an NVIDIA GPU with cuDNN; this process runs on "
@@ -332,13 +275,8 @@ def _fused_attention(
 
 
 def softmax_saves_output():
-    """A context in which jax.nn.softmax differentiates by its own rule, dx = y * (g - sum(g * y)).
-
-    That rule (JAX's `softmax_custom_jvp`, still off by default) keeps only the output y for the
-    backward pass; the default differentiates through exp and the division and keeps both: two
-    [B, H, T, S] arrays per layer instead of one. Same values; the gradients agree to float32
-    rounding.
-    """
+    """A context in which jax.nn.softmax differentiates by dx = y * (g - sum(g * y)): the backward
+    pass keeps the output y [B, H, T, S] alone, not exp's output too. Same values."""
     return jax.softmax_custom_jvp(True)
 
 
@@ -348,16 +286,8 @@ def softmax_saves_output():
 def layer_norm(
     x: Array, scale: Array | None = None, bias: Array | None = None, eps: float = 1e-5
 ) -> Array:
-    """Layer norm over the last axis: (x - mean) / sqrt(var + eps), then optional gain and bias.
-
-    The lecture's layer norm has neither gain nor bias; GPT-2's has both. Statistics are taken in
-    float32 and the result is cast back to x's dtype.
-
-    Args:
-      x: [..., D]. scale, bias: [D] or None.
-    Returns:
-      [..., D]
-    """
+    """(x - mean) / sqrt(var + eps) over the last axis, then the optional gain and bias (the lecture's
+    has neither, GPT-2's both); statistics in float32. x [..., D], scale, bias [D] -> [..., D]."""
     x32 = x.astype(jnp.float32)
     mean = x32.mean(-1, keepdims=True)
     var = jnp.square(x32 - mean).mean(-1, keepdims=True)
@@ -370,13 +300,8 @@ def layer_norm(
 
 
 def rms_norm(x: Array, scale: Array | None = None, eps: float = 1e-5) -> Array:
-    """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps), then an optional gain.
-
-    Args:
-      x: [..., D]. scale: [D] or None.
-    Returns:
-      [..., D]
-    """
+    """x / sqrt(mean(x^2) + eps) over the last axis, then an optional gain: x [..., D], scale [D] ->
+    [..., D]."""
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + eps)
     if scale is not None:
@@ -385,15 +310,8 @@ def rms_norm(x: Array, scale: Array | None = None, eps: float = 1e-5) -> Array:
 
 
 def sinusoidal_positions(positions: Array, d: int, base: float = 10000.0) -> Array:
-    """The fixed sine/cosine position encoding of "Attention is all you need".
-
-    Dimension 2i holds sin(p / base^(2i/d)), dimension 2i+1 holds cos(p / base^(2i/d)).
-
-    Args:
-      positions: [B, T] integer positions. d: encoding width (even).
-    Returns:
-      [B, T, d] float32.
-    """
+    """"Attention is all you need"'s encoding: dimension 2i holds sin(p / base^(2i/d)), 2i+1 its
+    cos. positions [B, T] -> [B, T, d] float32 (d even)."""
     if d % 2:
         raise ValueError(f"sinusoidal positions need an even width, got d={d}")
     inv_freq = base ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)  # [d/2]
@@ -402,18 +320,10 @@ def sinusoidal_positions(positions: Array, d: int, base: float = 10000.0) -> Arr
 
 
 def rope(x: Array, positions: Array, theta: float = 10000.0) -> Array:
-    """Rotary position embedding, half-split layout (as Hugging Face Llama).
-
-    Feature i of the first half and feature i of the second half form a pair that is rotated by
-    the angle p * theta^(-2i/K). A dot product of two rotated vectors then depends only on the
-    difference of their positions.
-
-    Args:
-      x: [B, T, H, K] queries or keys, any number of heads (H, G or 1; K even). positions: [B, T]
-        integer positions.
-    Returns:
-      [B, T, H, K] in x's dtype.
-    """
+    """Rotary position embedding, half-split layout (as Hugging Face Llama): feature i of each half
+    pairs with feature i of the other, turned by p * theta^(-2i/K), so a dot product of two rotated
+    vectors depends on their positions' difference only. x [B, T, N, K] (K even), positions [B, T]
+    -> [B, T, N, K] in x's dtype."""
     d_h = x.shape[-1]
     if d_h % 2:
         raise ValueError(f"RoPE needs an even head width, got {d_h}")
@@ -430,14 +340,8 @@ def rope(x: Array, positions: Array, theta: float = 10000.0) -> Array:
 
 
 def softcap(logits: Array, cap: float) -> Array:
-    """cap * tanh(logits / cap) in float32: close to the identity for |logits| << cap, bounded by cap
-    (Gemma 2's logit soft-capping). Keeps a large logit from growing without bound, smoothly.
-
-    Args:
-      logits: [...], any float dtype. cap: c > 0.
-    Returns:
-      [...] float32, every |value| <= cap (tanh rounds to 1 in float32 far out).
-    """
+    """cap * tanh(logits / cap) in float32 (Gemma 2): about the identity for |logits| << cap, and
+    bounded by it. logits [...] -> [...] float32."""
     if not cap > 0:
         raise ValueError(f"softcap needs a cap > 0, got {cap!r}")
     return cap * jnp.tanh(logits.astype(jnp.float32) / cap)

@@ -1,30 +1,11 @@
-"""Edits of a parameter tree: the two layouts of the layer stack, and checking a tree's layout; and
-the KV cache's conversions to and from a layer scan's stacked layout. Every conversion between a
-stacked [L, ...] layout and a per-layer one lives here.
-
-A Decoder's parameters are nested dicts: embed, pos_embed, final_norm and head at the top, and the
-L layers in one of two layouts, chosen by cfg.scan_layers:
+"""The two layouts of a Decoder's layer stack, and conversions between them (chosen by cfg.scan_layers):
 
     scanned     {"embed": ..., "layers": {"attn": {"q": {"kernel": [L, H, K, D]}, ...}, ...}}
-    unscanned   {"embed": ..., "layers_0": {"attn": {"q": {"kernel": [H, K, D]}, ...}, ...},
-                 ..., "layers_{L-1}": {...}}
+    unscanned   {"embed": ..., "layers_0": {"attn": {"q": {"kernel": [H, K, D]}, ...}, ...}, ..., "layers_{L-1}": ...}
 
-`nn.scan` holds the layers as one subtree whose every array has a leading L axis (one layer is
-compiled, L times over); a Python loop holds layers_0 ... layers_{L-1}, each its own arrays.
-
-    stack / unstack            L per-layer trees <-> one tree of [L, ...] arrays
-    split_layers / join_layers params (either layout) <-> (the rest, [layer 0, ..., layer L-1])
-    stack_layers / unstack_layers / unrolled    params from one layout to the other
-    relayout_layers            any tree of parameter-shaped subtrees (a train state with its AdamW
-                               moments) from one layout to the other, matched by path
-    layout_differences         where a tree differs from the one Decoder(cfg) builds
-
-The KV cache (kv_cache.py) holds one buffer per layer: each of its fields is a tuple of L arrays.
-A Python loop over the layers reads one layer's view; `nn.scan` takes the buffers stacked.
-
-    cache_layer                the cache -> layer i's view (each field one array)
-    join_cache                 L one-layer views (a loop's new entries) -> the cache's tuples of L
-    stack_cache / unstack_cache  tuples of L arrays <-> [L, ...] arrays, into and out of a layer scan
+`nn.scan` holds one subtree whose arrays have a leading L axis (one layer compiled, run L times); a
+Python loop holds layers_0 ... layers_{L-1}. `relayout_layers` converts any tree of parameter-shaped
+subtrees (a train state with its AdamW moments); `layout_differences` checks a tree against Decoder(cfg).
 """
 
 from __future__ import annotations
@@ -37,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.model.config import ModelConfig
+from transformer.model.decoder import Decoder, example_input
 
 Tree = Any  # nested dicts (or other pytrees) of arrays
 
@@ -119,43 +101,12 @@ def relayout_layers(saved: Tree, like: Tree, num_layers: int) -> Tree:
     return jax.tree_util.tree_map_with_path(take, like)
 
 
-def _is_layers(x) -> bool:
-    """A cache field: a tuple of L arrays, one per layer."""
-    return isinstance(x, tuple)
-
-
-def cache_layer(cache: Tree, i: int) -> Tree:
-    """Layer i's view of a cache: the same kind of cache holding that layer's arrays (and, from a
-    per-layer `sinks` tuple, that layer's count)."""
-    view = jax.tree.map(lambda layers: layers[i], cache, is_leaf=_is_layers)
-    sinks = getattr(view, "sinks", 0)
-    return view.replace(sinks=sinks[i]) if isinstance(sinks, tuple) else view
-
-
-def join_cache(layers: Sequence[Tree]) -> Tree:
-    """The inverse of `cache_layer`: L one-layer caches (or new entries) -> one whose fields are
-    tuples of L arrays, as the cache holds them."""
-    return jax.tree.map(lambda *arrays: arrays, *layers)
-
-
-def stack_cache(cache: Tree) -> Tree:
-    """The layers' arrays stacked on a leading L axis, as a layer scan (nn.scan) takes them."""
-    return jax.tree.map(jnp.stack, cache, is_leaf=_is_layers)
-
-
-def unstack_cache(stacked: Tree) -> Tree:
-    """The inverse of `stack_cache`: arrays [L, ...] -> tuples of L arrays."""
-    return jax.tree.map(tuple, stacked)
-
-
 def layout_differences(cfg: ModelConfig, params: Tree) -> list[str]:
     """Where a parameter tree differs from the one Decoder(cfg) builds (names and shapes), as
     'path: got (shape), model (shape)' lines; empty when they match. Nothing is computed.
 
     `params` may hold arrays or anything with a .shape (jax.ShapeDtypeStruct, orbax metadata).
     """
-    from transformer.model.decoder import Decoder, example_input  # here: model.py imports this module
-
     model = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), example_input(cfg)))
 
     def shapes(tree) -> dict[str, tuple]:

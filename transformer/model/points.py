@@ -50,6 +50,7 @@ import flax.linen as nn
 import jax
 
 from transformer.model.config import ModelConfig
+from transformer.model.positions import scheme
 
 COLLECTION = "intermediates"  # Flax's own name for sown values (`Module.sow`)
 EDITS = "edits"  # the variable collection of edits, {module path: {point: (scale, add)}} (model/edits.py)
@@ -64,6 +65,10 @@ LAYER = {
     "mlp.hidden": "btf", "mlp.out": "btd", "resid_post": "btd",
 }
 TOP = {"embed": "btd", "pos_embed": "btd", "final_norm.out": "btd", "logits": "btv"}
+# The key a point is sown under, where its public name (the last part of it) differs; a norm's output,
+# sown as "output", is the point NAME.out. capture.PUBLIC is its inverse.
+SOWN = {"embed": "token_embedding", "pos_embed": "position_embedding", "q": "queries", "k": "keys",
+        "v": "values", "out": "output"}
 # Points computed from others for the capture alone: edit the point they come from (z, the pattern).
 CAPTURE_ONLY = ("attn.sink_share", "attn.register_share", "attn.head_out")
 
@@ -116,6 +121,6 @@ def point_axes(cfg: ModelConfig, name: str) -> str:
 def point_names(cfg: ModelConfig) -> list[str]:
     """Every point a model of `cfg` has, in forward order: `embed`, ..., `blocks.{l}.resid_post`, ...,
     `logits` (MLA decoding from a cache, the absorbed form, has no attn.k / attn.v)."""
-    top = ["embed"] + (["pos_embed"] if cfg.position in ("learned", "sinusoidal") else [])
+    top = ["embed"] + (["pos_embed"] if scheme(cfg).embed is not None else [])
     layers = [f"blocks.{l}.{name}" for l in range(cfg.num_layers) for name in layer_points(cfg)]
     return top + layers + (["final_norm.out"] if cfg.prenorm else []) + ["logits"]

@@ -8,7 +8,7 @@ look-up. Here it is the same decoder with another input and another head:
     rows [B, T, F + 1]: row t's F features, then its label: a class id 0..C-1 for a training row,
                         UNLABELLED (-1) for a test row (or a padding row) the model must classify
     x_t = W_row [features_t, onehot(label_t)] + b       [B, T, D]   (a test row's one-hot is zero)
-    mask: every row sees the training rows and itself    (ops.causal_mask's k_context)
+    mask: every row sees the training rows and itself    (`row_order`, in place of the causal mask)
     ... the decoder's blocks, final norm ...
     logits = W_head h                                   [B, T, C]   float32, for every row
 
@@ -21,13 +21,17 @@ rows are asked with it, and a large test set can be cut into any batches (tests/
 
 from __future__ import annotations
 
+import types
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer.model import ops
 from transformer.model.config import ModelConfig
 from transformer.model.linear import Linear
+from transformer.model.points import point
 
 Array = jax.Array
 
@@ -44,19 +48,39 @@ def training_rows(rows: Array) -> Array:
     return features_and_labels(rows)[1] >= 0
 
 
-def embed_rows(module: nn.Module, cfg: ModelConfig, rows: Array) -> Array:
-    """rows [B, T, F + 1] -> x [B, T, D]: one linear map `row_embed` of [features, onehot(label)]
-    (W [D, F + C], b [D]), made as a parameter of `module` (the decoder). An unlabelled row's one-hot
-    is zero, so a test row's vector carries its features alone."""
+def row_order(rows: Array) -> Array:
+    """[B, 1, T, T] additive: 0 where row t sees row s (s a training row, or s = t), else a large
+    negative logit. A test row then reads every training row and no other test row."""
+    t = rows.shape[1]
+    seen = training_rows(rows)[:, None, :] | jnp.eye(t, dtype=bool)[None]  # [B, T, S]
+    return jnp.where(seen, 0.0, ops.mask_value())[:, None]
+
+
+def example(cfg: ModelConfig, length: int = 1) -> Array:
+    return jnp.zeros((1, length, cfg.row_width), jnp.float32)
+
+
+def embed(module: nn.Module, cfg: ModelConfig, rows: Array, positions: Array | None, cache, deterministic: bool
+          ) -> tuple[Array, Array, Array]:
+    """rows [B, T, F + 1] -> (x [B, T, D], positions 0..T-1 (they only tell a row from another), the
+    rows' order `row_order`). x = W_row [features, onehot(label)] + b (`row_embed`, W [D, F + C]), the
+    point embed: a test row's one-hot is zero, so its vector carries its features alone."""
+    if cache is not None:
+        raise ValueError("a table model reads a table in one forward pass, without a KV cache; pass cache=None")
+    check_rows(cfg, rows)
     features, labels = features_and_labels(rows)
     onehot = jax.nn.one_hot(labels, cfg.num_classes, dtype=features.dtype)  # [B, T, C]; -1 -> zeros
     row = jnp.concatenate([features, onehot], axis=-1)  # [B, T, F + C]
-    return Linear(cfg.d_model, use_bias=True, dtype=cfg.dtype, name="row_embed")(row)
+    x = point(module, "token_embedding", Linear(cfg.d_model, use_bias=True, dtype=cfg.dtype, name="row_embed")(row))
+    positions = jnp.broadcast_to(jnp.arange(rows.shape[1]), rows.shape[:2])  # [B, T]
+    return nn.Dropout(cfg.dropout, deterministic=deterministic)(x), positions, row_order(rows)
 
 
-def class_logits(module: nn.Module, cfg: ModelConfig, h: Array) -> Array:
-    """h [B, T, D] -> logits [B, T, C] float32: the class head `head` W [C, D] (no bias)."""
-    return Linear(cfg.num_classes, use_bias=False, dtype=cfg.dtype, name="head")(h).astype(jnp.float32)
+def logits(module: nn.Module, cfg: ModelConfig, h: Array, rows: Array, positions: Array, cache) -> Array:
+    """h [B, T, D] -> class logits [B, T, C] float32 (the class head `head` W [C, D], no bias): the point
+    logits."""
+    out = Linear(cfg.num_classes, use_bias=False, dtype=cfg.dtype, name="head")(h).astype(jnp.float32)
+    return point(module, "logits", nn.with_logical_constraint(out, ("batch", "length", "vocab")))
 
 
 def check_rows(cfg: ModelConfig, rows: Array) -> None:
@@ -81,3 +105,6 @@ def check_rows(cfg: ModelConfig, rows: Array) -> None:
             f"{cfg.num_classes}) and not {UNLABELLED} (a row to classify); relabel the classes 0..C-1, or train a "
             "model with more classes"
         )
+
+
+ROWS = types.SimpleNamespace(example=example, embed=embed, logits=logits)  # an input kind (model/inputs.py)

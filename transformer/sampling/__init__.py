@@ -1,44 +1,14 @@
-"""Sampling from a decoder: logit filters, prefill and the `lax.scan` decode loop
-over a functional KV cache (sampler.py); its public names are re-exported here."""
+"""Sampling from a decoder: logit filters, prefill and the `lax.scan` decode loop over a functional
+KV cache (sampler.py); its public names are re-exported here."""
 
 from transformer.sampling.sampler import (
-    SMALLEST_BUCKET,
-    apply_temperature,
-    top_k_filter,
+    SMALLEST_BUCKET, DecodeState, GenerateOutput, SamplingOptions, apply_temperature, bucket, check_seed, decode,
+    decode_step, encode_prompt, generate, generate_stream, prefill, row_keys, sample_token, seed_key, top_k_filter,
     top_p_filter,
-    SamplingOptions,
-    sample_token,
-    encode_prompt,
-    check_seed,
-    seed_key,
-    row_keys,
-    DecodeState,
-    prefill,
-    decode_step,
-    decode,
-    GenerateOutput,
-    bucket,
-    generate,
-    generate_stream,
 )
 
 __all__ = [
-    "SMALLEST_BUCKET",
-    "apply_temperature",
-    "top_k_filter",
-    "top_p_filter",
-    "SamplingOptions",
-    "sample_token",
-    "encode_prompt",
-    "check_seed",
-    "seed_key",
-    "row_keys",
-    "DecodeState",
-    "prefill",
-    "decode_step",
-    "decode",
-    "GenerateOutput",
-    "bucket",
-    "generate",
-    "generate_stream",
+    "SMALLEST_BUCKET", "DecodeState", "GenerateOutput", "SamplingOptions", "apply_temperature", "bucket", "check_seed",
+    "decode", "decode_step", "encode_prompt", "generate", "generate_stream", "prefill", "row_keys", "sample_token",
+    "seed_key", "top_k_filter", "top_p_filter",
 ]

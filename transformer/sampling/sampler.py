@@ -1,21 +1,13 @@
 """Sampling: logit filters, prefill, the `lax.scan` decode loop, and generate / generate_stream.
 
-Generation runs in two compiled stages over a ragged batch of prompts:
+Two compiled stages over a ragged batch of prompts: `prefill` runs the right-padded prompts once,
+filling the KV cache and drawing each row's first token at its own last position; `decode` is a
+`lax.scan` of steps, each feeding the last tokens at their rows' positions. Shapes are rounded up to
+buckets (64, 128, 256, ...), so similar requests reuse the compiled functions. Row b draws its i-th
+new token with fold_in(fold_in(key, b), i): a row's tokens depend neither on the other rows nor on
+how decoding is cut into chunks.
 
-    prefill   one forward pass over the right-padded prompts fills the KV cache and draws each
-              row's first token from the logit at that row's own last prompt position;
-    decode    a `lax.scan` of decode steps: each feeds the last tokens at their rows' positions,
-              appends one key/value per layer to the cache and draws the next tokens.
-
-Both are jitted with the shapes and sampling options as static arguments, and the shapes are
-rounded up to a few buckets (64, 128, 256, ...), so a second call with similar prompts reuses the
-compiled functions instead of compiling again.
-
-Randomness: row b owns the key fold_in(key, b) and draws its i-th new token with
-fold_in(fold_in(key, b), i). A row's tokens therefore depend neither on the other rows of the batch
-nor on how the decoding is cut into chunks, and `row_keys` reproduces a batch row on its own.
-
-Shapes (see docs/design.md): B batch, P padded prompt length, S cache slots, V vocabulary, N new tokens.
+Shapes: B batch, P padded prompt length, S cache slots, V vocabulary, N new tokens.
 """
 
 from __future__ import annotations
@@ -33,6 +25,7 @@ import numpy as np
 
 from transformer.model.kv_cache import PAD_POSITION, Cache, init_cache, init_rolling_cache
 from transformer.model.config import ModelConfig
+from transformer.model.decoder import Decoder
 from transformer.model.edits import Edit, check_for_sampling, run
 from transformer.model.param_tree import unrolled
 from transformer.model.ops import MASK_VALUE
@@ -50,10 +43,8 @@ SMALLEST_BUCKET = 64
 
 
 def apply_temperature(logits: Array, temperature: float) -> Array:
-    """Divides [B, V] logits by temperature > 0: below 1 sharpens the distribution, above 1 flattens it.
-
-    Temperature 0 (greedy decoding) is not a division; `sample_token` takes the argmax instead.
-    """
+    """[B, V] logits / temperature (> 0): below 1 sharpens, above 1 flattens; greedy (0) is
+    `sample_token`'s argmax."""
     if not 0 < temperature < math.inf:  # also rejects NaN
         raise ValueError(
             f"apply_temperature needs a finite temperature > 0, got {temperature}; "
@@ -63,15 +54,8 @@ def apply_temperature(logits: Array, temperature: float) -> Array:
 
 
 def top_k_filter(logits: Array, k: int) -> Array:
-    """Keeps the k largest logits of each row and masks the rest with MASK_VALUE.
-
-    Exactly k survive even when logits tie (the tie is broken by index). k >= V keeps everything.
-
-    Args:
-      logits: [B, V] float32. k: number of tokens to keep, >= 1.
-    Returns:
-      [B, V] float32.
-    """
+    """[B, V] float32 -> [B, V]: the k largest logits of each row kept (exactly k: ties broken by index),
+    the rest MASK_VALUE. k >= V keeps everything."""
     if k < 1:
         raise ValueError(f"top_k must be at least 1, got {k}; use top_k=None to keep every token")
     batch, vocab = logits.shape
@@ -83,17 +67,8 @@ def top_k_filter(logits: Array, k: int) -> Array:
 
 
 def top_p_filter(logits: Array, p: float) -> Array:
-    """Nucleus filter: keeps the smallest set of most likely tokens whose probability mass is >= p.
-
-    Tokens are taken in order of decreasing probability while the mass taken *before* each one is
-    below p, so the most likely token is always kept and the set stops at the first token that
-    brings the mass to p. p = 1 keeps everything.
-
-    Args:
-      logits: [B, V] float32 (already divided by the temperature). p: in (0, 1].
-    Returns:
-      [B, V] float32, the rest masked with MASK_VALUE.
-    """
+    """Nucleus filter, [B, V] float32 -> [B, V]: keeps the most likely tokens while the mass taken
+    before each is below p (so the first is always kept), the rest MASK_VALUE. p = 1 keeps everything."""
     if not 0.0 < p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {p}; use top_p=None (or 1.0) to keep every token")
     batch = logits.shape[0]
@@ -161,16 +136,8 @@ def sample_token(
     top_k: int | None = None,
     top_p: float | None = None,
 ) -> Array:
-    """Draws one token per row: temperature, then top-k, then top-p, then a categorical draw.
-
-    Args:
-      logits: [B, V] float32.
-      key: one PRNG key (row b then draws with fold_in(key, b)) or one key per row, [B].
-      temperature: 0 = greedy (the argmax; top_k and top_p are then irrelevant).
-      top_k, top_p: optional filters, see `top_k_filter` and `top_p_filter`.
-    Returns:
-      [B] int32 token ids.
-    """
+    """[B, V] float32 logits -> [B] int32 tokens: temperature (0: argmax), then top-k, then top-p, then
+    a categorical draw with one key per row (`row_keys`: key, or [B] keys)."""
     SamplingOptions(temperature, top_k, top_p)  # validates the options with a clear error
     if temperature == 0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
@@ -211,19 +178,16 @@ def check_seed(seed: int) -> int:
 
 
 def seed_key(seed: int) -> Array:
-    """The PRNG key of a seed in [0, 2**63): jax.random.key(seed) as JAX makes it with 64-bit
-    integers on, so seeds 2**32 apart get different keys and every seed below 2**32 its usual key
-    (threefry: the key data [seed // 2**32, seed % 2**32]). Raises ValueError for other seeds."""
+    """The PRNG key of a seed in [0, 2**63), as jax.random.key makes it with 64-bit integers on (so
+    seeds 2**32 apart differ and seeds below 2**32 keep their usual key); ValueError for other seeds."""
     seed = check_seed(seed)
     with jax.enable_x64(True):
         return jax.random.key(seed)
 
 
 def row_keys(key: Array, batch_size: int) -> Array:
-    """One PRNG key per row, [B]: fold_in(key, b) for row b. An array of B keys is returned as is.
-
-    To reproduce row b of a batch on its own, pass `row_keys(key, B)[b:b + 1]` as its key.
-    """
+    """[B] per-row PRNG keys, fold_in(key, b) for row b (an array of B keys is returned as is); row b
+    of a batch alone: pass `row_keys(key, B)[b:b + 1]`."""
     typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
     if key.ndim == (1 if typed else 2):  # already one key per row
         if key.shape[0] != batch_size:
@@ -257,7 +221,7 @@ def _is_stop(tokens: Array, stop_tokens: tuple[int, ...]) -> Array:
 class DecodeState:
     """The `lax.scan` carry: everything one decode step needs and updates.
 
-    cache: the KV cache, one buffer [B, ...] per layer (see cache.py).
+    cache: the KV cache, one cache per layer (model/kv_cache.py).
     tokens: [B] int32, each row's last drawn token, fed at the next step.
     positions: [B] int32, row b's next position (where `tokens[b]` is written).
     keys: [B] per-row PRNG keys (see `row_keys`).
@@ -273,6 +237,15 @@ class DecodeState:
     done: Array
 
 
+def forward(params: dict, cfg: ModelConfig, tokens: Array, positions: Array, cache: Cache,
+            edits: Sequence[Edit] = ()) -> tuple[Array, Cache]:
+    """The model on tokens [B, T] at positions [B, T] -> (logits [B, T, V], the updated cache); through
+    model/edits.run only when there are edits."""
+    if edits:
+        return run(params, cfg, tokens, edits, positions=positions, cache=cache)
+    return Decoder(cfg).apply({"params": params}, tokens, positions=positions, cache=cache)
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "cache_len", "options", "sinks"))
 def prefill(
     params: dict,
@@ -285,31 +258,25 @@ def prefill(
     edits: Sequence[Edit] = (),
     sinks: int | None = None,
 ) -> DecodeState:
-    """Runs the padded prompts through the model, fills the cache and draws each row's first token.
-
-    Row b's prompt sits at positions 0..n_b-1; the padding after it sits at kv_cache.PAD_POSITION,
-    after every real position: no real token attends to it and no cache slot receives it (a ring
-    buffer's slots would otherwise take the padding in place of the prompt's last tokens). A stack
-    of local and global layers is unrolled for the prefill (its cache does not stack, see
-    Decoder._layers).
-
+    """Runs the right-padded prompts through the model, fills the cache and draws each row's first token.
+    
+    Row b's prompt sits at positions 0..n_b-1, its padding at PAD_POSITION (seen by no real token,
+    written to no slot: a ring would otherwise lose the prompt's last tokens to it). Rings of several
+    sizes do not stack, so such a stack is unrolled.
+    
     Args:
-      params: the Decoder's parameters.
-      tokens: [B, P] int32 prompts, right-padded. lengths: [B] int32 prompt lengths n_b >= 1.
-      keys: [B] per-row PRNG keys. cache_len: S >= P. options: how to draw.
-      edits: edits at named points (model/edits.py), applied at every position: e.g. an ablation.
-      sinks: None for a cache of cache_len slots; S >= 0 for a rolling cache of constant size that
-        decodes past the context, keeping the first S tokens (kv_cache.init_rolling_cache).
+      tokens: [B, P] int32; lengths: [B] int32, n_b >= 1; keys: [B]; cache_len: S >= P.
+      edits: edits at named points (model/edits.py), applied at every position.
+      sinks: None, or S >= 0 for a rolling cache past the context (kv_cache.init_rolling_cache).
     Returns:
-      The decode state after the first new token: tokens [B] holds it, positions [B] = lengths.
-    """
+      The decode state after the first new token (tokens [B], positions [B] = lengths)."""
     batch, length = tokens.shape
     steps = jnp.arange(length, dtype=jnp.int32)[None, :]  # [1, P]
     positions = jnp.where(steps < lengths[:, None], steps, PAD_POSITION)  # [B, P]: padding at PAD_POSITION
     if len(set(cfg.layer_windows())) > 1 or sinks is not None:  # rings of several sizes do not stack
         params, cfg = unrolled(params, cfg)
     cache = init_cache(cfg, batch, cache_len) if sinks is None else init_rolling_cache(cfg, batch, sinks)
-    logits, cache = run(params, cfg, tokens, edits, positions=positions, cache=cache)
+    logits, cache = forward(params, cfg, tokens, positions, cache, edits)
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     first = _draw(last, keys, 0, options)
     return DecodeState(
@@ -321,13 +288,9 @@ def prefill(
 def decode_step(
     params: dict, cfg: ModelConfig, state: DecodeState, options: SamplingOptions, edits: Sequence[Edit] = ()
 ) -> tuple[DecodeState, tuple[Array, Array]]:
-    """One token per row: feed the last tokens, append their keys/values, draw the next tokens.
-    edits: as in `prefill`.
-
-    Returns:
-      (next state, (tokens [B] int32 with pad_id for rows already done, emitted [B] bool)).
-    """
-    logits, cache = run(params, cfg, state.tokens[:, None], edits, positions=state.positions[:, None], cache=state.cache)
+    """One token per row: feed the last tokens, append their keys/values, draw the next ->
+    (next state, (tokens [B] int32, pad_id for rows already done, emitted [B] bool))."""
+    logits, cache = forward(params, cfg, state.tokens[:, None], state.positions[:, None], state.cache, edits)
     drawn = _draw(logits[:, 0], state.keys, state.step, options)
     emitted = ~state.done
     # A done row keeps running (the batch moves in lockstep) but its draws are never shown.
@@ -346,15 +309,9 @@ def decode(
     params: dict, cfg: ModelConfig, state: DecodeState, num_steps: int, options: SamplingOptions,
     edits: Sequence[Edit] = (),
 ) -> tuple[DecodeState, Array, Array]:
-    """`num_steps` decode steps in one `lax.scan` (no Python loop over tokens).
-
-    Scanned layers (cfg.scan_layers) are unrolled for decoding (`param_tree.unrolled`): a step is bound
-    by reading the weights, and a scanned stack would copy them every step. Callers that decode in
-    several calls unroll once themselves (generate_stream does), else each call copies them once.
-
-    Returns:
-      (state after the last step, tokens [B, num_steps] int32, emitted [B, num_steps] bool).
-    """
+    """`num_steps` decode steps in one `lax.scan` -> (last state, tokens [B, num_steps] int32, emitted
+    [B, num_steps] bool). A scanned stack is unrolled first (`param_tree.unrolled`): a step is bound by
+    reading the weights, which a scan would copy every step."""
     params, cfg = unrolled(params, cfg)
     state, (tokens, emitted) = jax.lax.scan(
         lambda carry, _: decode_step(params, cfg, carry, options, edits), state, length=num_steps
@@ -388,24 +345,17 @@ def generate(
     edits: Sequence[Edit] = (), sinks: int | None = None, **sampling: Any,
 ) -> GenerateOutput:
     """Continues each prompt by up to `max_new_tokens` tokens: one prefill, then one `lax.scan`.
-
+    
     Args:
-      params, cfg: the model.
-      prompts: B token-id sequences, possibly of different lengths (each non-empty).
-      key: a PRNG key (row b uses fold_in(key, b)) or one key per row, [B] (see `row_keys`).
-      max_new_tokens: N >= 1; the longest prompt + N must fit in cfg.max_seq_len, unless `sinks`.
-      edits: edits at named points (model/edits.py) for every call, each applying at every position:
-        e.g. `ablate_heads(cfg, head_mask)` switches heads off, `steer` adds a vector.
-      sinks: None: the request must fit the context. S >= 0: generation runs past max_seq_len at
-        constant memory, every layer attending to the first S tokens (StreamingLLM's attention
-        sinks; 0: none) and the last max_seq_len - S (a local layer: its W), through
-        kv_cache.init_rolling_cache; RoPE or no positions only. The prompts must fit the context.
-      **sampling: the fields of `SamplingOptions`: temperature (1.0; 0 = greedy), top_k, top_p,
-        stop_tokens (ids that end a row), pad_id (written after a row's stop token), vocab_limit
-        (draw only ids below it: the tokenizer's size when the head is larger).
+      prompts: B token-id sequences, of any lengths >= 1.
+      key: a PRNG key (row b uses fold_in(key, b)) or [B] keys.
+      max_new_tokens: N >= 1; the longest prompt + N must fit in max_seq_len, unless `sinks`.
+      edits: edits at named points (model/edits.py) applied at every position, e.g. `ablate_heads`.
+      sinks: None, or S >= 0: generate past the context at constant memory, every layer seeing the
+        first S tokens and the last max_seq_len - S (kv_cache.init_rolling_cache).
+      **sampling: `SamplingOptions`' fields.
     Returns:
-      GenerateOutput(tokens [B, N] int32, lengths [B] int32).
-    """
+      GenerateOutput(tokens [B, N] int32, lengths [B] int32)."""
     options = SamplingOptions(**sampling)
     edits = list(edits)
     check_for_sampling(edits, cfg)
@@ -421,12 +371,8 @@ def generate_stream(
     params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
     chunk_size: int = 16, sinks: int | None = None, **sampling: Any,
 ) -> Iterator[np.ndarray]:
-    """`generate`, yielding the new tokens as they are made: [B, 1] first, then [B, <= chunk_size].
-
-    Each chunk is one `lax.scan`; the cache and the rest of the decode state pass from chunk to
-    chunk, so the concatenated chunks equal `generate`'s tokens for the same key. The stream ends
-    early once every row has drawn a stop token (the rest would be pad_id). sinks: as `generate`'s.
-    """
+    """`generate`, yielding the new tokens as they are made: [B, 1], then [B, <= chunk_size] per
+    `lax.scan`; the chunks joined equal `generate`'s tokens. Ends once every row has stopped."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
     options = SamplingOptions(**sampling)

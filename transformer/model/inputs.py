@@ -1,0 +1,138 @@
+"""What the decoder reads and what it gives back: token ids -> vocabulary logits (here), or a table's
+rows -> class logits (model/table.py), chosen by ModelConfig.inputs through `INPUTS`.
+
+An input kind has three functions, called by the Decoder with itself as `module` (so that their
+parameters sit where they always have: embed, pos_embed, head, row_embed):
+
+    example(cfg, length)                                  zeros of the input's shape, to build params
+    embed(module, cfg, data, positions, cache, det)   ->  x [B, T, D], positions [B, T], order
+    logits(module, cfg, h, data, positions, cache)    ->  [B, T, V or C] float32 (the point `logits`)
+
+`order` is the input's own rule of which of this call's keys each query sees, an additive bias
+[B, 1, T, T] that replaces the causal mask in every layer (the key view), or None: causal.
+"""
+
+from __future__ import annotations
+
+import types
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer.model import kv_cache, ops, table
+from transformer.model.config import ModelConfig
+from transformer.model.kv_cache import Cache
+from transformer.model.linear import Linear
+from transformer.model.points import point
+from transformer.model.positions import scheme
+
+Array = jax.Array
+
+
+def token_example(cfg: ModelConfig, length: int = 1) -> Array:
+    return jnp.zeros((1, length), jnp.int32)
+
+
+def embed_tokens(module: nn.Module, cfg: ModelConfig, tokens: Array, positions: Array | None, cache: Cache | None,
+                 deterministic: bool) -> tuple[Array, Array, None]:
+    """tokens [B, T] -> x [B, T, D]: E[tokens] (E [V, D], `embed`) plus the position scheme's
+    embedding at `positions` (default 0..T-1), then dropout. Checks ids and positions when known."""
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)  # [B, T]: 0..T-1
+    check_tokens(cfg, tokens)  # ids in [0, V), when they are known (not traced)
+    check_positions(cfg, positions, cache)  # positions < max_seq_len and < S, likewise
+    embed = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=nn.initializers.normal(0.02),
+                     dtype=cfg.dtype, name="embed")  # E [V, D]
+    # Clipped: nn.Embed looks up an id >= V as NaN, which the attention would spread to every
+    # position of the row. A bad id's logits are set to NaN after the layers instead.
+    x = point(module, "token_embedding", embed(jnp.clip(tokens, 0, cfg.vocab_size - 1)))  # [B, T, D]: point embed
+    embed_positions = scheme(cfg).embed
+    if embed_positions is not None:  # + P[positions], learned or sinusoidal: the point pos_embed
+        x = x + point(module, "position_embedding", embed_positions(module, cfg, positions))
+    return nn.Dropout(cfg.dropout, deterministic=deterministic)(x), positions, None
+
+
+def vocabulary_logits(module: nn.Module, cfg: ModelConfig, h: Array, tokens: Array, positions: Array,
+                      cache: Cache | None) -> Array:
+    """h [B, T, D] -> logits [B, T, V] float32: h E^T with tied embeddings, else a head W [V, D];
+    soft-capped at cfg.logit_softcap when it is > 0. A row is NaN from its first out-of-range input on."""
+    h = nan_from_out_of_range(cfg, h, tokens, positions, cache)  # [B, T, D]: jit's stand-in for the checks
+    if cfg.tie_embeddings:
+        # h E^T, contracting E's rows in place: Flax's embed.attend transposes E first, and
+        # XLA:CPU then fuses the final norm into a slow loop over E (docs/performance.md).
+        embedding = module.variables["params"]["embed"]["embedding"]  # E [V, D], made by embed_tokens
+        logits = jnp.einsum("btd,vd->btv", h, embedding.astype(cfg.dtype))
+    else:
+        init = nn.initializers.zeros if cfg.zero_init_head else nn.initializers.normal(0.02)
+        logits = Linear(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, kernel_init=init, name="head")(h)
+    logits = logits.astype(jnp.float32)
+    if cfg.logit_softcap:
+        logits = ops.softcap(logits, cfg.logit_softcap)  # c tanh(logits / c): |logits| <= c
+    return point(module, "logits", nn.with_logical_constraint(logits, ("batch", "length", "vocab")))
+
+
+def nan_from_out_of_range(cfg: ModelConfig, x: Array, tokens: Array, positions: Array, cache: Cache | None) -> Array:
+    """x [B, T, D] with NaN from each row's first out-of-range input on, so all its logits are NaN.
+
+    Under jit check_tokens and check_positions cannot run: what they would reject gets a NaN hidden
+    state (D numbers per token rather than V logits): a token id outside [0, vocab_size), or a
+    position at or past the context (max_seq_len) or the cache (S slots: the write is dropped).
+    Positions increase along a row, so every later token of the row attends to it; earlier ones
+    and other rows do not. tokens, positions: [B, T] integers.
+    """
+    t = tokens.shape[1]
+    bad = (tokens < 0) | (tokens >= cfg.vocab_size) | (positions >= position_limit(cfg, cache))
+    index = jnp.arange(t)
+    first_bad = jnp.where(bad, index, t).min(axis=1, keepdims=True, initial=t)  # [B, 1], T if none
+    return jnp.where((index >= first_bad)[..., None], jnp.nan, x)
+
+
+def check_tokens(cfg: ModelConfig, tokens: Array) -> None:
+    """Raises a clear error for token ids outside [0, vocab_size), when they are known."""
+    if isinstance(tokens, jax.core.Tracer):
+        return
+    tokens = np.asarray(tokens)
+    bad = np.argwhere((tokens < 0) | (tokens >= cfg.vocab_size))
+    if len(bad):
+        row, t = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise ValueError(
+            f"token id {tokens[row, t]} at row {row}, position {t}{more} is outside the vocabulary "
+            f"of vocab_size={cfg.vocab_size} (ids 0..{cfg.vocab_size - 1}); encode the text with "
+            "the model's tokenizer, or use a model whose vocab_size covers every id"
+        )
+
+
+def position_limit(cfg: ModelConfig, cache: Cache | None) -> int:
+    """The first position a call may not use: the context (max_seq_len) or the cache's slots; a cache
+    of rings only (every layer windowed, or `init_rolling_cache`) rolls past the context when the
+    position scheme is relative."""
+    if cache is None:
+        return cfg.max_seq_len
+    if kv_cache.max_len(cache) >= kv_cache.PAD_POSITION and scheme(cfg).relative:
+        return kv_cache.PAD_POSITION
+    return min(cfg.max_seq_len, kv_cache.max_len(cache))
+
+
+def check_positions(cfg: ModelConfig, positions: Array, cache: Cache | None) -> None:
+    """Raises a clear error for positions past the context or the cache, when they are known."""
+    if isinstance(positions, jax.core.Tracer):
+        return
+    real = np.asarray(positions)[np.asarray(positions) != kv_cache.PAD_POSITION]  # padding is never written
+    top = int(real.max()) if real.size else -1
+    if top >= cfg.max_seq_len and position_limit(cfg, cache) < kv_cache.PAD_POSITION:
+        raise ValueError(
+            f"position {top} is past the model's context (max_seq_len={cfg.max_seq_len}); "
+            "shorten the input or use a model with a longer context"
+        )
+    if cache is not None and top >= kv_cache.max_len(cache):
+        raise ValueError(
+            f"position {top} does not fit in the cache of {kv_cache.max_len(cache)} slots; "
+            "init_cache with a larger max_len (prompt length + new tokens)"
+        )
+
+
+TOKENS = types.SimpleNamespace(example=token_example, embed=embed_tokens, logits=vocabulary_logits)
+INPUTS = {"tokens": TOKENS, "table": table.ROWS}

@@ -1,0 +1,120 @@
+"""What a query sees: the keys of one attention call, segment by segment, with their additive biases.
+
+Every attention kind (MHA / GQA / MQA, MLA in both forms) reads one `KeyView`, built here once per call:
+
+    segments    the cached slots of this layer (registers first; a ring's slots in slot order), if a
+                cache is given, then this call's keys
+    positions   [B, S_i] the position each key holds: registers -R..-1, an empty slot PAD_POSITION
+    bias        [B, 1 or H, T, S_i] additive logits: 0 where query t sees key s, a large negative
+                value where it does not, plus the position scheme's score bias (positions.py)
+
+Query t sees key s (`ops.causal_mask`) iff pos_s <= pos_t; with a window W also pos_t - pos_s < W,
+unless s is kept for good (a rolling cache's sinks, the registers); a cached slot only if filled
+before this call (slots at or after the row's first new position are rewritten by it). An input
+may bring its own order of this call's keys instead (`order`: a table's rows, model/table.py).
+
+A rolling layer with sinks or registers (kv_cache.init_rolling_cache) numbers its cache as
+StreamingLLM does once a query q runs past sinks + window - 1: the keys kept for good move `shift` =
+q - (sinks + window - 1) towards it, so sink i sits at distance sinks + window - 1 - i and the rolling
+keys keep their true distances. A relative scheme reads those positions: RoPE turns the kept keys by
+`shift` (`KeyView.cached_keys`), a score bias measures from them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from transformer.model import ops
+from transformer.model import kv_cache
+from transformer.model.kv_cache import PAD_POSITION, LayerCache
+from transformer.model.positions import scheme
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyView:
+    """positions [B, S_i] and bias [B, 1 or H, T, S_i]: one entry per key segment (cached slots
+    first). kept: the leading cached slots kept for good (R + sinks); shift [B]: how far they move
+    towards the queries, or None."""
+
+    positions: list[Array]
+    bias: list[Array]
+    kept: int = 0
+    shift: Array | None = None
+
+    def all_positions(self) -> Array:
+        """[B, S_total]: every key's position, the segments joined (cached slots first)."""
+        return jnp.concatenate(self.positions, axis=1) if len(self.positions) > 1 else self.positions[0]
+
+    def cached_keys(self, cfg, keys: Array, slot_axis: int, rotary: slice = slice(None)) -> Array:
+        """One layer's cached keys as the queries see them: as they lie, except that a rolling layer's
+        kept slots are turned by `shift` when the scheme rotates (RoPE depends on differences only).
+
+        keys: [B, G, slots, K] (slot_axis 2) or MLA's latent [B, slots, C + Kr] (slot_axis 1; rotary:
+        its last Kr features)."""
+        rotate = scheme(cfg).rotate
+        if self.shift is None or rotate is None:
+            return keys
+        head = jnp.moveaxis(keys, slot_axis, 1)  # [B, slots, ...]
+        kept = head[:, : self.kept, ..., rotary]  # [B, R + S, G, Kr] or [B, R + S, Kr]
+        flat = kept if kept.ndim == 4 else kept[:, :, None]  # [B, R + S, G or 1, Kr]
+        turned = rotate(flat, jnp.broadcast_to(self.shift[:, None], flat.shape[:2]), cfg).reshape(kept.shape)
+        return jnp.moveaxis(head.at[:, : self.kept, ..., rotary].set(turned), 1, slot_axis)
+
+
+def slot_positions(cached: LayerCache, batch: int) -> Array:
+    """[B, R + S] int32: the position each slot of one layer's cache holds (registers -R..-1; a ring
+    slot's recorded position, PAD_POSITION while empty)."""
+    if cached.positions is not None:
+        return cached.positions
+    slots = kv_cache.slots(cached)
+    return jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32) - cached.registers, (batch, slots))
+
+
+def ring_window(cached: LayerCache) -> tuple[int, int]:
+    """(window, sinks) of one layer's ring: its slots roll over the last `window` positions and keep
+    the first `sinks` and the R registers for good; a local layer's ring is its W slots (no sinks)."""
+    return cached.positions.shape[1] - cached.registers - cached.sinks, cached.sinks
+
+
+def key_view(cfg, positions: Array, cached: LayerCache | None = None, window: int | Array | None = None,
+             order: Array | None = None) -> KeyView:
+    """The keys this call's queries at `positions` [B, T] see, in one layer whose cache is `cached`
+    (or None) and whose sliding window is `window` (None: none). order: [B, 1, T, T] additive, the
+    input's own order of this call's keys in place of the causal mask (read without a cache)."""
+    sinks = None
+    kept, shift = 0, None
+    segments = []  # (positions, valid or None), cached slots first
+    if cached is not None:
+        if order is not None:
+            raise ValueError("an input with its own order of keys (a table's rows) is read in one forward "
+                             "pass, without a KV cache; pass cache=None")
+        slots = slot_positions(cached, positions.shape[0])
+        if cached.positions is not None:  # a ring: its window and the slots it keeps for good
+            window, ring_sinks = ring_window(cached)
+            if ring_sinks or cached.registers:
+                sinks, kept = ring_sinks, cached.registers + ring_sinks
+                last = jnp.where(positions < PAD_POSITION, positions, -1).max(axis=1)  # [B]
+                shift = jnp.maximum(last - (ring_sinks + window - 1), 0)
+        segments.append((slots, slots < positions[:, :1]))  # slots at or after the first new position are stale
+    segments.append((positions, None))
+    bias_of = scheme(cfg).score_bias
+    view = KeyView([], [], kept, shift)
+    for i, (k_positions, valid) in enumerate(segments):
+        is_new = i == len(segments) - 1
+        if is_new and order is not None:
+            mask = order
+        else:
+            mask = ops.causal_mask(positions, k_positions, valid, window=window, sinks=sinks)
+        if bias_of is not None:  # measured from the kept slots' positions moved `shift` towards the queries
+            scored = k_positions
+            if shift is not None and not is_new:
+                scored = jnp.where(jnp.arange(k_positions.shape[1]) < kept, k_positions + shift[:, None], k_positions)
+            mask = mask + bias_of(cfg, positions, scored)  # [B, H, T, S_i]
+        view.positions.append(k_positions)
+        view.bias.append(mask)
+    return view

@@ -40,7 +40,7 @@ for scan in (False, True):
         text = jax.jit(f).lower(params, x).compile().as_text()
         text = re.sub(r", metadata=\{[^}]*\}", "", text)  # op names and source lines
         text = re.sub(r", stack_frame_id=\d+", "", text)
-        lines = [l for l in text.splitlines() if not re.match(r'^\s*\d+ (\{file_name_id|")', l)]
+        lines = [l for l in text.splitlines() if not re.match(r'^\s*\d+ (\{file_name_id|{file_location_id|")', l)]
         print("\n".join(lines))
         print("=====")
 """

@@ -45,7 +45,7 @@ from transformer.sampling.text import sample_text
 from transformer.run.checkpoint import CheckpointError, quiet_checkpoint_failures
 from transformer.experiments.catalog import train
 from transformer.training.loop import Diverged
-from transformer.training.run_setup import REPO, Run, init_distributed
+from transformer.training.setup import REPO, Run, init_distributed
 from transformer.run.signals import Interrupted
 from transformer.training.steps import TrainState
 

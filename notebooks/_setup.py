@@ -250,7 +250,7 @@ def _check_same_run(config, workdir: str, builder: str = "_setup.train_config()"
     `fields`, default RUN_FIELDS) than `config`, which `builder` made (e.g. runs/notebook_model left over
     from an older train_config())."""
     from transformer.run.checkpoint import Checkpointer, saved_model_config
-    from transformer.training.run_config import choose_execution
+    from transformer.training.setup import choose_execution
 
     saved = Checkpointer(workdir, read_only=True).config()
     # Both with their 'auto' execution fields chosen for this backend, as load_model's model is.

@@ -22,7 +22,7 @@ from transformer.model.kv_cache import kv_cache_bytes_per_token
 from transformer.run.checkpoint import restore_for_inference, saved_model_config
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
-from transformer.training.run_config import choose_execution
+from transformer.training.setup import choose_execution
 
 AUTO = dict(dtype="auto", attention_impl="auto")
 SMALL = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=1, num_heads=4)  # head_dim 8

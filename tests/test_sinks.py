@@ -30,7 +30,7 @@ from transformer.data.batches import with_start_token
 from transformer.training.loss import cross_entropy, loss_fn
 from transformer.run.metrics import read_metrics
 from transformer.model.param_tree import unstack_layers
-from transformer.training.run_config import check_train_config
+from transformer.training.setup import check_train_config
 
 R = 3  # registers in the tests' models
 OPTIONS = {"sink": dict(attention_sink=True), "registers": dict(num_registers=R),

@@ -53,8 +53,7 @@ from transformer.run.config_files import flat, load_config, load_config_file, se
 from transformer.run.metrics import read_metrics
 from transformer.run.signals import Interrupted
 from transformer.training.loop import Diverged
-from transformer.training.run_config import check_train_config, choose_execution, resolve
-from transformer.training.run_setup import DEFAULT_CACHE_DIR, REPO
+from transformer.training.setup import DEFAULT_CACHE_DIR, REPO, check_train_config, choose_execution, resolve
 
 CONFIGS = os.path.join(REPO, "configs")
 

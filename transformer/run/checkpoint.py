@@ -209,8 +209,8 @@ class Checkpointer:
         return self._restore(step, config=ocp.args.JsonRestore()).config
 
     def tokenizer(self, step: int | None = None) -> Tokenizer:
-        step = self._step_or_latest(step)
-        return tokenizer_from_json(self._restore(step, tokenizer=ocp.args.JsonRestore()).tokenizer)
+        saved = self._restore(self._step_or_latest(step), tokenizer=ocp.args.JsonRestore())
+        return tokenizer_from_json(saved.tokenizer)
 
     def restore_state(self, state: Any, model_config: Mapping[str, Any], step: int | None = None) -> Any:
         """Restores the train state into the structure and shardings of `state` (e.g. a fresh one).

@@ -1,12 +1,10 @@
-"""The training loop: `train(config, workdir, task, metrics)` runs (or resumes) a run and returns its
-last evaluation. What the run is made of comes from run_setup.py; here are the steps, the logging,
-the evaluations (the validation loss and the metrics it is given, eval_metrics.py) and the
-checkpoints. The loop knows no data task or metric by name: transformer/experiments/catalog.py's
-`train(config, workdir)` picks them from the config.
+"""The training loop: `train(run)` trains a set-up run (setup.py) to train.steps and returns its last
+evaluation: the steps, the logging, the evaluations (the validation loss and the run's metrics) and
+the checkpoints. It knows no data task or metric by name.
 
 Training batch s depends only on (seed, s), so a resumed run sees the batches an unbroken run
-would; a run stopped by SIGINT / SIGTERM saves a checkpoint at the next step and raises
-Interrupted; a diverged loss raises Diverged without saving.
+would; SIGINT / SIGTERM save a checkpoint at the next step and raise Interrupted; a diverged loss
+raises Diverged without saving.
 """
 
 from __future__ import annotations
@@ -19,19 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from ml_collections import ConfigDict
 from tqdm import tqdm
 
 from transformer.data.batches import with_start_token
 from transformer.data.prefetch import Prefetcher
-from transformer.data.tasks import DataTask
 from transformer.run.checkpoint import Checkpointer
 from transformer.run.metrics import MetricWriter
 from transformer.run.workdir import check_unchanged, write_run_files
 from transformer.run.signals import StopOnSignal
 from transformer.run.workdir_lock import WorkdirLock
-from transformer.training.eval_metrics import EvalMetric
-from transformer.training.run_setup import Run, set_up_run
+from transformer.training.setup import Run
 from transformer.training.steps import TrainState
 
 OnComplete = Callable[[Run, TrainState], None]  # called once a run reaches train.steps (e.g. to print a sample)
@@ -41,33 +36,29 @@ class Diverged(RuntimeError):
     """The loss became NaN or infinite."""
 
 
-def train(config: ConfigDict, workdir: str, task: DataTask, metrics: list[EvalMetric], progress: bool = True,
-          hard_exit: bool = False, started: float | None = None, on_complete: OnComplete | None = None) -> dict:
-    """Runs (or resumes) training on the data `task`, measuring `metrics` at every evaluation;
-    returns the last evaluation's metrics ({} if the run was complete).
+def train(run: Run, progress: bool = True, started: float | None = None, on_complete: OnComplete | None = None
+          ) -> dict:
+    """Trains `run` from its state to train.steps (or train.run_steps more); returns the last
+    evaluation's metrics ({} if the run was complete).
 
-    progress=False hides the progress bar (e.g. in a notebook); metrics still go to the workdir.
-    Raises Interrupted after saving if SIGINT or SIGTERM stopped the run early (during set-up:
-    without saving; with hard_exit, as the command line does, the process ends there).
-    started: the time.perf_counter() that the metrics' elapsed_seconds count from (the command line:
-    the process's start); None: this call's start. on_complete(run, state): called when the run
-    reaches train.steps.
+    progress=False hides the progress bar (metrics still go to the workdir). started: the
+    time.perf_counter() that elapsed_seconds count from (default: this call's start).
+    on_complete(run, state): called when the run reaches train.steps.
     """
     started = time.perf_counter() if started is None else started
-    with StopOnSignal(hard_exit) as stop:
-        run, state, ckpt = set_up_run(config, workdir, task, metrics)
-        stop.training = True
-        start, t = int(state.step), run.config.train
-        if start >= t.steps:
-            print(f"the run in {workdir} is already complete at step {start} (train.steps={t.steps}); "
-                  "raise train.steps to continue it (docs/usage.md: 'Continuing a run')")
-            return {}
+    workdir, state, t = run.workdir, run.state, run.config.train
+    start = int(state.step)
+    if start >= t.steps:
+        print(f"the run in {workdir} is already complete at step {start} (train.steps={t.steps}); "
+              "raise train.steps to continue it (docs/usage.md: 'Continuing a run')")
+        return {}
+    with StopOnSignal(training=True) as stop:
         # One run writes a workdir at a time (the first host of a multi-host run holds the lock).
         with WorkdirLock(workdir) if run.host == 0 else contextlib.nullcontext():
-            check_unchanged(workdir, start if ckpt else None)
+            check_unchanged(workdir, start if run.ckpt else None)
             write_run_files(workdir, run.host, run.tokenizer, run.record, run.corpus)
-            ckpt = ckpt or Checkpointer(workdir, keep=t.keep_checkpoints)  # every host saves its shards
-            state, last_eval, seconds = train_and_report(run, state, ckpt, workdir, stop, progress, started)
+            ckpt = run.ckpt or Checkpointer(workdir, keep=t.keep_checkpoints)  # every host saves its shards
+            state, last_eval, seconds = train_and_report(run, state, ckpt, stop, progress, started)
     done = int(state.step)
     if run.host == 0:
         print_summary(run, done, done - start, last_eval, ckpt, seconds, time.perf_counter() - started)
@@ -78,12 +69,12 @@ def train(config: ConfigDict, workdir: str, task: DataTask, metrics: list[EvalMe
     return last_eval
 
 
-def train_and_report(run: Run, state: TrainState, ckpt: Checkpointer, workdir: str, stop: StopOnSignal,
-                     progress: bool, started: float) -> tuple[TrainState, dict, float]:
-    """The loop with its reporting around it: the metric writer, the progress bar, the prefetched
-    batches; returns the state, the last evaluation and the seconds spent in the loop."""
+def train_and_report(run: Run, state: TrainState, ckpt: Checkpointer, stop: StopOnSignal, progress: bool,
+                     started: float) -> tuple[TrainState, dict, float]:
+    """The loop with its reporting around it (the metric writer, the progress bar, the prefetched
+    batches); returns the state, the last evaluation and the seconds spent in the loop."""
     t, start = run.config.train, int(state.step)
-    writer = MetricWriter(workdir, enabled=run.host == 0, start_step=start)  # rows past `start` are redone
+    writer = MetricWriter(run.workdir, enabled=run.host == 0, start_step=start)  # rows past `start` are redone
     writer.write({"step": start, "compile_seconds": run.steps.compile_seconds,
                   "elapsed_seconds": time.perf_counter() - started})  # the set-up's end
     batches = training_batches(run, start)
@@ -143,8 +134,7 @@ class Report:
 def train_steps(run: Run, state: TrainState, ckpt: Checkpointer, batches: Prefetcher, report: Report,
                 stop: StopOnSignal, end: int) -> tuple[TrainState, dict]:
     """Trains until step `end` or a stop request, logging, evaluating and saving on the config's
-    schedule; returns the state and the last evaluation.
-    """
+    schedule; returns the state and the last evaluation."""
     t = run.config.train
     last_eval: dict = {}
     pending = None  # the previous step's metrics: read one step late so the host never stalls

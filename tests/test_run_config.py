@@ -60,7 +60,7 @@ def test_resolve_freezes_references():
 
 
 def test_the_tiny_config_passes(capsys):
-    check_train_config(*config_and_model())
+    check_train_config(config_and_model()[0])
     assert capsys.readouterr().err == ""
 
 
@@ -88,22 +88,22 @@ def test_the_tiny_config_passes(capsys):
 ])
 def test_a_bad_field_raises_naming_it(override, message):
     with pytest.raises(ValueError, match=message):
-        check_train_config(*config_and_model(**override))
+        check_train_config(config_and_model(**override)[0])
 
 
 def test_micro_batches_must_split_over_the_devices(monkeypatch):
     monkeypatch.setattr(setup.jax, "device_count", lambda: 3)
     with pytest.raises(ValueError, match="micro-batch of 4 rows must split evenly over 3 devices"):
-        check_train_config(*config_and_model(**{"train.grad_accum": 2}))
+        check_train_config(config_and_model(**{"train.grad_accum": 2})[0])
     monkeypatch.setattr(setup.jax, "device_count", lambda: 4)
-    check_train_config(*config_and_model(**{"train.grad_accum": 2}))
+    check_train_config(config_and_model(**{"train.grad_accum": 2})[0])
 
 
 def test_a_warm_up_as_long_as_the_decay_warns(capsys):
-    check_train_config(*config_and_model(**{"train.steps": 5, "optim.warmup_steps": 5}))
+    check_train_config(config_and_model(**{"train.steps": 5, "optim.warmup_steps": 5})[0])
     err = capsys.readouterr().err
     assert err.startswith("warning: ") and "optim.warmup_steps=5" in err and "never decays" in err
-    check_train_config(*config_and_model(**{"train.steps": 5, "optim.warmup_steps": 5, "optim.decay_steps": 6}))
+    check_train_config(config_and_model(**{"train.steps": 5, "optim.warmup_steps": 5, "optim.decay_steps": 6})[0])
     assert capsys.readouterr().err == ""
 
 

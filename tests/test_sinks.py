@@ -350,7 +350,7 @@ def test_a_start_token_outside_the_vocabulary_is_named(start):
     config = tiny.get_config()
     config.data.start_token = start
     with pytest.raises(ValueError, match=r"data.start_token=.* must be a token id in \[0, 256\) or -1"):
-        check_train_config(config, ModelConfig.from_dict(config.model))
+        check_train_config(config)
 
 
 # ----------------------------------------------------------------------------- the command line

@@ -30,7 +30,9 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from transformer.model.execution import resolve_auto
+from ml_collections import ConfigDict
+
+from transformer.model.execution import Resolved, resolve_auto
 from transformer.model.config import AUTO, ModelConfig
 from transformer.model.param_tree import layout_differences, relayout_layers
 from transformer.data.tokenizer import Tokenizer, tokenizer_from_json, tokenizer_to_json
@@ -90,7 +92,7 @@ class Checkpointer:
             self.directory,
             options=ocp.CheckpointManagerOptions(
                 preservation_policy=policy, create=not read_only, read_only=read_only,
-                cleanup_tmp_directories=not read_only,
+                cleanup_tmp_directories=not read_only, save_interval_steps=0 if read_only else 1,  # 1: the default
             ),
             item_handlers={  # named handlers also let item_metadata read shapes without the arrays
                 "state": ocp.StandardCheckpointHandler(),
@@ -220,8 +222,9 @@ class Checkpointer:
         Raises CheckpointError for a different architecture or parameter layout.
         """
         step = self._step_or_latest(step)
-        saved = ModelConfig.from_dict(self.config(step)["model"])
-        check_same_model(saved.to_dict(), model_config, self.directory)
+        fields = self.config(step)["model"]
+        check_same_model(fields, model_config, self.directory)
+        saved = ModelConfig.from_dict(fields)
         # Shapes first, from the metadata: a restore into the wrong shapes fails deep inside orbax.
         check_layout(saved, self.params_metadata(step), self.directory)
         if saved.scan_layers == ModelConfig.from_dict(model_config).scan_layers:
@@ -299,13 +302,33 @@ def restore_for_inference(workdir: str, step: int | None = None) -> tuple[ModelC
     return cfg, ckpt.restore_params(step), ckpt.tokenizer(step)
 
 
-def saved_model_config(saved: Mapping[str, Any]) -> ModelConfig:
-    """The ModelConfig of a saved run config (config.json, a checkpoint's), for use on this backend.
+def saved_run(workdir: str) -> dict | None:
+    """The config saved with the workdir's latest complete checkpoint, with its "step"; None
+    before the first."""
+    step = latest_step(workdir)
+    if step is None:
+        return None
+    ckpt = Checkpointer(workdir, read_only=True)
+    try:
+        return {**ckpt.config(step), "step": step}
+    finally:
+        ckpt.close()
 
-    The execution fields the run chose with 'auto' (its `auto` record, see
-    training/run_config.saved_config) are chosen again for this process's backend: a model trained on a
-    GPU in bfloat16 with cuDNN attention samples on a CPU in float32 with the reference path.
-    """
+
+def saved_form(config: ConfigDict, backend: str | None = None) -> tuple[dict, Resolved]:
+    """The config as a run saves it (config.json, every checkpoint) and its model's 'auto' fields
+    chosen for `backend` (default: this process's). The saved form holds the choices and
+    auto = {"backend": ..., "fields": [...]}, so that a reader on another backend chooses again."""
+    resolved = resolve_auto(ModelConfig.from_dict(config.model), backend, seq_len=config.train.seq_len)
+    record = config.to_dict()
+    record["model"].update({name: getattr(resolved.cfg, name) for name in resolved.auto})
+    record["auto"] = {"backend": resolved.backend, "fields": list(resolved.auto)}
+    return record, resolved
+
+
+def saved_model_config(saved: Mapping[str, Any]) -> ModelConfig:
+    """The ModelConfig of a saved run config (`saved_form`), its 'auto' fields chosen again for this
+    backend: a model trained on a GPU in bfloat16 with cuDNN attention samples on a CPU in float32."""
     cfg = ModelConfig.from_dict(saved["model"])
     chosen = saved.get("auto", {}).get("fields", [])
     return resolve_auto(cfg.replace(**{name: AUTO for name in chosen})).cfg

@@ -14,7 +14,7 @@ from ml_collections import ConfigDict
 
 from transformer.data.atomic_files import save_json
 from transformer.data.tokenizer import Tokenizer, is_saved, save_tokenizer
-from transformer.run.checkpoint import CheckpointError, Checkpointer, check_same_model, latest_step
+from transformer.run.checkpoint import CHECKPOINT_DIR, CheckpointError, check_same_model, latest_step
 from transformer.run.workdir_lock import WorkdirBusy
 
 
@@ -50,19 +50,12 @@ SAME_DATA = ("tokenizer", "vocab_size", "path")
 EARLIER_DEFAULTS = {"needle": {"facts": 1, "question": "question", "questions": 1}}
 
 
-def check_resume(config: ConfigDict, record: dict, ckpt: Checkpointer, workdir: str) -> dict:
-    """Checks the config (`record`: as the run saves it) against the latest checkpoint's; returns
-    that config (with its "step").
-
-    Errors for another model or data, or fewer train.steps than done; a note listing changed
-    execution fields. (The optimizer's are training/run_config.py's.)
-    """
-    step = ckpt.latest_step()
-    if step is None:
-        raise CheckpointError(f"{ckpt.directory} holds no complete checkpoint; delete that folder to start "
-                              "the run afresh, or choose another --workdir")
-    saved = ckpt.config(step)
-    changed = check_same_model(saved["model"], record["model"], ckpt.directory)
+def check_resume(config: ConfigDict, record: dict, saved: dict, workdir: str) -> None:
+    """Checks the config (`record`: as the run saves it) against the latest checkpoint's (`saved`,
+    with its "step"): errors for another model or data, or fewer train.steps than done; a note
+    listing changed execution fields."""
+    step = saved["step"]
+    changed = check_same_model(saved["model"], record["model"], os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR))
     # data.task too: text windows and needle documents are different data on the same corpus
     # (a checkpoint from before the field existed was trained on text).
     saved_data = {**saved_data_fields(saved), "task": saved.get("data", {}).get("task", "text")}
@@ -81,7 +74,6 @@ def check_resume(config: ConfigDict, record: dict, ckpt: Checkpointer, workdir: 
                          f"set train.steps >= {step}, or start a new --workdir")
     if changed:
         print(f"resuming with other execution settings: {', '.join(changed)}")
-    return {**saved, "step": step}
 
 
 def check_tokenizer_left(config: ConfigDict, workdir: str) -> None:

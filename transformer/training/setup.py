@@ -24,7 +24,7 @@ from transformer.training.eval_metrics import EvalMetric, MetricFn, compile_metr
 from transformer.training.optimizer import learning_rates, make_optimizer, optimizer_name, schedule_name
 from transformer.training.sharding import batch_sharding, make_mesh, make_rules
 from transformer.training.steps import TrainState, create_state, flops_per_token, make_eval_step, make_train_step
-from transformer.run.checkpoint import CHECKPOINT_DIR, CheckpointError, Checkpointer, latest_step
+from transformer.run.checkpoint import CHECKPOINT_DIR, CheckpointError, Checkpointer, saved_form, saved_run
 from transformer.run.workdir import check_corpus_kept, check_resume, check_tokenizer_left, check_workdir
 from transformer.data.batches import with_start_token
 from transformer.data.corpus import corpus_files, load_texts, skipped_files
@@ -33,7 +33,7 @@ from transformer.data.token_stream import file_digests, load_corpus
 from transformer.data.tokenizer import Tokenizer, is_saved, load_tokenizer, make_tokenizer
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import count_params
-from transformer.model.execution import Resolved, resolve_auto
+from transformer.model.execution import Resolved
 from transformer.model.kv_cache import describe_cache_size
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -68,7 +68,6 @@ class CheckedConfig:
     execution: Resolved  # execution.cfg: the one ModelConfig the run builds, 'auto' chosen for this backend
     record: dict  # the config as config.json and every checkpoint hold it (saved_config)
     rates: dict[str, optax.Schedule]  # {metric name: learning-rate schedule}, built once
-    ckpt: Checkpointer | None  # the workdir's checkpoints when the run resumes, else None
     saved: dict | None  # the latest checkpoint's config (with its "step") when the run resumes
 
     @property
@@ -77,28 +76,23 @@ class CheckedConfig:
 
 
 def check_run(config: ConfigDict, workdir: str) -> CheckedConfig:
-    """Every check of a run that needs no tokenizer, corpus or compile. Writes nothing."""
+    """Every check of a run that needs no tokenizer, corpus or compile: the training fields, the
+    workdir and a resume against its checkpoint (optimizer, schedule, data, model). Writes nothing."""
     config = resolve(config, DEFAULT_CACHE_DIR)
-    execution = resolve_auto(ModelConfig.from_dict(config.model), seq_len=config.train.seq_len)
-    check_train_config(config, execution.cfg)
+    check_train_config(config)
     rates = learning_rates(config.optim, config.train.steps)
     check_workdir(workdir)
-    record = saved_config(config, execution)
-    ckpt, saved = None, None
-    if latest_step(workdir) is not None:  # a complete checkpoint: resume from the latest
-        ckpt = Checkpointer(workdir, keep=config.train.keep_checkpoints)
-        try:
-            saved = check_resume(config, record, ckpt, workdir)
-            if "optim" in saved:  # a checkpoint from before the field: not checked
-                check_optimizer_kept(saved, config, workdir)
-                check_schedule_kept(saved, rates, saved["step"])
-        except Exception:
-            ckpt.close()  # no orbax thread left running at exit
-            raise
+    saved = saved_run(workdir)  # the latest checkpoint's config: a resume
+    if saved and "optim" in saved:  # a checkpoint from before the field: not checked
+        check_optimizer_kept(saved, config, workdir)
+        check_schedule_kept(saved, rates, saved["step"])
+    record, execution = saved_form(config)
+    if saved:
+        check_resume(config, record, saved, workdir)
     elif os.path.isdir(os.path.join(workdir, CHECKPOINT_DIR)):  # killed during its first save
         print(f"no complete checkpoint in {os.path.join(workdir, CHECKPOINT_DIR)} (the first save was cut "
               "short): starting the run afresh, its metrics too")
-    return CheckedConfig(config, execution, record, rates, ckpt, saved)
+    return CheckedConfig(config, execution, record, rates, saved)
 
 
 def resolve(config: ConfigDict, default_cache_dir: str) -> ConfigDict:
@@ -111,23 +105,9 @@ def resolve(config: ConfigDict, default_cache_dir: str) -> ConfigDict:
     return config
 
 
-def saved_config(config: ConfigDict, resolved: Resolved) -> dict:
-    """The config as the run saves it: the model's 'auto' fields as `resolved` chose them, and
-    auto = {"backend": ..., "fields": [...]}, so that a reader on another backend chooses them again."""
-    record = config.to_dict()
-    record["model"].update({name: getattr(resolved.cfg, name) for name in resolved.auto})
-    record["auto"] = {"backend": resolved.backend, "fields": list(resolved.auto)}
-    return record
-
-
-def choose_execution(config: ConfigDict, backend: str | None = None) -> tuple[ConfigDict, Resolved]:
-    """The saved form of `config` with its 'auto' fields chosen for `backend`, and that choice."""
-    resolved = resolve_auto(ModelConfig.from_dict(config.model), backend, seq_len=config.train.seq_len)
-    return ConfigDict(saved_config(config, resolved)), resolved
-
-
-def check_train_config(config: ConfigDict, cfg: ModelConfig) -> None:
+def check_train_config(config: ConfigDict) -> None:
     """Errors for training fields that cannot work, each naming the field and the fix."""
+    model = config.model
     field = lambda name: config[name.split(".")[0]][name.split(".")[1]]  # noqa: E731
     for name, what in POSITIVE.items():
         if not isinstance(field(name), int) or field(name) <= 0:
@@ -149,11 +129,11 @@ def check_train_config(config: ConfigDict, cfg: ModelConfig) -> None:
     if config.data.tokenizer not in ("bytes", "bpe"):
         raise ValueError(f"data.tokenizer={config.data.tokenizer!r} is not known; use 'bytes' or 'bpe'")
     start = config.data.get("start_token", -1)
-    if not (isinstance(start, int) and (start == -1 or 0 <= start < cfg.vocab_size)):
-        raise ValueError(f"data.start_token={start!r} must be a token id in [0, {cfg.vocab_size}) or -1 (none)")
+    if not (isinstance(start, int) and (start == -1 or 0 <= start < model.vocab_size)):
+        raise ValueError(f"data.start_token={start!r} must be a token id in [0, {model.vocab_size}) or -1 (none)")
     t = config.train
-    if t.seq_len > cfg.max_seq_len:
-        raise ValueError(f"train.seq_len={t.seq_len} exceeds model.max_seq_len={cfg.max_seq_len}")
+    if t.seq_len > model.max_seq_len:
+        raise ValueError(f"train.seq_len={t.seq_len} exceeds model.max_seq_len={model.max_seq_len}")
     if t.batch_size % t.grad_accum:
         raise ValueError(f"train.batch_size={t.batch_size} is not divisible by train.grad_accum={t.grad_accum}")
     n = jax.device_count() // config.mesh.tensor if jax.device_count() % config.mesh.tensor == 0 else 1
@@ -253,18 +233,19 @@ def set_up(config: ConfigDict, workdir: str, task: DataTask, metrics: list[EvalM
     data_sharding = batch_sharding(mesh, rules)
     tx, _ = make_optimizer(config.optim, t.steps, checked.rates)
     state = new_state(checked, tx, mesh, rules)
+    ckpt = Checkpointer(workdir, keep=t.keep_checkpoints) if checked.saved else None  # a new run's opens late
     tokenizer, corpus, train_tokens, val_tokens, bytes_per_token = None, [], None, None, None
     if task.text:  # a task that makes its own batches (tables) reads no corpus
-        tokenizer, corpus, train_tokens, val_tokens, bytes_per_token = load_text(checked, workdir, host)
+        tokenizer, corpus, train_tokens, val_tokens, bytes_per_token = load_text(checked, workdir, ckpt, host)
     put = lambda x: jax.make_array_from_process_local_data(data_sharding, x)  # noqa: E731
     batches = task.eval_batches(val_tokens, num_batches=t.eval_batches, batch_size=t.batch_size, seq_len=t.seq_len,
                                 host_index=host, host_count=hosts)
     eval_set = [(put(x), put(y)) for x, y in (with_start_token(b, config.data.get("start_token", -1)) for b in batches)]
     # Compiled for the fresh state: a checkpoint restores into its shapes and shardings.
     steps = compile_steps(cfg, t.grad_accum, tx, checked.rates, metrics, mesh, rules, state, eval_set[0], put)
-    if checked.ckpt is not None:  # each device reads its own shard of each array
-        state = checked.ckpt.restore_state(state, checked.record["model"])
-        print(f"resumed from the checkpoint at step {int(state.step)} in {checked.ckpt.directory}")
+    if ckpt is not None:  # each device reads its own shard of each array
+        state = ckpt.restore_state(state, checked.record["model"])
+        print(f"resumed from the checkpoint at step {int(state.step)} in {ckpt.directory}")
     num_params = count_params(state.params)
     flops = flops_per_token(cfg, num_params, t.seq_len)
     if host == 0:
@@ -274,14 +255,14 @@ def set_up(config: ConfigDict, workdir: str, task: DataTask, metrics: list[EvalM
               f"mesh {dict(mesh.shape)}; {checked.execution.describe()}; compiled in {steps.compile_seconds:.1f} s")
     return Run(workdir=workdir, config=config, record=checked.record, cfg=cfg, tokenizer=tokenizer, task=task,
                corpus=corpus, train_tokens=train_tokens, eval_set=eval_set, bytes_per_token=bytes_per_token,
-               state=state, ckpt=checked.ckpt, steps=steps, flops_per_token=flops, host=host, hosts=hosts)
+               state=state, ckpt=ckpt, steps=steps, flops_per_token=flops, host=host, hosts=hosts)
 
 
-def load_text(checked: CheckedConfig, workdir: str, host: int) -> tuple:
+def load_text(checked: CheckedConfig, workdir: str, ckpt: Checkpointer | None, host: int) -> tuple:
     """(tokenizer, corpus digests, train tokens [N], validation tokens [M], bytes per token) of a
-    text task, the corpus checked against a resumed run's."""
+    text task, the corpus checked against a resumed run's (`ckpt`: its checkpoints)."""
     data = checked.config.data
-    tokenizer = run_tokenizer(checked, workdir)
+    tokenizer = run_tokenizer(checked, workdir, ckpt)
     train_tokens, val_tokens, bytes_per_token = load_corpus(data.path or None, tokenizer, data.cache_dir,
                                                             data.val_fraction)
     corpus = file_digests(corpus_files(data.path or None), Path(data.cache_dir))
@@ -292,12 +273,12 @@ def load_text(checked: CheckedConfig, workdir: str, host: int) -> tuple:
     return tokenizer, corpus, train_tokens, val_tokens, bytes_per_token
 
 
-def run_tokenizer(checked: CheckedConfig, workdir: str) -> Tokenizer:
+def run_tokenizer(checked: CheckedConfig, workdir: str, ckpt: Checkpointer | None = None) -> Tokenizer:
     """The run's tokenizer, its size checked against model.vocab_size: a resumed run's from its
-    checkpoint; a new run's the one left in the workdir by a run that saved no checkpoint (if made
-    for the same data), else the imported model's, else a new one."""
+    checkpoints `ckpt`; a new run's the one left in the workdir by a run that saved no checkpoint
+    (if made for the same data), else the imported model's, else a new one."""
     config = checked.config
-    tokenizer = checked.ckpt.tokenizer(checked.saved["step"]) if checked.saved else new_tokenizer(config, workdir)
+    tokenizer = ckpt.tokenizer(checked.saved["step"]) if ckpt else new_tokenizer(config, workdir)
     if tokenizer.vocab_size > checked.cfg.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size={checked.cfg.vocab_size}; "
                          f"set --config.model.vocab_size={tokenizer.vocab_size}")
@@ -328,7 +309,7 @@ def new_state(checked: CheckedConfig, tx, mesh, rules) -> TrainState:
     """A state at step 0, from the weights of config.init_from_hf (a new run) or a random init."""
     config, cfg = checked.config, checked.cfg
     params = None
-    if config.init_from_hf and checked.ckpt is None:  # a resumed run has its own weights in the checkpoint
+    if config.init_from_hf and checked.saved is None:  # a resumed run has its own weights in the checkpoint
         from transformer.hf import check_same_architecture, from_hf  # only init_from_hf runs need the conversions
 
         hf_cfg, params = from_hf(config.init_from_hf, scan_layers=cfg.scan_layers)

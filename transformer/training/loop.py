@@ -14,7 +14,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm import tqdm
@@ -23,9 +23,8 @@ from transformer.data.batches import with_start_token
 from transformer.data.prefetch import Prefetcher
 from transformer.run.checkpoint import Checkpointer
 from transformer.run.metrics import MetricWriter
-from transformer.run.workdir import check_unchanged, write_run_files
+from transformer.run.workdir import WorkdirLock, check_unchanged, write_run_files
 from transformer.run.signals import StopOnSignal
-from transformer.run.workdir_lock import WorkdirLock
 from transformer.training.setup import Run
 from transformer.training.steps import TrainState
 
@@ -80,7 +79,7 @@ def train_and_report(run: Run, state: TrainState, ckpt: Checkpointer, stop: Stop
     batches = training_batches(run, start)
     bar = tqdm(total=t.steps, initial=start, disable=run.host != 0 or not progress, dynamic_ncols=True,
                file=sys.stdout)
-    report = Report(writer, Throughput(start, tokens_per_step=t.batch_size * t.seq_len), bar, started)
+    report = Report(writer, bar, started, window_step=start)
     end = t.steps if t.run_steps <= 0 else min(t.steps, start + t.run_steps)  # run_steps: a part, then resume
     looping = time.perf_counter()
     try:
@@ -104,31 +103,16 @@ def training_batches(run: Run, start: int) -> Prefetcher:
     )
 
 
-class Throughput:
-    """Training tokens per second over the steps since the last `restart`."""
-
-    def __init__(self, step: int, tokens_per_step: int):
-        self.tokens_per_step = tokens_per_step
-        self.restart(step)
-
-    def restart(self, step: int) -> None:
-        """Starts a new window at `step`."""
-        self.time, self.step = time.perf_counter(), step
-
-    def tokens_per_sec(self, step: int) -> float:
-        """Tokens per second from the window's start to `step`, now."""
-        elapsed = time.perf_counter() - self.time
-        return (step - self.step) * self.tokens_per_step / max(elapsed, 1e-9)
-
-
 @dataclass
 class Report:
-    """Where the loop reports: metric rows (metrics.jsonl, TensorBoard) and the progress bar."""
+    """Where the loop reports: metric rows (metrics.jsonl, TensorBoard) and the progress bar; the
+    throughput window (tokens per second since `window_step`, at `window_time`)."""
 
     writer: MetricWriter
-    throughput: Throughput
     bar: tqdm
-    started: float  # time.perf_counter() at the run's start: the zero of the evaluations' elapsed_seconds
+    started: float  # time.perf_counter() at the run's start: the zero of elapsed_seconds
+    window_step: int
+    window_time: float = field(default_factory=time.perf_counter)
 
 
 def train_steps(run: Run, state: TrainState, ckpt: Checkpointer, batches: Prefetcher, report: Report,
@@ -156,7 +140,7 @@ def train_steps(run: Run, state: TrainState, ckpt: Checkpointer, batches: Prefet
         if log_due:
             log_train_metrics(run, report, done, metrics)
         if eval_due:
-            last_eval = timed(report, evaluate(run, state.params, done))
+            last_eval = evaluate(run, report, state.params, done)
             log_evaluation(report, last_eval)
         if save_due:
             last_eval = save_checkpoint(run, state, ckpt, report, last_eval)
@@ -168,33 +152,28 @@ def train_steps(run: Run, state: TrainState, ckpt: Checkpointer, batches: Prefet
 
 def log_train_metrics(run: Run, report: Report, step: int, metrics: dict) -> None:
     """Writes the step's training metrics and the throughput since the last row; shows them on the bar."""
-    tps = report.throughput.tokens_per_sec(step)
+    tps = (step - report.window_step) * run.config.train.batch_size * run.config.train.seq_len / max(
+        time.perf_counter() - report.window_time, 1e-9)
     row = {"step": step, **{k: float(v) for k, v in metrics.items()},
            "tokens_per_sec": tps, "mfu": tps * run.flops_per_token / run.config.train.peak_flops}
     report.writer.write(row)
     muon_lr = {"muon_lr": f"{row['muon_learning_rate']:.2e}"} if "muon_learning_rate" in row else {}
     report.bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['learning_rate']:.2e}", **muon_lr,
                            tok_s=f"{tps:,.0f}", mfu=f"{row['mfu']:.2f}")
-    report.throughput.restart(step)  # after writing, so the next window times training only
+    report.window_step, report.window_time = step, time.perf_counter()  # after writing: the window times training
 
 
-def evaluate(run: Run, params, step: int) -> dict:
-    """The validation loss of `params` (and its perplexity and, for a text task, bits per byte), and
-    the run's evaluation metrics (eval_metrics.py)."""
+def evaluate(run: Run, report: Report, params, step: int) -> dict:
+    """The validation loss of `params` (its perplexity, and for a text task bits per byte), the run's
+    metrics, and elapsed_seconds: the wall time from the run's start (set-up and compiling
+    included), so the time taken to reach a validation loss reads off metrics.jsonl."""
     loss = float(np.mean([float(run.steps.eval(params, x, y)) for x, y in run.eval_set]))
     row = {"step": step, "val_loss": loss, "val_perplexity": math.exp(min(loss, 50.0))}
     if run.bytes_per_token:
         row["val_bits_per_byte"] = loss / math.log(2) / run.bytes_per_token
     for measure in run.steps.metrics.values():
         row.update(measure(params, run.eval_set))
-    return row
-
-
-def timed(report: Report, evaluation: dict) -> dict:
-    """The evaluation row with elapsed_seconds: the wall time from the run's start to the end of this
-    evaluation (set-up, compiling, earlier evaluations and checkpoints included), so the time taken
-    to reach a validation loss reads off metrics.jsonl."""
-    return {**evaluation, "elapsed_seconds": time.perf_counter() - report.started}
+    return {**row, "elapsed_seconds": time.perf_counter() - report.started}
 
 
 def log_evaluation(report: Report, evaluation: dict) -> None:
@@ -210,15 +189,11 @@ def bits_per_byte(evaluation: dict) -> str:
 
 
 def save_checkpoint(run: Run, state: TrainState, ckpt: Checkpointer, report: Report, last_eval: dict) -> dict:
-    """Saves the state as a checkpoint (asynchronously) with its validation loss; returns that
-    evaluation.
-
-    The checkpointer keeps the best checkpoint by validation loss, so each one needs an evaluation
-    of its own step: `last_eval` if it is this step's, else a new one (written, not printed).
-    """
+    """Saves the state (asynchronously) with its step's evaluation, which the checkpointer keeps the
+    best by: `last_eval` if it is this step's, else a new one (written, not printed). Returns it."""
     step = int(state.step)
     if last_eval.get("step") != step:
-        last_eval = timed(report, evaluate(run, state.params, step))
+        last_eval = evaluate(run, report, state.params, step)
         report.writer.write(last_eval)
     ckpt.save(step, state, run.record, run.tokenizer, last_eval["val_loss"])
     return last_eval

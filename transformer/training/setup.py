@@ -63,10 +63,9 @@ NOT_NEGATIVE = ("train.run_steps", "train.sample_tokens", "optim.warmup_steps", 
 @dataclass(frozen=True)
 class CheckedConfig:
     """A run's config, checked whole against itself and the workdir's checkpoints."""
-
     config: ConfigDict  # paths absolute; the model's 'auto' fields as the user wrote them
     execution: Resolved  # execution.cfg: the one ModelConfig the run builds, 'auto' chosen for this backend
-    record: dict  # the config as config.json and every checkpoint hold it (saved_config)
+    record: dict  # the config as config.json and every checkpoint hold it (saved_form)
     rates: dict[str, optax.Schedule]  # {metric name: learning-rate schedule}, built once
     saved: dict | None  # the latest checkpoint's config (with its "step") when the run resumes
 
@@ -96,8 +95,8 @@ def check_run(config: ConfigDict, workdir: str) -> CheckedConfig:
 
 
 def resolve(config: ConfigDict, default_cache_dir: str) -> ConfigDict:
-    """A copy of the config with its paths absolute, so the saved config finds its data from any
-    folder: data.path against the current folder, an empty data.cache_dir as `default_cache_dir`."""
+    """A copy with its paths absolute (an empty data.cache_dir: `default_cache_dir`), so the saved
+    config finds its data from any folder."""
     config = config.copy_and_resolve_references()
     if config.data.path:
         config.data.path = os.path.abspath(os.path.expanduser(config.data.path))
@@ -153,8 +152,7 @@ def warn(message: str) -> None:
 
 
 def check_optimizer_kept(saved: dict, config: ConfigDict, workdir: str) -> None:
-    """Raises if the config names another optimizer than the checkpoint's: its state (AdamW's
-    moments, or Muon's momentum and AdamW's) cannot continue another's."""
+    """Raises if the config names another optimizer than the checkpoint's, whose state it cannot continue."""
     before, now = optimizer_name(saved["optim"]), optimizer_name(config.optim)
     if before != now:
         raise CheckpointError(
@@ -191,7 +189,6 @@ def check_schedule_kept(saved: dict, rates: dict[str, optax.Schedule], step: int
 @dataclass(frozen=True)
 class Steps:
     """The compiled steps of a run, and a batch's way onto the mesh."""
-
     train: Callable  # (state, inputs [B, T], targets [B, T]) -> (state, metrics); donates the state
     eval: Callable  # (params, inputs, targets) -> mean loss
     metrics: dict[str, MetricFn]  # the run's evaluation metrics, by name
@@ -201,9 +198,7 @@ class Steps:
 
 @dataclass(frozen=True)
 class Run:
-    """Everything the loop needs, built once by `set_up`. `state` is the first step's: the loop
-    carries its own from there."""
-
+    """Everything the loop needs, built once by `set_up`; `state` is the first step's."""
     workdir: str
     config: ConfigDict
     record: dict  # the config as the run saves it (CheckedConfig.record)
@@ -223,8 +218,8 @@ class Run:
 
 
 def set_up(config: ConfigDict, workdir: str, task: DataTask, metrics: list[EvalMetric]) -> Run:
-    """The run of `config` in `workdir` on the data `task`, measured by `metrics`: checked whole
-    first, then each part built once; a resumed run's state is its latest checkpoint's."""
+    """The run of `config` in `workdir` on the data `task`, measured by `metrics`: checked whole,
+    then each part built once."""
     checked = check_run(config, workdir)
     config, cfg, t = checked.config, checked.cfg, checked.config.train
     host, hosts = jax.process_index(), jax.process_count()
@@ -286,7 +281,6 @@ def run_tokenizer(checked: CheckedConfig, workdir: str, ckpt: Checkpointer | Non
 
 
 def new_tokenizer(config: ConfigDict, workdir: str) -> Tokenizer:
-    """A new run's tokenizer (see run_tokenizer)."""
     tok_dir = os.path.join(workdir, "tokenizer")
     if is_saved(tok_dir):  # a folder without its kind file is a write a kill cut short: made again
         check_tokenizer_left(config, workdir)
@@ -306,7 +300,7 @@ def new_tokenizer(config: ConfigDict, workdir: str) -> Tokenizer:
 
 
 def new_state(checked: CheckedConfig, tx, mesh, rules) -> TrainState:
-    """A state at step 0, from the weights of config.init_from_hf (a new run) or a random init."""
+    """A state at step 0 from the weights of config.init_from_hf (a new run) or a random init."""
     config, cfg = checked.config, checked.cfg
     params = None
     if config.init_from_hf and checked.saved is None:  # a resumed run has its own weights in the checkpoint
@@ -319,27 +313,10 @@ def new_state(checked: CheckedConfig, tx, mesh, rules) -> TrainState:
 
 def compile_steps(cfg: ModelConfig, grad_accum: int, tx, rates: dict, metrics: list[EvalMetric], mesh, rules,
                   state: TrainState, first_batch: tuple[jax.Array, jax.Array], put: Callable) -> Steps:
-    """The train step, the eval step and the evaluation metrics, compiled here so that the first
-    step's time is training only."""
+    """The train step, the eval step and the metrics, compiled now: the first step's time is training's."""
     compiling = time.perf_counter()
     x, y = first_batch
     train = make_train_step(cfg, tx, rates, mesh, state, grad_accum, rules).lower(state, x, y).compile()
     evaluate = make_eval_step(cfg, mesh, state, rules).lower(state.params, x, y).compile()
     measures = {m.name: compile_metric(m, cfg, mesh, state, rules, x) for m in metrics}
     return Steps(train=train, eval=evaluate, metrics=measures, put=put, compile_seconds=time.perf_counter() - compiling)
-
-
-def init_distributed() -> None:
-    """A multi-host run (docs/usage.md, "Several hosts"): with JAX_COORDINATOR_ADDRESS=host:port,
-    JAX_NUM_PROCESSES=N and JAX_PROCESS_ID=i set, join the other processes, so the mesh spans every
-    process's devices (on CPUs the collectives run over gloo)."""
-    address = os.environ.get("JAX_COORDINATOR_ADDRESS")
-    if not address:
-        return
-    try:
-        count, index = int(os.environ["JAX_NUM_PROCESSES"]), int(os.environ["JAX_PROCESS_ID"])
-    except (KeyError, ValueError):
-        raise ValueError("JAX_COORDINATOR_ADDRESS is set, so this is a multi-host run: also set "
-                         "JAX_NUM_PROCESSES (the number of processes) and JAX_PROCESS_ID (0 .. N-1)") from None
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices: collectives across processes
-    jax.distributed.initialize(coordinator_address=address, num_processes=count, process_id=index)

@@ -1,12 +1,8 @@
-"""Orbax checkpoints in `workdir/checkpoints`, one folder per step holding `state` (step, params,
-optimizer state, PRNG key, as arrays), `config` (the run config as `saved_form` makes it, JSON) and
-`tokenizer` (JSON). Nothing is pickled, so restoring runs no code from the checkpoint. Orbax writes
-each step into a temporary folder and renames it when complete: a run killed mid-save keeps its
-previous checkpoints. Kept: the latest `keep` and the one with the best validation loss.
-
-A checkpoint restores onto whatever devices are at hand: resuming places the state as the new
-mesh says, inference reads it onto one device. A resume may change the model's initialisation and
-execution fields only (`ModelConfig.differences`); a change of `scan_layers` converts the layer stack.
+"""Orbax checkpoints in `workdir/checkpoints`, one folder per step: `state` (arrays), `config` (the
+run config as `saved_form` makes it) and `tokenizer` (JSON); nothing pickled, so a restore runs no
+code. Each save is renamed into place when complete: a kill mid-save keeps the previous ones. Kept:
+the latest `keep` and the best by validation loss. A checkpoint restores onto any mesh; a resume
+may change execution and initialisation fields only, and a change of `scan_layers` converts the stack.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The training loop: `train(run)` trains a set-up run (setup.py) to train.steps and returns its last
-evaluation: the steps, the logging, the evaluations (the validation loss and the run's metrics) and
-the checkpoints. It knows no data task or metric by name.
-
-Training batch s depends only on (seed, s), so a resumed run sees the batches an unbroken run
-would; SIGINT / SIGTERM save a checkpoint at the next step and raise Interrupted; a diverged loss
-raises Diverged without saving.
+"""The training loop: `train(run)` trains a set-up run (setup.py) to train.steps, with logging,
+evaluations and checkpoints, and knows no data task or metric by name. Training batch s depends
+only on (seed, s), so a resumed run sees an unbroken run's batches; SIGINT / SIGTERM save at the
+next step and raise Interrupted; a diverged loss raises Diverged without saving.
 """
 
 from __future__ import annotations
@@ -38,12 +35,8 @@ class Diverged(RuntimeError):
 def train(run: Run, progress: bool = True, started: float | None = None, on_complete: OnComplete | None = None
           ) -> dict:
     """Trains `run` from its state to train.steps (or train.run_steps more); returns the last
-    evaluation's metrics ({} if the run was complete).
-
-    progress=False hides the progress bar (metrics still go to the workdir). started: the
-    time.perf_counter() that elapsed_seconds count from (default: this call's start).
-    on_complete(run, state): called when the run reaches train.steps.
-    """
+    evaluation ({} if the run was complete). started: the time.perf_counter() elapsed_seconds count
+    from (default: now); on_complete(run, state): called when the run reaches train.steps."""
     started = time.perf_counter() if started is None else started
     workdir, state, t = run.workdir, run.state, run.config.train
     start = int(state.step)

@@ -1,15 +1,12 @@
 """The optimizer: AdamW, or Muon on the layers' matrices with AdamW on the rest; a warm-up + cosine
-or warm-up / stable / decay learning-rate schedule; global-norm clipping.
+or warm-up / stable / decay schedule; global-norm clipping.
 
-    rates = learning_rates(config.optim, steps)           # {metric name: step -> learning rate}
+    rates = learning_rates(config.optim, steps)                 # {metric name: step -> learning rate}
     tx, schedule = make_optimizer(config.optim, steps, rates)   # an optax transformation
 
-AdamW decays the projection matrices only (`decay_mask`), not norm gains, biases or (unless asked)
-embeddings. Muon (optax.contrib's scale_by_muon: Nesterov momentum orthogonalised by Newton-Schulz)
-updates every projection matrix inside the layers, each as the one linear map it is (W_q [H, K, D]
-as [H*K, D], W_o [D, H, K] as [D, H*K], as modded-nanogpt does; a scanned stack's L is a batch
-axis), scaled by sqrt(max(1, out / in)) (Keller Jordan's: optim.muon_learning_rate ~0.02, not an
-AdamW-matched rate). Both follow one schedule shape, each from its own peak.
+AdamW decays the projection matrices only (`decay_mask`). Muon orthogonalises each matrix inside the
+layers as the one linear map it is (W_q [H, K, D] as [H*K, D], as modded-nanogpt), scaled by
+sqrt(max(1, out / in)) (optim.muon_learning_rate ~0.02); both follow one schedule shape.
 """
 
 from __future__ import annotations

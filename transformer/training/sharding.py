@@ -1,19 +1,14 @@
-"""Devices: the (data, fsdp, tensor) mesh, logical axis names, and the rules that map one onto the other.
+"""Devices: the (data, fsdp, tensor) mesh and the rules that map logical axis names onto it.
 
     mesh = make_mesh(data=-1, fsdp=1, tensor=1)         # axes ('data', 'fsdp', 'tensor')
     rules = make_rules(cfg, mesh, config.mesh.rules)    # logical name -> mesh axes, checked against cfg
     sharded_jit(fn, mesh, rules, in_shardings)          # jax.jit under the axis rules: every compiled step
 
-Every array dimension has a logical name. Parameters get theirs from `PARAM_AXES` by parameter name;
-activations where they are computed (`nn.with_logical_constraint`, a no-op outside `axis_rules`).
-The default rules: batch over (data, fsdp); embed over fsdp (parameters and optimizer state split
-along d_model: FSDP / ZeRO-3); heads, kv_heads, mlp and vocab over tensor (Megatron: W_q, W_k, W_v
-and the MLP's first projection split by output, W_o and the second by input, so XLA inserts one
-all-reduce after attention and one after the MLP); the rest replicated. Rules apply in
-`LOGICAL_AXES` order and a mesh axis serves one dimension of an array, so x [batch, length, embed]
-takes (data, fsdp) for its batch and leaves embed whole. Key/value heads that the tensor size does
-not divide are replicated (as Megatron does for MQA); MLA's latent projections and cache are
-replicated over tensor, since every head reads the whole latent.
+Parameters get logical axes from `PARAM_AXES`, activations where they are computed
+(`nn.with_logical_constraint`). Default: batch over (data, fsdp); embed over fsdp (FSDP); heads,
+kv_heads, mlp, vocab over tensor (Megatron: one all-reduce after attention, one after the MLP);
+the rest replicated. Rules apply in `LOGICAL_AXES` order, a mesh axis serving one dimension per
+array. Key/value heads the tensor size does not divide are replicated, as MLA's latent is.
 """
 
 from __future__ import annotations

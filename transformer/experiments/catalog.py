@@ -55,6 +55,7 @@ def eval_metrics(config: ConfigDict) -> list[EvalMetric]:
 def train(config: ConfigDict, workdir: str, hard_exit: bool = False, **options: Any) -> dict:
     """The run of `config` set up with its data task and evaluation metrics, then trained
     (`loop.train`'s options); a signal during the set-up stops it at once (`StopOnSignal`)."""
+    task, metrics = data_task(config), eval_metrics(config)
     with StopOnSignal(hard_exit):
-        run = setup.set_up(config, workdir, data_task(config), eval_metrics(config))
+        run = setup.set_up(config, workdir, task, metrics)
     return loop.train(run, **options)

@@ -67,27 +67,15 @@ class Checkpointer:
             )
         policy = ocp.checkpoint_managers.AnyPreservationPolicy([
             ocp.checkpoint_managers.LatestN(n=keep),
-            ocp.checkpoint_managers.BestN(
-                get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1,
-                keep_checkpoints_without_metrics=False,
-            ),
-        ])
+            ocp.checkpoint_managers.BestN(get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1,
+                                          keep_checkpoints_without_metrics=False)])
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=policy, create=not read_only, read_only=read_only,
+            cleanup_tmp_directories=not read_only, save_interval_steps=0 if read_only else 1)  # 1: the default
+        handlers = {"state": ocp.StandardCheckpointHandler(), "config": ocp.JsonCheckpointHandler(),
+                    "tokenizer": ocp.JsonCheckpointHandler()}  # named: item_metadata reads shapes, not arrays
         with _without_read_only_note():
-            self.manager = self._open(policy, read_only)
-
-    def _open(self, policy: Any, read_only: bool) -> ocp.CheckpointManager:
-        return ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(
-                preservation_policy=policy, create=not read_only, read_only=read_only,
-                cleanup_tmp_directories=not read_only, save_interval_steps=0 if read_only else 1,  # 1: the default
-            ),
-            item_handlers={  # named handlers also let item_metadata read shapes without the arrays
-                "state": ocp.StandardCheckpointHandler(),
-                "config": ocp.JsonCheckpointHandler(),
-                "tokenizer": ocp.JsonCheckpointHandler(),
-            },
-        )
+            self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
     def all_steps(self) -> list[int]:
         return list(self.manager.all_steps())

@@ -19,13 +19,9 @@ class Interrupted(Exception):
 
 
 class StopOnSignal:
-    """While active, SIGTERM / SIGINT stop the run; the previous handlers come back afterwards (so
-    Ctrl-C in a notebook kernel works again).
-
-    training=False (the set-up): at once, raising Interrupted, or with `hard_exit` (the command
-    line) ending the process, so no library is left half-way through an import or a compile.
-    training=True: `requested` turns true, and the loop stops after its next step's checkpoint.
-    """
+    """While active, SIGTERM / SIGINT stop the run; the previous handlers come back afterwards.
+    During the set-up (training=False) at once: Interrupted, or with `hard_exit` the process ends,
+    leaving no library half-way through a compile. During training: `requested` turns true."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

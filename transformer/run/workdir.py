@@ -152,10 +152,8 @@ LOCK_FILE = ".lock"
 
 
 class WorkdirLock:
-    """`with WorkdirLock(workdir):` holds the workdir's lock (an fcntl.flock on workdir/.lock,
-    creating the folder), or raises WorkdirBusy naming the holder. The lock goes with the process:
-    a kill -9 leaves the file but no lock. (flock is local to a machine: on a network file system
-    it may not exclude a process on another one.)"""
+    """`with WorkdirLock(workdir):` holds an fcntl.flock on workdir/.lock (local to a machine), or
+    raises WorkdirBusy naming the holder; it goes with the process, so a kill -9 leaves no lock."""
 
     def __init__(self, workdir: str):
         self.path = os.path.join(workdir, LOCK_FILE)

@@ -148,6 +148,7 @@ def plan(sweep: dict, sweep_path: str, workdir: str, extra: Mapping | None = Non
             job = Job(name, dict(changes or {}), config, os.path.join(workdir, name))
             try:
                 resolved = resolve(config, DEFAULT_CACHE_DIR)
+                ModelConfig.from_dict(resolved.model)  # the model's own checks, then the training fields'
                 check_train_config(resolved)
             except ValueError as e:
                 raise SweepError(f"variant {variant!r}: {e}") from None

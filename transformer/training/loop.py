@@ -63,8 +63,8 @@ def train(run: Run, progress: bool = True, started: float | None = None, on_comp
 
 def train_and_report(run: Run, state: TrainState, ckpt: Checkpointer, stop: StopOnSignal, progress: bool,
                      started: float) -> tuple[TrainState, dict, float]:
-    """The loop with its reporting around it (the metric writer, the progress bar, the prefetched
-    batches); returns the state, the last evaluation and the seconds spent in the loop."""
+    """The loop with its metric writer, progress bar and prefetched batches; returns the state, the
+    last evaluation and the seconds spent in the loop."""
     t, start = run.config.train, int(state.step)
     writer = MetricWriter(run.workdir, enabled=run.host == 0, start_step=start)  # rows past `start` are redone
     writer.write({"step": start, "compile_seconds": run.steps.compile_seconds,
@@ -98,8 +98,7 @@ def training_batches(run: Run, start: int) -> Prefetcher:
 
 @dataclass
 class Report:
-    """Where the loop reports: metric rows (metrics.jsonl, TensorBoard) and the progress bar; the
-    throughput window (tokens per second since `window_step`, at `window_time`)."""
+    """Where the loop reports (metric rows, the progress bar) and its throughput window's start."""
 
     writer: MetricWriter
     bar: tqdm

@@ -1,8 +1,6 @@
 """A training run's set-up in one pass: `check_run` checks the whole config against itself and the
-workdir, building nothing and writing nothing; `set_up` then builds each part once from that
-checked value (tokenizer and token streams, mesh, optimizer, state, compiled steps). The loop writes
-the workdir only after this has succeeded, so a failed or interrupted set-up leaves it as it was.
-Every check raises ValueError (or CheckpointError) naming the field and the fix.
+workdir (ValueError or CheckpointError naming the field and the fix), then `set_up` builds each part
+once from that checked value. Nothing is written: the loop writes the workdir once this succeeded.
 """
 
 from __future__ import annotations
@@ -75,8 +73,8 @@ class CheckedConfig:
 
 
 def check_run(config: ConfigDict, workdir: str) -> CheckedConfig:
-    """Every check of a run that needs no tokenizer, corpus or compile: the training fields, the
-    workdir and a resume against its checkpoint (optimizer, schedule, data, model). Writes nothing."""
+    """Every check that needs no tokenizer, corpus or compile: the training fields, the workdir, and
+    a resume against its checkpoint (optimizer, schedule, data, model)."""
     config = resolve(config, DEFAULT_CACHE_DIR)
     check_train_config(config)
     rates = learning_rates(config.optim, config.train.steps)
@@ -165,8 +163,8 @@ RATE_NAMES = {"learning_rate": "learning rate", "muon_learning_rate": "Muon lear
 
 
 def check_schedule_kept(saved: dict, rates: dict[str, optax.Schedule], step: int) -> None:
-    """Warns if the learning rate of the steps already taken differs under the new `rates` (either
-    rate, with Muon): the run then continues on another curve, e.g. a cosine re-spanned."""
+    """Warns if the learning rate of the steps already taken differs under `rates` (e.g. a cosine
+    re-spanned): the run would continue on another curve."""
     then = learning_rates(saved["optim"], saved["train"]["steps"])
     steps = np.arange(step)
     for name in then.keys() & rates.keys():

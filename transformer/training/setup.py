@@ -61,6 +61,7 @@ NOT_NEGATIVE = ("train.run_steps", "train.sample_tokens", "optim.warmup_steps", 
 @dataclass(frozen=True)
 class CheckedConfig:
     """A run's config, checked whole against itself and the workdir's checkpoints."""
+
     config: ConfigDict  # paths absolute; the model's 'auto' fields as the user wrote them
     execution: Resolved  # execution.cfg: the one ModelConfig the run builds, 'auto' chosen for this backend
     record: dict  # the config as config.json and every checkpoint hold it (saved_form)
@@ -187,6 +188,7 @@ def check_schedule_kept(saved: dict, rates: dict[str, optax.Schedule], step: int
 @dataclass(frozen=True)
 class Steps:
     """The compiled steps of a run, and a batch's way onto the mesh."""
+
     train: Callable  # (state, inputs [B, T], targets [B, T]) -> (state, metrics); donates the state
     eval: Callable  # (params, inputs, targets) -> mean loss
     metrics: dict[str, MetricFn]  # the run's evaluation metrics, by name
@@ -197,6 +199,7 @@ class Steps:
 @dataclass(frozen=True)
 class Run:
     """Everything the loop needs, built once by `set_up`; `state` is the first step's."""
+
     workdir: str
     config: ConfigDict
     record: dict  # the config as the run saves it (CheckedConfig.record)

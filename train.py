@@ -45,7 +45,7 @@ from transformer.sampling.text import sample_text
 from transformer.run.checkpoint import CheckpointError, quiet_checkpoint_failures
 from transformer.experiments.catalog import train
 from transformer.training.loop import Diverged
-from transformer.training.run_setup import REPO, Run, init_distributed
+from transformer.training.setup import REPO, Run
 from transformer.run.signals import Interrupted
 from transformer.training.steps import TrainState
 
@@ -69,6 +69,22 @@ def print_sample(run: Run, state: TrainState) -> None:
                   "from the checkpoint")
         return
     print("\n--- sample ---\n" + sample_text(run.cfg, state.params, run.tokenizer, t.sample_tokens, t.seed))
+
+
+def init_distributed() -> None:
+    """A multi-host run (docs/usage.md, "Several hosts"): with JAX_COORDINATOR_ADDRESS=host:port,
+    JAX_NUM_PROCESSES=N and JAX_PROCESS_ID=i set, join the other processes, so the mesh spans every
+    process's devices (on CPUs the collectives run over gloo)."""
+    address = os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if not address:
+        return
+    try:
+        count, index = int(os.environ["JAX_NUM_PROCESSES"]), int(os.environ["JAX_PROCESS_ID"])
+    except (KeyError, ValueError):
+        raise ValueError("JAX_COORDINATOR_ADDRESS is set, so this is a multi-host run: also set "
+                         "JAX_NUM_PROCESSES (the number of processes) and JAX_PROCESS_ID (0 .. N-1)") from None
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices: collectives across processes
+    jax.distributed.initialize(coordinator_address=address, num_processes=count, process_id=index)
 
 
 def main(argv: list[str]) -> None:

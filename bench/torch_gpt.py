@@ -38,7 +38,7 @@ from bench.steps import model_config, torch_adamw, torch_gpt2, torch_loss, torch
 from transformer.data.batches import batch_at, eval_batches, with_start_token
 from transformer.cli import config_flags_parser
 from transformer.training.optimizer import make_schedule
-from transformer.training.run_config import resolve
+from transformer.training.setup import resolve
 from transformer.data.token_stream import load_corpus
 from transformer.data.tokenizer import make_tokenizer
 

@@ -250,11 +250,11 @@ def _check_same_run(config, workdir: str, builder: str = "_setup.train_config()"
     `fields`, default RUN_FIELDS) than `config`, which `builder` made (e.g. runs/notebook_model left over
     from an older train_config())."""
     from transformer.run.checkpoint import Checkpointer, saved_model_config
-    from transformer.training.run_config import choose_execution
+    from transformer.run.checkpoint import saved_form
 
     saved = Checkpointer(workdir, read_only=True).config()
     # Both with their 'auto' execution fields chosen for this backend, as load_model's model is.
-    now, then = choose_execution(config)[1].cfg, saved_model_config(saved)
+    now, then = saved_form(config)[1].cfg, saved_model_config(saved)
     differences = [f"model.{k}: {then.to_dict()[k]!r} -> {now.to_dict()[k]!r}" for k in then.differences(now)]
     wanted, found = run_fields(config, fields or RUN_FIELDS), run_fields(saved, fields or RUN_FIELDS)
     differences += [f"{k}: {found.get(k)!r} -> {wanted[k]!r}" for k in wanted if found.get(k) != wanted[k]]

@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from ml_collections import ConfigDict
+
 from configs import tiny
 from tests.helpers.cli import losses, run
 from tests.test_config import CONFIG_FILES
@@ -22,7 +24,7 @@ from transformer.model.kv_cache import kv_cache_bytes_per_token
 from transformer.run.checkpoint import restore_for_inference, saved_model_config
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
-from transformer.training.run_config import choose_execution
+from transformer.run.checkpoint import saved_form
 
 AUTO = dict(dtype="auto", attention_impl="auto")
 SMALL = dict(vocab_size=64, max_seq_len=16, d_model=32, num_layers=1, num_heads=4)  # head_dim 8
@@ -106,7 +108,8 @@ def test_the_run_config_saves_the_choice_and_a_reader_elsewhere_chooses_again():
     """A run started on a GPU saves bfloat16 and cuDNN with the record that they were 'auto'; read
     back on this machine (a CPU) they are chosen again. Explicit values are read back as saved."""
     config = tiny.get_config()
-    chosen, resolved = choose_execution(config, "gpu")
+    chosen, resolved = saved_form(config, "gpu")
+    chosen = ConfigDict(chosen)
     assert (chosen.model.dtype, chosen.model.attention_impl) == ("bfloat16", "cudnn")
     assert chosen.auto.to_dict() == {"backend": "gpu", "fields": ["dtype", "attention_impl"]}
     assert config.model.dtype == "auto" and "auto" not in config  # the caller's config is left as it was
@@ -117,7 +120,7 @@ def test_the_run_config_saves_the_choice_and_a_reader_elsewhere_chooses_again():
         here.dtype, here.attention_impl)
 
     config.model.dtype, config.model.attention_impl = "bfloat16", "xla"
-    chosen, _ = choose_execution(config, "gpu")
+    chosen = ConfigDict(saved_form(config, "gpu")[0])
     assert chosen.auto.fields == []
     kept = saved_model_config(json.loads(json.dumps(chosen.to_dict())))
     assert (kept.dtype, kept.attention_impl) == ("bfloat16", "xla")

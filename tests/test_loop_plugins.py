@@ -19,6 +19,7 @@ from transformer.experiments.catalog import METRICS, TASKS, data_task, eval_metr
 from transformer.run.metrics import read_metrics
 from transformer.training.eval_metrics import EvalMetric
 from transformer.training.loop import train
+from transformer.training.setup import set_up
 
 CALLS = []  # the steps the loop asked the test's task for
 
@@ -67,8 +68,8 @@ def test_a_registered_task_and_metric_train_and_log(tmp_path):
     losses = {}
     for task, data in (("abcd", ABCD), ("text", data_task(tiny.get_config()))):
         with contextlib.redirect_stdout(io.StringIO()):
-            losses[task] = train(tiny_config(tmp_path, task), str(tmp_path / task), data, [PROBE],
-                                 progress=False)["val_loss"]
+            run = set_up(tiny_config(tmp_path, task), str(tmp_path / task), data, [PROBE])
+            losses[task] = train(run, progress=False)["val_loss"]
     assert losses["abcd"] < losses["text"] - 0.3, losses  # measured: 4.09 against 4.75
     assert sorted(set(CALLS) - {None})[:6] == list(range(6))  # the prefetcher may ask for a step ahead
     rows = [r for r in read_metrics(str(tmp_path / "abcd" / "metrics.jsonl")) if "val_loss" in r]

@@ -78,7 +78,7 @@ def test_a_warm_up_longer_than_the_run_is_an_error_naming_both_fields():
         make_optimizer(dict(OPTIM, warmup_steps=100), 4)
     with pytest.raises(ValueError, match=r"longer than optim.decay_steps=4 \(train.steps=8\).*optim.decay_steps=100"):
         make_optimizer(dict(MUON, warmup_steps=100, decay_steps=4), 8)
-    _, schedule = make_optimizer(dict(OPTIM, warmup_steps=4), 4)  # as long as the run: warns (run_config), runs
+    _, schedule = make_optimizer(dict(OPTIM, warmup_steps=4), 4)  # as long as the run: warns (training/setup.py), runs
     assert [float(schedule(s)) for s in range(4)] == pytest.approx([0, 1e-3 / 3, 2e-3 / 3, 1e-3])
     make_schedule(dict(OPTIM, warmup_steps=100), 4)  # a saved run's schedule is still computed (resume checks)
 

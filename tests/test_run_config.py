@@ -1,4 +1,4 @@
-"""Tests of transformer/training/run_config.py, called directly: resolve, check_train_config, check_workdir,
+"""Tests of transformer/training/setup.py's checks, called directly: resolve, check_train_config, check_workdir,
 check_schedule_kept. (tests/test_train_inputs.py runs the same checks through train.py.)"""
 
 from __future__ import annotations
@@ -9,11 +9,13 @@ import re
 import pytest
 
 from configs import tiny
-from transformer.training import run_config
+from transformer.training import setup
 from transformer.model.config import ModelConfig
 from transformer.run.checkpoint import CheckpointError
 from transformer.run.workdir import check_workdir
-from transformer.training.run_config import check_optimizer_kept, check_schedule_kept, check_train_config, resolve
+from transformer.training.optimizer import learning_rates
+from transformer.training.setup import check_optimizer_kept, check_train_config, resolve
+from transformer.training.setup import check_schedule_kept as check_rates_kept
 
 
 def config_and_model(**overrides):
@@ -58,7 +60,7 @@ def test_resolve_freezes_references():
 
 
 def test_the_tiny_config_passes(capsys):
-    check_train_config(*config_and_model())
+    check_train_config(config_and_model()[0])
     assert capsys.readouterr().err == ""
 
 
@@ -86,22 +88,22 @@ def test_the_tiny_config_passes(capsys):
 ])
 def test_a_bad_field_raises_naming_it(override, message):
     with pytest.raises(ValueError, match=message):
-        check_train_config(*config_and_model(**override))
+        check_train_config(config_and_model(**override)[0])
 
 
 def test_micro_batches_must_split_over_the_devices(monkeypatch):
-    monkeypatch.setattr(run_config.jax, "device_count", lambda: 3)
+    monkeypatch.setattr(setup.jax, "device_count", lambda: 3)
     with pytest.raises(ValueError, match="micro-batch of 4 rows must split evenly over 3 devices"):
-        check_train_config(*config_and_model(**{"train.grad_accum": 2}))
-    monkeypatch.setattr(run_config.jax, "device_count", lambda: 4)
-    check_train_config(*config_and_model(**{"train.grad_accum": 2}))
+        check_train_config(config_and_model(**{"train.grad_accum": 2})[0])
+    monkeypatch.setattr(setup.jax, "device_count", lambda: 4)
+    check_train_config(config_and_model(**{"train.grad_accum": 2})[0])
 
 
 def test_a_warm_up_as_long_as_the_decay_warns(capsys):
-    check_train_config(*config_and_model(**{"train.steps": 5, "optim.warmup_steps": 5}))
+    check_train_config(config_and_model(**{"train.steps": 5, "optim.warmup_steps": 5})[0])
     err = capsys.readouterr().err
     assert err.startswith("warning: ") and "optim.warmup_steps=5" in err and "never decays" in err
-    check_train_config(*config_and_model(**{"train.steps": 5, "optim.warmup_steps": 5, "optim.decay_steps": 6}))
+    check_train_config(config_and_model(**{"train.steps": 5, "optim.warmup_steps": 5, "optim.decay_steps": 6})[0])
     assert capsys.readouterr().err == ""
 
 
@@ -134,6 +136,11 @@ def test_check_workdir_in_a_folder_nobody_can_write():
 
 
 # ----------------------------------------------------------------------------- check_schedule_kept
+
+
+def check_schedule_kept(saved: dict, config, step: int) -> None:
+    """setup.check_schedule_kept with the config's schedules, as check_run builds them."""
+    check_rates_kept(saved, learning_rates(config.optim, config.train.steps), step)
 
 
 def saved_run(config) -> dict:

@@ -37,7 +37,7 @@ def test_nothing_imports_a_script_or_loads_a_module_by_path():
             by_path.append(str(path.relative_to(ROOT)))
     assert imports == []
     # The one loader of config and sweep files (by design, by path), and this test's own search.
-    assert by_path == ["tests/test_shape.py", "transformer/training/config_files.py"]
+    assert by_path == ["tests/test_shape.py", "transformer/run/config_files.py"]
     script = re.compile(r'"(import (train|sample|sweep)\b|from (train|sample|sweep) import)')  # a source line
     notebooks = [p.name for p in (ROOT / "notebooks").glob("*.ipynb") if script.search(p.read_text())]
     assert notebooks == []

@@ -29,7 +29,7 @@ from transformer.data.batches import with_start_token
 from transformer.training.loss import cross_entropy, loss_fn
 from transformer.run.metrics import read_metrics
 from transformer.model.param_tree import unstack_layers
-from transformer.training.run_config import check_train_config
+from transformer.training.setup import check_train_config
 
 R = 3  # registers in the tests' models
 OPTIONS = {"sink": dict(attention_sink=True), "registers": dict(num_registers=R),
@@ -349,7 +349,7 @@ def test_a_start_token_outside_the_vocabulary_is_named(start):
     config = tiny.get_config()
     config.data.start_token = start
     with pytest.raises(ValueError, match=r"data.start_token=.* must be a token id in \[0, 256\) or -1"):
-        check_train_config(config, ModelConfig.from_dict(config.model))
+        check_train_config(config)
 
 
 # ----------------------------------------------------------------------------- the command line

@@ -22,7 +22,7 @@ from transformer.experiments.sweep import num_params
 from transformer.model.execution import resolve_auto
 from transformer.model.config import ModelConfig
 from transformer.run.metrics import read_metrics
-from transformer.training.run_config import resolve
+from transformer.training.setup import resolve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "sweeps", "tiny.py")

@@ -3,7 +3,7 @@ problem and the fix before anything is compiled or written, and nothing silently
 reliability and the first run).
 
 The bad configs run in this process, through what train.py calls before training: the flags
-parser (transformer/cli.py), `check_run` and `run_tokenizer` (run_setup.py). A few run through
+parser (transformer/cli.py), `check_run` and `run_tokenizer` (training/setup.py). A few run through
 train.py too (test_the_command_line_prints_a_bad_config_as_one_line), to show the command line
 turns those errors into one line and an exit code.
 """
@@ -27,7 +27,7 @@ from transformer.run.checkpoint import CheckpointError
 from transformer.run.config_files import load_config, set_fields
 from transformer.experiments.catalog import train
 from transformer.training.optimizer import make_optimizer
-from transformer.training.run_setup import check_run, run_tokenizer
+from transformer.training.setup import check_run, run_tokenizer
 
 QUICK = ("--config.train.steps=2", "--config.train.eval_every=2", "--config.train.checkpoint_every=2",
          "--config.train.sample_tokens=0", "--config.optim.warmup_steps=1")
@@ -205,7 +205,7 @@ def test_a_damaged_tokenizer_left_in_the_workdir_names_the_fix_and_a_cut_short_o
 def test_a_warm_up_as_long_as_the_run_warns_and_a_longer_one_is_refused(tmp_path, capsys):
     """#31: warmup_steps=100 with train.steps=4 warned "never decays" and trained with a 3-step warm-up.
     As long as the run: a warning from check_run, and the optimizer is made; longer: refused."""
-    def set_up(warmup_steps: int) -> None:  # run_setup.set_up_run's first steps: check_run, make_optimizer
+    def set_up(warmup_steps: int) -> None:  # setup.set_up's first steps: check_run, make_optimizer
         config = check_run(config_with(tmp_path, **{"train.steps": 2, "optim.warmup_steps": warmup_steps}),
                            str(tmp_path / "w")).config
         make_optimizer(config.optim, config.train.steps)

@@ -1,4 +1,4 @@
-"""One run per workdir (transformer/run/workdir_lock.py): a second run on a workdir in use is
+"""One run per workdir (transformer/run/workdir.py): a second run on a workdir in use is
 refused before it writes anything, naming the process that holds it; a lock whose process was
 killed blocks nothing; a checkpoint written by another run during the set-up is noticed."""
 
@@ -13,9 +13,9 @@ import pytest
 
 from tests.helpers.runs import quiet_train, tiny_config
 from transformer.run.workdir import check_unchanged
-from transformer.run.workdir_lock import LOCK_FILE, WorkdirBusy, WorkdirLock
+from transformer.run.workdir import LOCK_FILE, WorkdirBusy, WorkdirLock
 
-HOLD = "import sys, time; from transformer.run.workdir_lock import WorkdirLock\n" \
+HOLD = "import sys, time; from transformer.run.workdir import WorkdirLock\n" \
        "with WorkdirLock(sys.argv[1]):\n    print('held', flush=True); time.sleep(120)\n"
 
 

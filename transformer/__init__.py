@@ -1,9 +1,6 @@
 """A readable JAX/Flax decoder-only transformer: train it, sample from it, look inside it.
 
-The package by layer (docs/design.md, "Layering"): model/ and data/ at the bottom; hf/, run/,
-training/ and sampling/ above them; analysis/ above those; experiments/ above analysis; load.py,
-explore.py and cli.py on top. The public names below load on first use (PEP 562), so importing
-a subpackage (transformer.model.ops) loads nothing else.
+The public names below load on first use (PEP 562): importing a subpackage loads nothing else.
 """
 
 import importlib

@@ -1,6 +1,4 @@
-"""Command-line errors in one line: the config-file flag of `train.py` (ml_collections'
-`--config FILE --config.section.field=value`), whose own errors are long tracebacks.
-"""
+"""The command lines' errors in one line, the config-file flag's (`--config FILE --config.a.b=v`) included."""
 
 from __future__ import annotations
 
@@ -15,10 +13,8 @@ from transformer.run.config_files import check_config, closest_field, leaf_field
 
 
 def config_flags_parser(default_config: str) -> Callable[[list[str]], list[str]]:
-    """A flags parser for `app.run` (a `--config` config-file flag defined without a default):
-    absl's parsing, with a one-line error (exit 2) for a missing config file, one whose get_config()
-    is no ConfigDict, or an unknown or ill-typed --config.* override, naming the closest valid field.
-    No --config: `default_config`."""
+    """absl's flags parser with a one-line error (exit 2) for a missing or broken config file or an
+    unknown or ill-typed --config.* override (naming the closest field); no --config: `default_config`."""
 
     def parse(argv: list[str]) -> list[str]:
         path = config_path(argv)
@@ -82,14 +78,12 @@ def explain_flag_error(path: str, argv: list[str], error: Exception) -> str:
 TRACEBACK = "TRANSFORMER_TRACEBACK"  # =1: an error the command lines report in one line raises instead
 
 
-# OSError numbers of storage that is full or read-only: nothing is wrong with the run, and the same
-# command resumes it once there is room.
+# Storage full or read-only: nothing is wrong with the run, and the same command resumes it.
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def exit_on_storage_error(e: OSError) -> None:
-    """In an `except OSError`: exit_with_error for storage that is full or read-only, one line naming
-    the file and the fix; any other OSError (a bug, to be seen with its traceback) is raised again."""
+    """In an `except OSError`: one line for full or read-only storage; any other OSError is raised again."""
     if e.errno not in STORAGE_ERRNOS:
         raise e
     where = f" writing {e.filename}" if e.filename else ""
@@ -99,8 +93,7 @@ def exit_on_storage_error(e: OSError) -> None:
 
 
 def exit_with_error(error: Exception, code: int = 1) -> None:
-    """A command line's end on a known bad input: 'error: <message>' on stderr and exit `code`; with
-    TRANSFORMER_TRACEBACK=1 the full traceback instead, for a bug report."""
+    """'error: <message>' on stderr and exit `code` (TRANSFORMER_TRACEBACK=1: the traceback instead)."""
     if os.environ.get(TRACEBACK, "") not in ("", "0"):
         raise error
     print(f"error: {error}", file=sys.stderr)

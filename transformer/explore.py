@@ -1,5 +1,4 @@
-"""The attention explorer's command line: a run's checkpoint (or a Hugging Face folder) and
-prompts -> one self-contained HTML page (transformer/analysis/explore.py builds it).
+"""The attention explorer's command line: a checkpoint (or Hugging Face folder) and prompts -> an HTML page.
 
     python -m transformer.explore --workdir runs/shakespeare --prompt "ROMEO:" --out explorer.html
 """

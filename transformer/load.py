@@ -1,13 +1,8 @@
-"""A model in one call: from a config file, a training run (or one of its checkpoints), or a
-Hugging Face folder, with its 'auto' execution fields (dtype, attention_impl) chosen for the
-backend at hand.
+"""A model in one call, its 'auto' execution fields chosen for the backend at hand:
 
     cfg = transformer.config_from_file("configs/gpt2.py")       # a ModelConfig, ready to build
-    model = transformer.Decoder(cfg)
     cfg, params, tokenizer = transformer.load_run("runs/shakespeare")             # latest checkpoint
     cfg, params, tokenizer = transformer.load_run("runs/shakespeare/checkpoints/200")  # that one
-
-This module sits above the layers (docs/design.md, "Layering"): it may import any of them.
 """
 
 from __future__ import annotations

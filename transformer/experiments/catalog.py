@@ -2,7 +2,7 @@
 that ask for them. Explicit, so that importing a module registers nothing; a new task or metric is a
 line here.
 
-    train(config, "runs/mine")    # the training loop with the config's task and metrics
+    train(config, "runs/mine")    # set up the run with the config's task and metrics, then train it
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from transformer.experiments.recall.retrieval import EXACT_MATCH
 from transformer.experiments.sinks.sinks import ATTENTION_SHARES
 from transformer.experiments.tables.table_classifier import TABLE_ACCURACY
 from transformer.experiments.tables.table_rows import table_task
+from transformer.run.signals import StopOnSignal
+from transformer.training import loop, setup
 from transformer.training.eval_metrics import EvalMetric
-from transformer.training import loop
 
 TASKS: dict[str, Callable[[ConfigDict], DataTask]] = {  # data.task -> build(config), which checks the config
     "text": text_task,  # windows of the corpus
@@ -51,6 +52,10 @@ def eval_metrics(config: ConfigDict) -> list[EvalMetric]:
     return [metric for metric, wanted in METRICS if wanted(config)]
 
 
-def train(config: ConfigDict, workdir: str, **options: Any) -> dict:
-    """`training.loop.train` with the config's data task and evaluation metrics."""
-    return loop.train(config, workdir, data_task(config), eval_metrics(config), **options)
+def train(config: ConfigDict, workdir: str, hard_exit: bool = False, **options: Any) -> dict:
+    """The run of `config` set up with its data task and evaluation metrics, then trained
+    (`loop.train`'s options); a signal during the set-up stops it at once (`StopOnSignal`)."""
+    task, metrics = data_task(config), eval_metrics(config)
+    with StopOnSignal(hard_exit):
+        run = setup.set_up(config, workdir, task, metrics)
+    return loop.train(run, **options)

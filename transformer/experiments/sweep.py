@@ -53,8 +53,8 @@ from transformer.run.config_files import flat, load_config, load_config_file, se
 from transformer.run.metrics import read_metrics
 from transformer.run.signals import Interrupted
 from transformer.training.loop import Diverged
-from transformer.training.run_config import check_train_config, choose_execution, resolve
-from transformer.training.run_setup import DEFAULT_CACHE_DIR, REPO
+from transformer.run.checkpoint import saved_form
+from transformer.training.setup import DEFAULT_CACHE_DIR, REPO, check_train_config, resolve
 
 CONFIGS = os.path.join(REPO, "configs")
 
@@ -148,7 +148,8 @@ def plan(sweep: dict, sweep_path: str, workdir: str, extra: Mapping | None = Non
             job = Job(name, dict(changes or {}), config, os.path.join(workdir, name))
             try:
                 resolved = resolve(config, DEFAULT_CACHE_DIR)
-                check_train_config(resolved, ModelConfig.from_dict(resolved.model))
+                ModelConfig.from_dict(resolved.model)  # the model's own checks, then the training fields'
+                check_train_config(resolved)
             except ValueError as e:
                 raise SweepError(f"variant {variant!r}: {e}") from None
             check_run_folder(job)
@@ -164,8 +165,8 @@ def check_run_folder(job: Job) -> None:
     with open(saved_path) as f:
         saved = flat(json.load(f))
     # As train.py saves it: its 'auto' execution fields chosen for this backend.
-    now, _ = choose_execution(resolve(job.config, DEFAULT_CACHE_DIR))
-    now = flat(json.loads(json.dumps(now.to_dict())))
+    now, _ = saved_form(resolve(job.config, DEFAULT_CACHE_DIR))
+    now = flat(json.loads(json.dumps(now)))
     changed = [k for k in now if k in saved and k not in MAY_CHANGE and saved[k] != now[k]]
     if changed:
         what = "; ".join(f"{k}: {saved[k]!r} there, {now[k]!r} now" for k in changed[:4])

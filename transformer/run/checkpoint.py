@@ -1,18 +1,8 @@
-"""Orbax checkpoints in `workdir/checkpoints`: train state, resolved config and tokenizer.
-
-Each checkpoint step is a folder with three items: `state` (step, params, optimizer state, PRNG
-key, as arrays), `config` (the resolved run config, JSON) and `tokenizer` (JSON). Nothing is
-pickled, so restoring a checkpoint runs no code from it. Orbax writes each step into a temporary
-folder and renames it when complete, so a run killed mid-save leaves the previous checkpoints
-intact; the incomplete folder is ignored and cleaned up at the next start.
-
-Kept: the most recent `keep` checkpoints plus the one with the best validation loss.
-
-A checkpoint restores onto whatever devices are at hand, whatever mesh saved it: resuming places
-the state as the new run's mesh says, inference reads it onto one device. Resuming accepts a model
-config that differs in initialisation and execution fields only (`config.INIT_FIELDS`:
-zero_init_out, ...; `config.EXECUTION_FIELDS`: dtype, remat, ...); a change of `scan_layers` converts
-the saved layer stack.
+"""Orbax checkpoints in `workdir/checkpoints`, one folder per step: `state` (arrays), `config` (the
+run config as `saved_form` makes it) and `tokenizer` (JSON); nothing pickled, so a restore runs no
+code. Each save is renamed into place when complete: a kill mid-save keeps the previous ones. Kept:
+the latest `keep` and the best by validation loss. A checkpoint restores onto any mesh; a resume
+may change execution and initialisation fields only, and a change of `scan_layers` converts the stack.
 """
 
 from __future__ import annotations
@@ -30,7 +20,9 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from transformer.model.execution import resolve_auto
+from ml_collections import ConfigDict
+
+from transformer.model.execution import Resolved, resolve_auto
 from transformer.model.config import AUTO, ModelConfig
 from transformer.model.param_tree import layout_differences, relayout_layers
 from transformer.data.tokenizer import Tokenizer, tokenizer_from_json, tokenizer_to_json
@@ -40,8 +32,7 @@ KILL_IN_SAVE = "TRANSFORMER_TEST_KILL_IN_SAVE"  # a step: the tests' kill -9 ins
 
 
 def latest_step(workdir: str) -> int | None:
-    """The step of the run's latest complete checkpoint (None before its first), read from the folder
-    names alone: no checkpoint manager is opened."""
+    """The run's latest complete checkpoint step (None before the first), from the folder names alone."""
     directory = os.path.join(workdir, CHECKPOINT_DIR)
     steps = ocp.utils.checkpoint_steps(directory) if os.path.isdir(directory) else []  # finalized ones only
     return max(steps, default=None)
@@ -53,9 +44,8 @@ class CheckpointError(RuntimeError):
 
 @contextlib.contextmanager
 def _without_read_only_note():
-    """Orbax logs 'Given directory is read only=<dir>' whenever a manager is opened for reading only,
-    whatever the folder's permissions: a misleading line for a writable run folder. Drops exactly
-    that record while the manager opens."""
+    """Drops orbax's 'Given directory is read only' line (logged for any read-only manager, whatever
+    the folder's permissions) while a manager opens."""
     logger = logging.getLogger("absl")
     note = lambda record: not record.getMessage().startswith("Given directory is read only")  # noqa: E731
     logger.addFilter(note)
@@ -77,33 +67,15 @@ class Checkpointer:
             )
         policy = ocp.checkpoint_managers.AnyPreservationPolicy([
             ocp.checkpoint_managers.LatestN(n=keep),
-            ocp.checkpoint_managers.BestN(
-                get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1,
-                keep_checkpoints_without_metrics=False,
-            ),
-        ])
+            ocp.checkpoint_managers.BestN(get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1,
+                                          keep_checkpoints_without_metrics=False)])
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=policy, create=not read_only, read_only=read_only,
+            cleanup_tmp_directories=not read_only, save_interval_steps=0 if read_only else 1)  # 1: the default
+        handlers = {"state": ocp.StandardCheckpointHandler(), "config": ocp.JsonCheckpointHandler(),
+                    "tokenizer": ocp.JsonCheckpointHandler()}  # named: item_metadata reads shapes, not arrays
         with _without_read_only_note():
-            self.manager = self._open(policy, read_only)
-
-    def _open(self, policy: Any, read_only: bool) -> ocp.CheckpointManager:
-        return ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(
-                preservation_policy=policy, create=not read_only, read_only=read_only,
-                cleanup_tmp_directories=not read_only,
-            ),
-            item_handlers={  # named handlers also let item_metadata read shapes without the arrays
-                "state": ocp.StandardCheckpointHandler(),
-                "config": ocp.JsonCheckpointHandler(),
-                "tokenizer": ocp.JsonCheckpointHandler(),
-            },
-        )
-
-    def latest_step(self) -> int | None:
-        return self.manager.latest_step()
-
-    def best_step(self) -> int | None:
-        return self.manager.best_step()
+            self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
     def all_steps(self) -> list[int]:
         return list(self.manager.all_steps())
@@ -135,7 +107,7 @@ class Checkpointer:
             raise self._save_failed(e) from None
 
     def _save_failed(self, e: Exception) -> CheckpointError:
-        """One line for a save that could not be written (a full disk, a folder that cannot be written)."""
+        """One line for a save that could not be written (a full disk, a read-only folder)."""
         text = str(e).strip()
         known = _STORAGE_FAULT.search(text)  # orbax's messages name the OS error last, after long paths
         reason = known.group(0) if known else text.splitlines()[0][:300] if text else type(e).__name__
@@ -168,10 +140,9 @@ class Checkpointer:
             raise self._unreadable(step, e) from e
 
     def _unreadable(self, step: int, e: Exception) -> CheckpointError:
-        """The error for a checkpoint that failed to read. Damaged files (a part of the checkpoint
-        missing, or orbax reporting a data-loss, decoding or missing-file error) are named, with the
-        way back to the previous complete checkpoint; otherwise the files are not blamed."""
-        # The first line only, without TensorStore's repr: its messages can carry a traceback after it.
+        """The error for a checkpoint that failed to read: damaged files (a part missing, or a
+        data-loss, decoding or missing-file error) with the way back to the previous checkpoint;
+        otherwise the files are not blamed. The first line only: TensorStore's may carry a traceback."""
         first_line = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
         reason = f"{type(e).__name__}: {first_line.split(' See full TensorStore details')[0][:300]}"
         missing = self._missing_parts(step)
@@ -189,8 +160,8 @@ class Checkpointer:
                                f"(mv {folder} {folder}.damaged){back}")
 
     def _missing_parts(self, step: int) -> list[str]:
-        """The parts of checkpoint `step` that a complete save leaves and that are not there (paths
-        relative to the step's folder): each item, the state's metadata, manifest and data files."""
+        """What a complete save of `step` leaves and is not there (items, metadata, manifest, data),
+        relative to the step's folder."""
         folder = os.path.join(self.directory, str(step))
         if not os.path.isdir(folder):
             return []  # nothing on disk to judge by
@@ -209,19 +180,17 @@ class Checkpointer:
         return self._restore(step, config=ocp.args.JsonRestore()).config
 
     def tokenizer(self, step: int | None = None) -> Tokenizer:
-        step = self._step_or_latest(step)
-        return tokenizer_from_json(self._restore(step, tokenizer=ocp.args.JsonRestore()).tokenizer)
+        """The tokenizer saved with checkpoint `step` (default: the latest)."""
+        saved = self._restore(self._step_or_latest(step), tokenizer=ocp.args.JsonRestore())
+        return tokenizer_from_json(saved.tokenizer)
 
     def restore_state(self, state: Any, model_config: Mapping[str, Any], step: int | None = None) -> Any:
-        """Restores the train state into the structure and shardings of `state` (e.g. a fresh one).
-
-        `model_config` is the run's; the checkpoint may differ from it in execution fields only
-        (see `check_same_model`), and a different `scan_layers` converts the saved layer stack.
-        Raises CheckpointError for a different architecture or parameter layout.
-        """
+        """The train state of checkpoint `step` in the structure and shardings of `state` (a fresh
+        one). CheckpointError for another architecture (`check_same_model`) or parameter layout."""
         step = self._step_or_latest(step)
-        saved = ModelConfig.from_dict(self.config(step)["model"])
-        check_same_model(saved.to_dict(), model_config, self.directory)
+        fields = self.config(step)["model"]
+        check_same_model(fields, model_config, self.directory)
+        saved = ModelConfig.from_dict(fields)
         # Shapes first, from the metadata: a restore into the wrong shapes fails deep inside orbax.
         check_layout(saved, self.params_metadata(step), self.directory)
         if saved.scan_layers == ModelConfig.from_dict(model_config).scan_layers:
@@ -231,8 +200,7 @@ class Checkpointer:
                             relayout_layers(as_saved, state, saved.num_layers), state)
 
     def _restore_on_one_device(self, step: int) -> Any:
-        """The whole saved state as nested dicts and lists, on this process's first device,
-        whatever mesh saved it."""
+        """The whole saved state as nested dicts and lists, on this process's first device."""
         try:
             metadata = self.manager.item_metadata(step)["state"]
         except Exception as e:  # orbax raises many types for unreadable files
@@ -242,21 +210,20 @@ class Checkpointer:
         return self._restore(step, state=ocp.args.StandardRestore(target)).state
 
     def params_metadata(self, step: int) -> Any:
-        """The saved parameters' metadata (shape, dtype per array) of checkpoint `step`; no array is read."""
+        """The saved parameters' shapes and dtypes; no array is read."""
         try:
             return self.manager.item_metadata(step)["state"]["params"]
         except Exception as e:  # orbax raises many types for unreadable files
             raise self._unreadable(step, e) from e
 
     def restore_params(self, step: int | None = None) -> Any:
-        """Only the parameters of checkpoint `step` (default: the latest), as saved, on one device."""
+        """The parameters of checkpoint `step` (default: the latest), as saved, on one device."""
         return self._restore_on_one_device(self._step_or_latest(step))["params"]
 
 
 def check_same_model(saved: Mapping[str, Any], current: Mapping[str, Any], where: str) -> list[str]:
-    """Raises CheckpointError naming every architecture field that differs; returns the other fields
-    that differ (INIT_FIELDS, EXECUTION_FIELDS: how the parameters start and are computed) as
-    'name: saved -> now'."""
+    """Raises CheckpointError naming every architecture field that differs; returns the other
+    differences (how the parameters start and are computed) as 'name: saved -> now'."""
     saved, current = ModelConfig.from_dict(saved), ModelConfig.from_dict(current)
     diffs = [f"{k}: checkpoint {getattr(saved, k)!r}, config {getattr(current, k)!r}"
              for k in saved.architecture_differences(current)]
@@ -282,11 +249,8 @@ def check_layout(cfg: ModelConfig, params: Any, where: str) -> None:
 
 
 def restore_for_inference(workdir: str, step: int | None = None) -> tuple[ModelConfig, Any, Tokenizer]:
-    """(model config, params, tokenizer) of a run's checkpoint `step` (default: the latest).
-
-    workdir: a training run's folder (holding `checkpoints/`). The model config is the saved one,
-    its 'auto' execution fields chosen again for this backend (`saved_model_config`).
-    """
+    """(model config, params, tokenizer) of a run's checkpoint `step` (default: the latest), its
+    'auto' fields chosen again for this backend (`saved_model_config`)."""
     if not os.path.isdir(workdir):
         raise FileNotFoundError(
             f"workdir {workdir!r} does not exist; pass the --workdir of a training run "
@@ -299,13 +263,33 @@ def restore_for_inference(workdir: str, step: int | None = None) -> tuple[ModelC
     return cfg, ckpt.restore_params(step), ckpt.tokenizer(step)
 
 
-def saved_model_config(saved: Mapping[str, Any]) -> ModelConfig:
-    """The ModelConfig of a saved run config (config.json, a checkpoint's), for use on this backend.
+def saved_run(workdir: str) -> dict | None:
+    """The config saved with the workdir's latest complete checkpoint, with its "step"; None
+    before the first."""
+    step = latest_step(workdir)
+    if step is None:
+        return None
+    ckpt = Checkpointer(workdir, read_only=True)
+    try:
+        return {**ckpt.config(step), "step": step}
+    finally:
+        ckpt.close()
 
-    The execution fields the run chose with 'auto' (its `auto` record, see
-    training/run_config.saved_config) are chosen again for this process's backend: a model trained on a
-    GPU in bfloat16 with cuDNN attention samples on a CPU in float32 with the reference path.
-    """
+
+def saved_form(config: ConfigDict, backend: str | None = None) -> tuple[dict, Resolved]:
+    """The config as a run saves it (config.json, every checkpoint) and its model's 'auto' fields
+    chosen for `backend` (default: this process's). The saved form holds the choices and
+    auto = {"backend": ..., "fields": [...]}, so that a reader on another backend chooses again."""
+    resolved = resolve_auto(ModelConfig.from_dict(config.model), backend, seq_len=config.train.seq_len)
+    record = config.to_dict()
+    record["model"].update({name: getattr(resolved.cfg, name) for name in resolved.auto})
+    record["auto"] = {"backend": resolved.backend, "fields": list(resolved.auto)}
+    return record, resolved
+
+
+def saved_model_config(saved: Mapping[str, Any]) -> ModelConfig:
+    """The ModelConfig of a saved run config (`saved_form`), its 'auto' fields chosen again for this
+    backend: a model trained on a GPU in bfloat16 with cuDNN attention samples on a CPU in float32."""
     cfg = ModelConfig.from_dict(saved["model"])
     chosen = saved.get("auto", {}).get("fields", [])
     return resolve_auto(cfg.replace(**{name: AUTO for name in chosen})).cfg
@@ -318,25 +302,23 @@ _DAMAGE = re.compile(r"DATA_LOSS|OUT_OF_RANGE|NOT_FOUND|Error reading|No such fi
 
 
 def _is_damage(e: BaseException) -> bool:
-    """Whether a failed read is explained by damaged files (not by a mismatch on our side)."""
+    """Whether damaged files explain a failed read (not a mismatch on our side)."""
     damaged_types = (json.JSONDecodeError, UnicodeDecodeError, FileNotFoundError, EOFError)
     return isinstance(e, damaged_types) or bool(_DAMAGE.search(str(e)))
 
 
 def quiet_checkpoint_failures() -> None:
-    """Process-wide, for a command line, installed once at its start: when a checkpoint cannot be
-    read or written, orbax's other reads and writes in flight fail too and report each with a
-    traceback (below), burying the one-line error that CheckpointError already gives. Drops exactly
-    those reports; a library user (a notebook) calls it too if it wants the same quiet."""
+    """Process-wide, once at a command line's start: when a checkpoint cannot be read or written,
+    orbax's other reads and writes in flight fail too, each with a traceback that buries the
+    one-line CheckpointError. Drops exactly those reports (below)."""
     _ignore_closed_loop_callbacks()
     _ignore_unretrieved_reads()
     _ignore_failed_save_threads()
 
 
 def _ignore_closed_loop_callbacks() -> None:
-    """When a restore fails, orbax's reads still in flight call back into its closed event loop;
-    Python reports each through sys.unraisablehook as 'Event loop is closed', burying the real
-    error. Drop exactly those reports."""
+    """A failed restore's reads still in flight call into orbax's closed event loop: 'Event loop is
+    closed' through sys.unraisablehook."""
     previous = sys.unraisablehook
     if getattr(previous, "ignores_closed_loop", False):
         return
@@ -351,21 +333,17 @@ def _ignore_closed_loop_callbacks() -> None:
 
 
 def _ignore_unretrieved_reads() -> None:
-    """After a failed restore, orbax's other reads of the same damaged files fail too, and asyncio
-    logs each as 'Task exception was never retrieved' with a traceback when the process ends; the
-    error raised for the restore already says what is wrong. Drop exactly those log records."""
+    """A failed restore's other reads of the damaged files: asyncio's 'Task exception was never
+    retrieved' at exit."""
     logger = logging.getLogger("asyncio")
     if not any(getattr(f, "ignores_unretrieved", False) for f in logger.filters):
         never_retrieved = lambda record: not record.getMessage().startswith("Task exception was never retrieved")  # noqa: E731
         never_retrieved.ignores_unretrieved = True
         logger.addFilter(never_retrieved)
 
-
-
 def _ignore_failed_save_threads() -> None:
-    """When a save fails (a full disk, a folder that cannot be written), each of orbax's writer and
-    commit threads logs the same error with its traceback; the next save or wait raises it, and
-    Checkpointer reports it in one line. Drop exactly orbax's error records that carry a traceback."""
+    """A failed save: each of orbax's writer and commit threads logs it with a traceback (the next
+    save or wait raises it in one line). Drops orbax's records that carry a traceback."""
     logger = logging.getLogger("absl")
     if not any(getattr(f, "ignores_save_threads", False) for f in logger.filters):
         from_orbax_thread = lambda record: not (record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname)  # noqa: E731

@@ -1,9 +1,5 @@
-"""Config files and their fields: a configs/*.py file's get_config(), dotted field names
-('train.steps'), the closest field to a misspelt one, and setting fields by dotted name.
-
-The one place a config (or sweep) file is loaded by its path: train.py's flags, the sweeps and
-`transformer.config_from_file` all come here.
-"""
+"""Config files (a configs/*.py file's get_config()) and their fields by dotted name ('train.steps'):
+the one place a config or sweep file is loaded by its path."""
 
 from __future__ import annotations
 
@@ -52,8 +48,8 @@ def leaf_fields(config: ConfigDict, prefix: str = "") -> list[str]:
 
 
 def closest_field(name: str, fields: list[str]) -> str | None:
-    """The valid field most like `name`: a sibling in its section (train.stpes -> train.steps), or
-    for an unknown section the closest full name."""
+    """The valid field most like `name`: a sibling in its section (train.stpes -> train.steps), else
+    the closest full name."""
     section, _, leaf = name.rpartition(".")
     siblings = [f.rpartition(".")[2] for f in fields if f.rpartition(".")[0] == section]
     if siblings:
@@ -65,8 +61,8 @@ def closest_field(name: str, fields: list[str]) -> str | None:
 
 def set_fields(config: ConfigDict, changes: Mapping[str, Any], where: str,
                error: type[Exception] = ValueError) -> None:
-    """Sets each dotted field of `changes` in `config`; an unknown or ill-typed field raises `error`
-    naming `where`, the field and the closest valid one."""
+    """Sets each dotted field of `changes`; an unknown or ill-typed one raises `error` naming `where`,
+    the field and the closest valid one."""
     fields = leaf_fields(config)
     for name, value in changes.items():
         if name not in fields:

@@ -11,15 +11,10 @@ from transformer.data.atomic_files import write_atomically
 
 
 class MetricWriter:
-    """Appends one JSON object per row to metrics.jsonl; scalars also to TensorBoard event files.
-
-    Rows carry their own "step". Disabled writers (hosts other than 0) write nothing. A run that
-    (re)starts at `start_step` keeps only the rows of steps up to it (none at step 0): the rows a
-    killed invocation wrote past its last complete checkpoint are of steps that run again, so the
-    file holds each step once, as an unbroken run writes it. The TensorBoard files hold the same
-    rows: they are written afresh from the kept ones, as TensorBoard would otherwise draw the
-    killed invocation's steps beside the resumed run's.
-    """
+    """Appends one JSON object per row (with its "step") to metrics.jsonl, scalars also to TensorBoard;
+    disabled (hosts other than 0): nothing. A run (re)starting at `start_step` keeps the rows up to
+    it (none at 0): a killed run's later steps run again, so each step is in the file once. The
+    TensorBoard files are written afresh from the kept rows, for the same reason."""
 
     def __init__(self, workdir: str, enabled: bool = True, start_step: int = 0):
         self.enabled = enabled

@@ -1,7 +1,6 @@
-"""Stopping a run on SIGINT (Ctrl-C) or SIGTERM without losing it.
-
-During the set-up nothing is written yet, so a signal stops at once; once training has begun it
-stops at the next step, which saves a checkpoint (the loop asks `stop.requested` every step).
+"""Stopping a run on SIGINT (Ctrl-C) or SIGTERM without losing it: during the set-up nothing is
+written yet, so a signal stops at once; during training it stops at the next step, which saves a
+checkpoint (the loop reads `stop.requested` every step).
 """
 
 from __future__ import annotations
@@ -20,21 +19,15 @@ class Interrupted(Exception):
 
 
 class StopOnSignal:
-    """While active, SIGTERM / SIGINT stop the run: during set-up at once, during training at the
-    next step, which saves a checkpoint.
-
-    During set-up nothing is written yet: the command line (`hard_exit`) ends the process there and
-    then, so no library is left half-way through an import or a compile; called from Python (a
-    notebook), set-up raises Interrupted instead. A context manager, so the previous handlers come
-    back afterwards (Ctrl-C in a notebook kernel works again once train() returns).
-    """
+    """While active, SIGTERM / SIGINT stop the run; the previous handlers come back afterwards.
+    During the set-up (training=False) at once: Interrupted, or with `hard_exit` the process ends,
+    leaving no library half-way through a compile. During training: `requested` turns true."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self, hard_exit: bool = False):
-        self.hard_exit = hard_exit
+    def __init__(self, hard_exit: bool = False, training: bool = False):
+        self.hard_exit, self.training = hard_exit, training
         self.signum: int | None = None
-        self.training = False  # set once the loop may save: signals then wait for the next step
         self.previous = {}
 
     @property

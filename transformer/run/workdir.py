@@ -1,21 +1,23 @@
-"""A run's folder: checked before a run writes there (the workdir can be written, a resume continues
-the checkpoint's model and data, the tokenizer or corpus left there was made for this data, no other
-run wrote there meanwhile), then written once the set-up has succeeded. Each check raises ValueError
-(or CheckpointError) naming the fix.
+"""A run's folder: checked before a run writes there (it can be written, a resume continues the
+checkpoint's model and data, the tokenizer or corpus left there was made for this data), locked
+while a run writes there (one run per workdir), and written once the set-up has succeeded. Each
+check raises ValueError (or CheckpointError) naming the fix.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
 import tempfile
+import time
 
 from ml_collections import ConfigDict
 
 from transformer.data.atomic_files import save_json
 from transformer.data.tokenizer import Tokenizer, is_saved, save_tokenizer
-from transformer.run.checkpoint import CheckpointError, Checkpointer, check_same_model, latest_step
-from transformer.run.workdir_lock import WorkdirBusy
+from transformer.run.checkpoint import CHECKPOINT_DIR, CheckpointError, check_same_model, latest_step
 
 
 def check_workdir(workdir: str) -> None:
@@ -37,8 +39,9 @@ def check_workdir(workdir: str) -> None:
 
 
 def check_writable(folder: str, what: str, fix: str) -> None:
-    """Raises ValueError('<what> (<reason> in <folder>); <fix>') unless a file can be made in `folder`."""
-    try:  # the only sure test of writing is to write (and remove) something
+    """Raises ValueError('<what> (<reason> in <folder>); <fix>') unless a file can be made in `folder`
+    (the only sure test of writing)."""
+    try:
         os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".write-test-"))
     except OSError as e:
         raise ValueError(f"{what} ({e.strerror} in {folder}); {fix}") from None
@@ -50,19 +53,12 @@ SAME_DATA = ("tokenizer", "vocab_size", "path")
 EARLIER_DEFAULTS = {"needle": {"facts": 1, "question": "question", "questions": 1}}
 
 
-def check_resume(config: ConfigDict, record: dict, ckpt: Checkpointer, workdir: str) -> dict:
-    """Checks the config (`record`: as the run saves it) against the latest checkpoint's; returns
-    that config (with its "step").
-
-    Errors for another model or data, or fewer train.steps than done; a note listing changed
-    execution fields. (The optimizer's are training/run_config.py's.)
-    """
-    step = ckpt.latest_step()
-    if step is None:
-        raise CheckpointError(f"{ckpt.directory} holds no complete checkpoint; delete that folder to start "
-                              "the run afresh, or choose another --workdir")
-    saved = ckpt.config(step)
-    changed = check_same_model(saved["model"], record["model"], ckpt.directory)
+def check_resume(config: ConfigDict, record: dict, saved: dict, workdir: str) -> None:
+    """Checks the config (`record`: as the run saves it) against the latest checkpoint's (`saved`,
+    with its "step"): another model or data, or fewer train.steps than done, are errors; changed
+    execution fields a note."""
+    step = saved["step"]
+    changed = check_same_model(saved["model"], record["model"], os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR))
     # data.task too: text windows and needle documents are different data on the same corpus
     # (a checkpoint from before the field existed was trained on text).
     saved_data = {**saved_data_fields(saved), "task": saved.get("data", {}).get("task", "text")}
@@ -81,12 +77,11 @@ def check_resume(config: ConfigDict, record: dict, ckpt: Checkpointer, workdir: 
                          f"set train.steps >= {step}, or start a new --workdir")
     if changed:
         print(f"resuming with other execution settings: {', '.join(changed)}")
-    return {**saved, "step": step}
 
 
 def check_tokenizer_left(config: ConfigDict, workdir: str) -> None:
-    """Raises if the tokenizer in `workdir` (left by a run that saved no checkpoint) was made for
-    other data than the config's, as that run's config.json records."""
+    """Raises if the tokenizer left in `workdir` by a run that saved no checkpoint was made for other
+    data than the config's (that run's config.json)."""
     config_json = os.path.join(workdir, "config.json")
     left = {}
     if os.path.isfile(config_json):
@@ -111,9 +106,8 @@ CORPUS_RECORD = "corpus.json"  # in the workdir: [[path, SHA-256], ...] of the f
 
 
 def check_corpus_kept(workdir: str, digests: list[list[str]]) -> None:
-    """Raises if the corpus files differ from the ones the run in `workdir` was trained on (its
-    corpus.json, `token_stream.file_digests`), naming what was removed, added or changed. A run saved
-    before the record existed is not checked."""
+    """Raises if the corpus files differ from those in the workdir's corpus.json (none: not checked),
+    naming what was removed, added or changed."""
     record = os.path.join(workdir, CORPUS_RECORD)
     if not os.path.isfile(record):
         return
@@ -130,8 +124,7 @@ def check_corpus_kept(workdir: str, digests: list[list[str]]) -> None:
 
 
 def check_unchanged(workdir: str, step: int | None) -> None:
-    """Raises WorkdirBusy if the workdir's latest checkpoint is no longer the one the set-up saw
-    (`step`, None for none): another run wrote there while this one was setting up."""
+    """Raises WorkdirBusy if another run wrote a checkpoint since the set-up saw `step` (None: none)."""
     now = latest_step(workdir)
     if now != step:
         raise WorkdirBusy(f"another run wrote the checkpoint of step {now} in {workdir} while this one was "
@@ -139,8 +132,8 @@ def check_unchanged(workdir: str, step: int | None) -> None:
 
 
 def write_run_files(workdir: str, host: int, tokenizer: Tokenizer | None, record: dict, corpus: list) -> None:
-    """After a successful set-up: the workdir, its tokenizer, config.json (`record`: the config as the
-    run saves it) and corpus.json; written by the first host (the hosts share the workdir)."""
+    """After a successful set-up: the workdir, its tokenizer, config.json (`record`) and corpus.json,
+    written by the first host (the hosts share the workdir)."""
     os.makedirs(workdir, exist_ok=True)
     if host != 0:
         return
@@ -149,3 +142,51 @@ def write_run_files(workdir: str, host: int, tokenizer: Tokenizer | None, record
         save_tokenizer(tokenizer, tok_dir)
     save_json(os.path.join(workdir, "config.json"), record)
     save_json(os.path.join(workdir, CORPUS_RECORD), corpus)  # what a resume checks the corpus against
+
+
+class WorkdirBusy(ValueError):
+    """Another process holds the workdir's lock."""
+
+
+LOCK_FILE = ".lock"
+
+
+class WorkdirLock:
+    """`with WorkdirLock(workdir):` holds an fcntl.flock on workdir/.lock (local to a machine), or
+    raises WorkdirBusy naming the holder; it goes with the process, so a kill -9 leaves no lock."""
+
+    def __init__(self, workdir: str):
+        self.path = os.path.join(workdir, LOCK_FILE)
+        self.fd: int | None = None
+
+    def __enter__(self) -> WorkdirLock:
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise WorkdirBusy(
+                f"{os.path.dirname(self.path)} is in use by another run ({holder}); wait for it to end, "
+                "or give this run another --workdir") from None
+        os.ftruncate(fd, 0)  # the holder's record, for the message a second process prints
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+def _read_holder(fd: int) -> str:
+    """'process 123 on host h since 2026-12-02 15:00:00', from the holder's record."""
+    try:
+        record = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return f"process {record['pid']} on {record['host']} since {record['since']}"
+    except (ValueError, KeyError, OSError):
+        return "a process that has not written its record yet"

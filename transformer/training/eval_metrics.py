@@ -1,11 +1,8 @@
-"""Evaluation metrics: measured at every evaluation beside the validation loss, written to the same
-metric row. The loop takes them as arguments and knows none by name; the experiments' table
-(transformer/experiments/catalog.py) says which a run's config asks for.
-
-A metric is two plain functions: `measure(cfg, inputs)` gives (params, inputs [B, T], targets [B, T])
--> {name: array}, which the loop compiles once, sharded like the eval step (`inputs`: the first
-validation batch, for a metric that draws its own data from it), and `report(cfg, measures)` turns
-the measures of the validation batches (every one, or the first alone) into the row's floats.
+"""Evaluation metrics, measured beside the validation loss and written to its row; the loop takes
+them as arguments (experiments/catalog.py chooses them). A metric is two plain functions:
+`measure(cfg, inputs)` -> (params, inputs [B, T], targets [B, T]) -> {name: array}, compiled once
+(`inputs`: the first validation batch, for a metric that draws its own data from it), and
+`report(cfg, measures)`, the validation batches' measures (all, or the first) -> the row's floats.
 """
 
 from __future__ import annotations

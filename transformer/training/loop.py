@@ -1,12 +1,7 @@
-"""The training loop: `train(config, workdir, task, metrics)` runs (or resumes) a run and returns its
-last evaluation. What the run is made of comes from run_setup.py; here are the steps, the logging,
-the evaluations (the validation loss and the metrics it is given, eval_metrics.py) and the
-checkpoints. The loop knows no data task or metric by name: transformer/experiments/catalog.py's
-`train(config, workdir)` picks them from the config.
-
-Training batch s depends only on (seed, s), so a resumed run sees the batches an unbroken run
-would; a run stopped by SIGINT / SIGTERM saves a checkpoint at the next step and raises
-Interrupted; a diverged loss raises Diverged without saving.
+"""The training loop: `train(run)` trains a set-up run (setup.py) to train.steps, with logging,
+evaluations and checkpoints, and knows no data task or metric by name. Training batch s depends
+only on (seed, s), so a resumed run sees an unbroken run's batches; SIGINT / SIGTERM save at the
+next step and raise Interrupted; a diverged loss raises Diverged without saving.
 """
 
 from __future__ import annotations
@@ -16,22 +11,18 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
-from ml_collections import ConfigDict
 from tqdm import tqdm
 
 from transformer.data.batches import with_start_token
 from transformer.data.prefetch import Prefetcher
-from transformer.data.tasks import DataTask
 from transformer.run.checkpoint import Checkpointer
 from transformer.run.metrics import MetricWriter
-from transformer.run.workdir import check_unchanged, write_run_files
+from transformer.run.workdir import WorkdirLock, check_unchanged, write_run_files
 from transformer.run.signals import StopOnSignal
-from transformer.run.workdir_lock import WorkdirLock
-from transformer.training.eval_metrics import EvalMetric
-from transformer.training.run_setup import Run, set_up_run
+from transformer.training.setup import Run
 from transformer.training.steps import TrainState
 
 OnComplete = Callable[[Run, TrainState], None]  # called once a run reaches train.steps (e.g. to print a sample)
@@ -41,33 +32,25 @@ class Diverged(RuntimeError):
     """The loss became NaN or infinite."""
 
 
-def train(config: ConfigDict, workdir: str, task: DataTask, metrics: list[EvalMetric], progress: bool = True,
-          hard_exit: bool = False, started: float | None = None, on_complete: OnComplete | None = None) -> dict:
-    """Runs (or resumes) training on the data `task`, measuring `metrics` at every evaluation;
-    returns the last evaluation's metrics ({} if the run was complete).
-
-    progress=False hides the progress bar (e.g. in a notebook); metrics still go to the workdir.
-    Raises Interrupted after saving if SIGINT or SIGTERM stopped the run early (during set-up:
-    without saving; with hard_exit, as the command line does, the process ends there).
-    started: the time.perf_counter() that the metrics' elapsed_seconds count from (the command line:
-    the process's start); None: this call's start. on_complete(run, state): called when the run
-    reaches train.steps.
-    """
+def train(run: Run, progress: bool = True, started: float | None = None, on_complete: OnComplete | None = None
+          ) -> dict:
+    """Trains `run` from its state to train.steps (or train.run_steps more); returns the last
+    evaluation ({} if the run was complete). started: the time.perf_counter() elapsed_seconds count
+    from (default: now); on_complete(run, state): called when the run reaches train.steps."""
     started = time.perf_counter() if started is None else started
-    with StopOnSignal(hard_exit) as stop:
-        run, state, ckpt = set_up_run(config, workdir, task, metrics)
-        stop.training = True
-        start, t = int(state.step), run.config.train
-        if start >= t.steps:
-            print(f"the run in {workdir} is already complete at step {start} (train.steps={t.steps}); "
-                  "raise train.steps to continue it (docs/usage.md: 'Continuing a run')")
-            return {}
+    workdir, state, t = run.workdir, run.state, run.config.train
+    start = int(state.step)
+    if start >= t.steps:
+        print(f"the run in {workdir} is already complete at step {start} (train.steps={t.steps}); "
+              "raise train.steps to continue it (docs/usage.md: 'Continuing a run')")
+        return {}
+    with StopOnSignal(training=True) as stop:
         # One run writes a workdir at a time (the first host of a multi-host run holds the lock).
         with WorkdirLock(workdir) if run.host == 0 else contextlib.nullcontext():
-            check_unchanged(workdir, start if ckpt else None)
+            check_unchanged(workdir, start if run.ckpt else None)
             write_run_files(workdir, run.host, run.tokenizer, run.record, run.corpus)
-            ckpt = ckpt or Checkpointer(workdir, keep=t.keep_checkpoints)  # every host saves its shards
-            state, last_eval, seconds = train_and_report(run, state, ckpt, workdir, stop, progress, started)
+            ckpt = run.ckpt or Checkpointer(workdir, keep=t.keep_checkpoints)  # every host saves its shards
+            state, last_eval, seconds = train_and_report(run, state, ckpt, stop, progress, started)
     done = int(state.step)
     if run.host == 0:
         print_summary(run, done, done - start, last_eval, ckpt, seconds, time.perf_counter() - started)
@@ -78,18 +61,18 @@ def train(config: ConfigDict, workdir: str, task: DataTask, metrics: list[EvalMe
     return last_eval
 
 
-def train_and_report(run: Run, state: TrainState, ckpt: Checkpointer, workdir: str, stop: StopOnSignal,
-                     progress: bool, started: float) -> tuple[TrainState, dict, float]:
-    """The loop with its reporting around it: the metric writer, the progress bar, the prefetched
-    batches; returns the state, the last evaluation and the seconds spent in the loop."""
+def train_and_report(run: Run, state: TrainState, ckpt: Checkpointer, stop: StopOnSignal, progress: bool,
+                     started: float) -> tuple[TrainState, dict, float]:
+    """The loop with its metric writer, progress bar and prefetched batches; returns the state, the
+    last evaluation and the seconds spent in the loop."""
     t, start = run.config.train, int(state.step)
-    writer = MetricWriter(workdir, enabled=run.host == 0, start_step=start)  # rows past `start` are redone
+    writer = MetricWriter(run.workdir, enabled=run.host == 0, start_step=start)  # rows past `start` are redone
     writer.write({"step": start, "compile_seconds": run.steps.compile_seconds,
                   "elapsed_seconds": time.perf_counter() - started})  # the set-up's end
     batches = training_batches(run, start)
     bar = tqdm(total=t.steps, initial=start, disable=run.host != 0 or not progress, dynamic_ncols=True,
                file=sys.stdout)
-    report = Report(writer, Throughput(start, tokens_per_step=t.batch_size * t.seq_len), bar, started)
+    report = Report(writer, bar, started, window_step=start)
     end = t.steps if t.run_steps <= 0 else min(t.steps, start + t.run_steps)  # run_steps: a part, then resume
     looping = time.perf_counter()
     try:
@@ -113,38 +96,21 @@ def training_batches(run: Run, start: int) -> Prefetcher:
     )
 
 
-class Throughput:
-    """Training tokens per second over the steps since the last `restart`."""
-
-    def __init__(self, step: int, tokens_per_step: int):
-        self.tokens_per_step = tokens_per_step
-        self.restart(step)
-
-    def restart(self, step: int) -> None:
-        """Starts a new window at `step`."""
-        self.time, self.step = time.perf_counter(), step
-
-    def tokens_per_sec(self, step: int) -> float:
-        """Tokens per second from the window's start to `step`, now."""
-        elapsed = time.perf_counter() - self.time
-        return (step - self.step) * self.tokens_per_step / max(elapsed, 1e-9)
-
-
 @dataclass
 class Report:
-    """Where the loop reports: metric rows (metrics.jsonl, TensorBoard) and the progress bar."""
+    """Where the loop reports (metric rows, the progress bar) and its throughput window's start."""
 
     writer: MetricWriter
-    throughput: Throughput
     bar: tqdm
-    started: float  # time.perf_counter() at the run's start: the zero of the evaluations' elapsed_seconds
+    started: float  # time.perf_counter() at the run's start: the zero of elapsed_seconds
+    window_step: int
+    window_time: float = field(default_factory=time.perf_counter)
 
 
 def train_steps(run: Run, state: TrainState, ckpt: Checkpointer, batches: Prefetcher, report: Report,
                 stop: StopOnSignal, end: int) -> tuple[TrainState, dict]:
     """Trains until step `end` or a stop request, logging, evaluating and saving on the config's
-    schedule; returns the state and the last evaluation.
-    """
+    schedule; returns the state and the last evaluation."""
     t = run.config.train
     last_eval: dict = {}
     pending = None  # the previous step's metrics: read one step late so the host never stalls
@@ -166,7 +132,7 @@ def train_steps(run: Run, state: TrainState, ckpt: Checkpointer, batches: Prefet
         if log_due:
             log_train_metrics(run, report, done, metrics)
         if eval_due:
-            last_eval = timed(report, evaluate(run, state.params, done))
+            last_eval = evaluate(run, report, state.params, done)
             log_evaluation(report, last_eval)
         if save_due:
             last_eval = save_checkpoint(run, state, ckpt, report, last_eval)
@@ -178,33 +144,28 @@ def train_steps(run: Run, state: TrainState, ckpt: Checkpointer, batches: Prefet
 
 def log_train_metrics(run: Run, report: Report, step: int, metrics: dict) -> None:
     """Writes the step's training metrics and the throughput since the last row; shows them on the bar."""
-    tps = report.throughput.tokens_per_sec(step)
+    tps = (step - report.window_step) * run.config.train.batch_size * run.config.train.seq_len / max(
+        time.perf_counter() - report.window_time, 1e-9)
     row = {"step": step, **{k: float(v) for k, v in metrics.items()},
            "tokens_per_sec": tps, "mfu": tps * run.flops_per_token / run.config.train.peak_flops}
     report.writer.write(row)
     muon_lr = {"muon_lr": f"{row['muon_learning_rate']:.2e}"} if "muon_learning_rate" in row else {}
     report.bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['learning_rate']:.2e}", **muon_lr,
                            tok_s=f"{tps:,.0f}", mfu=f"{row['mfu']:.2f}")
-    report.throughput.restart(step)  # after writing, so the next window times training only
+    report.window_step, report.window_time = step, time.perf_counter()  # after writing: the window times training
 
 
-def evaluate(run: Run, params, step: int) -> dict:
-    """The validation loss of `params` (and its perplexity and, for a text task, bits per byte), and
-    the run's evaluation metrics (eval_metrics.py)."""
+def evaluate(run: Run, report: Report, params, step: int) -> dict:
+    """The validation loss of `params` (its perplexity, and for a text task bits per byte), the run's
+    metrics, and elapsed_seconds: the wall time from the run's start (set-up and compiling
+    included), so the time taken to reach a validation loss reads off metrics.jsonl."""
     loss = float(np.mean([float(run.steps.eval(params, x, y)) for x, y in run.eval_set]))
     row = {"step": step, "val_loss": loss, "val_perplexity": math.exp(min(loss, 50.0))}
     if run.bytes_per_token:
         row["val_bits_per_byte"] = loss / math.log(2) / run.bytes_per_token
     for measure in run.steps.metrics.values():
         row.update(measure(params, run.eval_set))
-    return row
-
-
-def timed(report: Report, evaluation: dict) -> dict:
-    """The evaluation row with elapsed_seconds: the wall time from the run's start to the end of this
-    evaluation (set-up, compiling, earlier evaluations and checkpoints included), so the time taken
-    to reach a validation loss reads off metrics.jsonl."""
-    return {**evaluation, "elapsed_seconds": time.perf_counter() - report.started}
+    return {**row, "elapsed_seconds": time.perf_counter() - report.started}
 
 
 def log_evaluation(report: Report, evaluation: dict) -> None:
@@ -220,15 +181,11 @@ def bits_per_byte(evaluation: dict) -> str:
 
 
 def save_checkpoint(run: Run, state: TrainState, ckpt: Checkpointer, report: Report, last_eval: dict) -> dict:
-    """Saves the state as a checkpoint (asynchronously) with its validation loss; returns that
-    evaluation.
-
-    The checkpointer keeps the best checkpoint by validation loss, so each one needs an evaluation
-    of its own step: `last_eval` if it is this step's, else a new one (written, not printed).
-    """
+    """Saves the state (asynchronously) with its step's evaluation, which the checkpointer keeps the
+    best by: `last_eval` if it is this step's, else a new one (written, not printed). Returns it."""
     step = int(state.step)
     if last_eval.get("step") != step:
-        last_eval = timed(report, evaluate(run, state.params, step))
+        last_eval = evaluate(run, report, state.params, step)
         report.writer.write(last_eval)
     ckpt.save(step, state, run.record, run.tokenizer, last_eval["val_loss"])
     return last_eval

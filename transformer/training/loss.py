@@ -1,14 +1,9 @@
-"""The training objective: next-token cross-entropy of the decoder's logits.
+"""The training objective: next-token cross-entropy of the decoder's logits, in float32 whatever the
+model's dtype, over the targets that are not `batches.IGNORED` (the needle task grades only the
+answer; a table model's training rows are IGNORED, its test rows graded by class).
 
     loss = loss_fn(params, cfg, inputs [B, T], targets [B, T], dropout_key)   # float32 scalar, nats
     loss = cross_entropy(logits [B, T, V], targets [B, T])
-
-targets[:, t] is the token that follows inputs[:, t]; the loss is the mean over the graded
-positions of -log softmax(logits)[target], computed in float32 whatever the model's dtype. A target
-of `batches.IGNORED` is not graded (the needle task grades only the answer); text windows grade all
-B x T positions. A table model (ModelConfig.inputs='table') takes rows [B, T, F + 1] as its inputs
-and gives class logits [B, T, C]: the same loss, its targets the test rows' classes, the training
-rows' IGNORED (experiments/tables/table_rows.py).
 """
 
 from __future__ import annotations

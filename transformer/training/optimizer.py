@@ -1,25 +1,12 @@
 """The optimizer: AdamW, or Muon on the layers' matrices with AdamW on the rest; a warm-up + cosine
-or warm-up / stable / decay learning-rate schedule; global-norm clipping.
+or warm-up / stable / decay schedule; global-norm clipping.
 
-    tx, schedule = make_optimizer(config.optim, steps)   # an optax transformation, step -> lr
-    lr = schedule(step)                                   # float32 scalar (optim.learning_rate's)
-    rates = learning_rates(config.optim, steps)           # {metric name: schedule}, for the log
+    rates = learning_rates(config.optim, steps)                 # {metric name: step -> learning rate}
+    tx, schedule = make_optimizer(config.optim, steps, rates)   # an optax transformation
 
-optim.name = 'adamw': AdamW on every parameter. Weight decay applies to the projection matrices only
-(`decay_mask`: a pytree of bools shaped like the params), not to norm gains, biases or (unless asked)
-embeddings.
-
-optim.name = 'muon': Muon (optax.contrib's scale_by_muon: Nesterov momentum orthogonalised by
-Newton-Schulz iterations; then `scale_by_width`) on every projection matrix inside the layers, and the same
-AdamW as above on the rest (embeddings, positions, an untied head, norms, biases, registers, sinks);
-`muon_dimension_numbers` routes each parameter by its path. Each matrix is orthogonalised as the one
-linear map it is: a per-head kernel W_q [H, K, D] as the [H*K, D] matrix, W_o [D, H, K] as [D, H*K]
-(as modded-nanogpt treats its whole q/k/v/o matrices: the update's spectral norm is that of the map
-the layer applies, not of each head's slice). A scanned stack's leading L axis is a batch axis: each
-layer's matrix is orthogonalised on its own. Scale: optax's default, Keller Jordan's
-sqrt(max(1, out / in)) on the orthogonalised update (so optim.muon_learning_rate ~0.02 as in
-modded-nanogpt, not an AdamW-matched rate). Both parts follow one schedule shape, each from its own
-peak (optim.learning_rate for AdamW, optim.muon_learning_rate for Muon).
+AdamW decays the projection matrices only (`decay_mask`). Muon orthogonalises each matrix inside the
+layers as the one linear map it is (W_q [H, K, D] as [H*K, D], as modded-nanogpt), scaled by
+sqrt(max(1, out / in)) (optim.muon_learning_rate ~0.02); both follow one schedule shape.
 """
 
 from __future__ import annotations
@@ -37,17 +24,13 @@ OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
 # The projection matrices, by parameter name: Linear's `kernel` and MLA's W_UK, W_UV.
 MATRICES = ("kernel", "k_up", "v_up")
-# How many trailing axes of a matrix are its input (Linear's in_axes): W_o [D, H, Kv] reads [H, Kv];
-# every other matrix reads its last axis (W_UK [H, K, C] and W_UV read the latent C).
+# Trailing input axes of a matrix (Linear's in_axes): W_o [D, H, Kv] reads [H, Kv]; every other its last.
 IN_AXES = {"o": 2}
 
 
 def decay_mask(params: Any, decay_embeddings: bool = False) -> Any:
-    """True for the weights AdamW decays: projection matrices (and embeddings if asked).
-
-    Norm gains and biases are never decayed; matching by name, not by ndim, because scanned
-    layers give every bias a leading layer axis.
-    """
+    """True for the weights AdamW decays: projection matrices (and embeddings if asked); by name,
+    not ndim, since a scanned stack gives every bias a leading layer axis."""
 
     def decays(path, _) -> bool:
         name = path[-1].key
@@ -59,14 +42,9 @@ def decay_mask(params: Any, decay_embeddings: bool = False) -> Any:
 
 
 def muon_dimension_numbers(params: Any) -> Any:
-    """For each parameter, how Muon reads it as a matrix, or None for a parameter AdamW updates.
-
-    Every matrix inside the layers (under `layers`, scanned, or `layers_i`) gets MuonDimensionNumbers
-    with its input axes (IN_AXES) as the reduction axes and the axes before them as the output axes,
-    counted from the end so that a scanned stack's leading L axis is a batch axis. The token
-    embedding, position table, untied head, norms, biases, registers and sinks get None.
-    `params` may be any tree shaped like the parameters (also optax's masked trees).
-    """
+    """For each parameter (of any tree shaped like them), how Muon reads it as a matrix: input
+    axes (IN_AXES) as reduction axes, the axes before them as output axes, counted from the end; None
+    for what AdamW updates (embeddings, positions, an untied head, norms, biases, registers, sinks)."""
     return jax.tree_util.tree_map_with_path(_dimension_numbers, params)
 
 
@@ -78,10 +56,8 @@ def muon_labels(params: Any) -> Any:
 
 
 def scale_by_width() -> optax.GradientTransformation:
-    """Muon's shape scale (optax.contrib.muon's default, from Keller Jordan's Muon): each matrix's
-    orthogonalised update x sqrt(max(1, out / in)), its output and input sizes as
-    `muon_dimension_numbers` reads them (W_fc_in [F, D]: x sqrt(F / D); W_fc_out [D, F]: x 1).
-    optax.contrib.muon applies the same factor but does not export its transformation."""
+    """Muon's shape scale: each orthogonalised update x sqrt(max(1, out / in)) (W_fc_in [F, D]:
+    x sqrt(F / D)), as optax.contrib.muon applies it without exporting it."""
 
     def scale(path, u):
         numbers = _dimension_numbers(path, u)
@@ -109,18 +85,11 @@ def _dimension_numbers(path, x) -> MuonDimensionNumbers | None:
 
 
 def make_schedule(optim: Mapping[str, Any], steps: int, peak: float | None = None) -> optax.Schedule:
-    """The learning rate at each step, rising from 0 to `peak` (default optim.learning_rate) over
-    optim.warmup_steps and ending at min_lr_ratio x the peak after `optim.decay_steps` steps
-    (0: all `steps`), then constant at that final rate. In between, by optim.schedule:
-
-    'cosine' (the default): a cosine decay from the end of the warm-up to the end.
-    'wsd': constant at the peak, then a linear decay over the last optim.decay_fraction of the steps.
-
-    A run extended past its decay (train.steps raised, decay_steps kept) continues at the final rate.
-    A warm-up as long as the decay ends one step early, so that the last step reaches the peak; a
-    longer one is cut the same way here (the schedules of runs saved before `check_warmup`), but
-    `make_optimizer` refuses it.
-    """
+    """The learning rate at each step: from 0 to `peak` (default optim.learning_rate) over
+    optim.warmup_steps, then to min_lr_ratio x the peak at optim.decay_steps (0: `steps`) by a
+    cosine ('cosine') or held, then linear over the last decay_fraction ('wsd'); constant after.
+    A warm-up as long as the decay (or longer, in runs saved before `check_warmup`) ends one step
+    early, so that the last step reaches the peak."""
     shape = schedule_name(optim)
     peak = optim["learning_rate"] if peak is None else peak
     end = peak * optim["min_lr_ratio"]
@@ -140,8 +109,7 @@ def make_schedule(optim: Mapping[str, Any], steps: int, peak: float | None = Non
 
 
 def learning_rates(optim: Mapping[str, Any], steps: int) -> dict[str, optax.Schedule]:
-    """The schedules a run logs, by metric name: 'learning_rate' (optim.learning_rate's: every
-    parameter with AdamW, the non-matrices with Muon) and, with Muon, 'muon_learning_rate'."""
+    """The schedules by metric name: 'learning_rate' (AdamW's) and, with Muon, 'muon_learning_rate'."""
     rates = {"learning_rate": make_schedule(optim, steps)}
     if optimizer_name(optim) == "muon":
         rates["muon_learning_rate"] = make_schedule(optim, steps, peak=optim["muon_learning_rate"])
@@ -150,15 +118,9 @@ def learning_rates(optim: Mapping[str, Any], steps: int) -> dict[str, optax.Sche
 
 def make_optimizer(optim: Mapping[str, Any], steps: int, rates: Mapping[str, optax.Schedule] | None = None
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """Global-norm clipping, then AdamW on `make_schedule`'s learning rate with a weight-decay mask,
-    or (optim.name='muon') Muon on the layers' matrices and that AdamW on the other parameters.
-
-    optim: the config's `optim` fields (name, schedule, learning_rate, warmup_steps, decay_steps,
-    decay_fraction, min_lr_ratio, b1, b2, eps, weight_decay, decay_embeddings, grad_clip, and for
-    Muon muon_learning_rate, muon_momentum, muon_weight_decay). rates: `learning_rates(optim, steps)`
-    when the caller has them already (built once, they are also logged). Returns the transformation
-    and the schedule of optim.learning_rate.
-    """
+    """Global-norm clipping, then AdamW with its weight-decay mask, or (optim.name='muon') Muon on
+    the layers' matrices and AdamW on the rest. rates: `learning_rates(optim, steps)`, when the
+    caller has them. Returns the transformation and optim.learning_rate's schedule."""
     check_warmup(optim, steps)
     rates = learning_rates(optim, steps) if rates is None else rates
     adamw = optax.adamw(
@@ -181,8 +143,7 @@ def make_optimizer(optim: Mapping[str, Any], steps: int, rates: Mapping[str, opt
 
 
 def check_warmup(optim: Mapping[str, Any], steps: int) -> None:
-    """Raises ValueError when optim.warmup_steps is longer than the schedule's decay (optim.decay_steps,
-    0: all `steps` = train.steps): the learning rate could not warm up for as long as asked."""
+    """Raises ValueError when optim.warmup_steps is longer than the decay (optim.decay_steps or `steps`)."""
     warmup, decay_steps = optim["warmup_steps"], optim.get("decay_steps", 0) or steps
     if warmup <= decay_steps:
         return

@@ -1,37 +1,14 @@
-"""Devices: the (data, fsdp, tensor) mesh, logical axis names, and the rules that map one onto the other.
+"""Devices: the (data, fsdp, tensor) mesh and the rules that map logical axis names onto it.
 
-    mesh = make_mesh(data=-1, fsdp=1, tensor=1)   # axes ('data', 'fsdp', 'tensor')
-    rules = make_rules(cfg, mesh, config.mesh.rules)   # logical name -> mesh axes, checked against cfg
-    state_sharding(state, mesh, rules)            # a NamedSharding per array of a state pytree
-    batch_sharding(mesh, rules)                   # [B, T] batches: rows over the 'batch' rule's axes
-    with axis_rules(mesh, rules): ...             # activations' with_logical_constraint take effect
-    sharded_jit(fn, mesh, rules, in_shardings)    # jax.jit under the axis rules: every compiled step and metric
+    mesh = make_mesh(data=-1, fsdp=1, tensor=1)         # axes ('data', 'fsdp', 'tensor')
+    rules = make_rules(cfg, mesh, config.mesh.rules)    # logical name -> mesh axes, checked against cfg
+    sharded_jit(fn, mesh, rules, in_shardings)          # jax.jit under the axis rules: every compiled step
 
-Every array dimension has a logical name (batch, length, embed, heads, kv_heads, head_dim, mlp, vocab,
-latent, norm, layers). Parameters get theirs from one table, `PARAM_AXES`, keyed by the parameter's
-name (the same names in every variant: the test checks it covers all of them); the main activations
-name theirs where they are computed (`nn.with_logical_constraint` in the model's modules, a
-no-op outside `axis_rules`). The rules (config.mesh.rules) say which mesh axes each
-logical name is split over; the default is
-
-    batch -> data, fsdp     the batch over every data-parallel device (FSDP is data parallel too)
-    embed -> fsdp           parameters and optimizer state split along d_model (ZeRO-3 / FSDP)
-    heads, kv_heads, mlp, vocab -> tensor     Megatron tensor parallelism
-    length, head_dim, latent, norm, layers -> replicated
-
-Rules are applied in `LOGICAL_AXES` order and a mesh axis serves at most one dimension of an array,
-so an activation [batch, length, embed] takes (data, fsdp) for its batch and leaves embed whole.
-
-Tensor parallelism, Megatron-style: W_q, W_k, W_v and the MLP's first projection are split by their
-output (heads, mlp), W_o and the MLP's second projection by their input; each device computes its
-heads and its slice of the hidden layer, and the residual stream x [B, T, D] (named whole along
-embed) makes XLA insert one all-reduce after attention and one after the MLP per block. The logits
-[B, T, V] are split over the vocabulary and the cross-entropy reduces over it.
-GQA / MQA: key/value heads are split like the query heads when num_kv_heads divides by the tensor
-size; otherwise `make_rules` replicates them (each device computes all G key/value heads, as
-Megatron does for MQA). MLA: queries and the up-projections W_UK, W_UV split by heads; the latent
-projections (W_DKV, W_DQ) and the latent cache are replicated over tensor, since every head reads the
-whole latent.
+Parameters get logical axes from `PARAM_AXES`, activations where they are computed
+(`nn.with_logical_constraint`). Default: batch over (data, fsdp); embed over fsdp (FSDP); heads,
+kv_heads, mlp, vocab over tensor (Megatron: one all-reduce after attention, one after the MLP);
+the rest replicated. Rules apply in `LOGICAL_AXES` order, a mesh axis serving one dimension per
+array. Key/value heads the tensor size does not divide are replicated, as MLA's latent is.
 """
 
 from __future__ import annotations
@@ -49,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 from transformer.model.config import ModelConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
-# Logical axis names, in the order the rules are applied (batch first: see the module docstring).
+# Logical axis names, in the order the rules are applied.
 LOGICAL_AXES = ("batch", "layers", "vocab", "heads", "kv_heads", "mlp", "embed", "length", "head_dim",
                 "latent", "norm")
 # The default rules, as the config holds them: mesh axes joined by commas, "" = replicated.
@@ -57,7 +34,7 @@ DEFAULT_RULES = {
     "batch": "data,fsdp", "layers": "", "vocab": "tensor", "heads": "tensor", "kv_heads": "tensor",
     "mlp": "tensor", "embed": "fsdp", "length": "", "head_dim": "", "latent": "", "norm": "",
 }
-# The config field that sets each logical axis's size (named in the error for a size that does not divide).
+# The config field that sets each logical axis's size (named when a size does not divide).
 SIZE_FIELD = {
     "vocab": "model.vocab_size", "heads": "model.num_heads", "kv_heads": "model.num_kv_heads",
     "mlp": "model.mlp_dim", "embed": "model.d_model", "length": "model.max_seq_len",
@@ -66,8 +43,8 @@ SIZE_FIELD = {
 }
 Rules = tuple[tuple[str, Any], ...]  # flax's form: ((logical name, mesh axes or None), ...)
 
-# Logical axes of every parameter, by (module, parameter) name, for one layer (a scanned stack adds
-# a leading 'layers' axis). Weight matrices are stored [out, in] (linear.py).
+# Logical axes of every parameter by (module, parameter) name, for one layer (a scanned stack adds
+# 'layers' first). Weight matrices are [out, in].
 _DENSE_IN = {"kernel": ("mlp", "embed"), "bias": ("mlp",)}  # D -> F, split by output
 PARAM_AXES = {
     ("embed", "embedding"): ("vocab", "embed"),  # E [V, D]
@@ -89,8 +66,7 @@ PARAM_AXES = {
     # a table model's row embedding W [D, F + C] (model/table.py): its few inputs replicated, like a norm's
     ("row_embed", "kernel"): ("embed", "norm"), ("row_embed", "bias"): ("embed",),
 }
-# Of every *_norm module (attn_norm, mlp_norm, final_norm; MLA's kv_norm, q_norm; qk_norm's q_norm,
-# k_norm): [D], [latent width] or [K], replicated ("norm").
+# Of every *_norm module: [D], [latent width] or [K], replicated ("norm").
 NORM_PARAMS = ("scale", "bias")
 
 
@@ -115,7 +91,7 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices: list | No
 
 def parse_rules(rules: Mapping[str, str] | None = None) -> Rules:
     """Config rules {logical name: 'axis,axis' or ''} -> flax's ((name, axes or None), ...), in
-    LOGICAL_AXES order; names left out keep their DEFAULT_RULES entry."""
+    LOGICAL_AXES order; names left out keep DEFAULT_RULES'."""
     rules = dict(rules or {})
     unknown = sorted(set(rules) - set(LOGICAL_AXES))
     if unknown:
@@ -132,12 +108,8 @@ def parse_rules(rules: Mapping[str, str] | None = None) -> Rules:
 
 
 def make_rules(cfg: ModelConfig, mesh: Mesh, rules: Mapping[str, str] | None = None) -> Rules:
-    """The rules for this model on this mesh: `rules` (config.mesh.rules) checked against cfg's sizes.
-
-    Key/value heads that the kv_heads rule's mesh size does not divide are replicated (GQA / MQA
-    with fewer key/value heads than tensor devices). Any other size that does not divide is an error
-    naming the config field.
-    """
+    """`rules` (config.mesh.rules) for this model on this mesh: key/value heads that the kv_heads
+    axes do not divide are replicated; any other size that does not divide is an error naming the field."""
     parsed = dict(parse_rules(rules))
     size = lambda name: _mesh_size(mesh, parsed[name])  # noqa: E731
     if cfg.attention == "mha" and cfg.num_kv_heads % size("kv_heads"):
@@ -154,8 +126,8 @@ def make_rules(cfg: ModelConfig, mesh: Mesh, rules: Mapping[str, str] | None = N
 
 
 def param_axes(path: tuple[str, ...], ndim: int) -> tuple[str, ...]:
-    """The logical axes of the parameter at `path` (its key names, e.g. ('layers', 'attn', 'q',
-    'kernel')) with `ndim` dimensions. Raises KeyError for a parameter the table does not know."""
+    """The logical axes of the parameter at `path` (('layers', 'attn', 'q', 'kernel'), ...) with
+    `ndim` dimensions; KeyError for a parameter the table does not know."""
     if path[-1] in ("pos_embed", "registers"):  # top-level arrays, no module of their own
         axes = PARAM_AXES[(path[-1],)]
     elif len(path) >= 2 and path[-2].endswith("norm") and path[-1] in NORM_PARAMS:
@@ -172,9 +144,8 @@ def param_axes(path: tuple[str, ...], ndim: int) -> tuple[str, ...]:
 
 
 def state_sharding(state: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
-    """NamedShardings for a pytree holding parameters (params, a TrainState with its AdamW moments):
-    each parameter-shaped array as the rules place its logical axes, everything else (step counts,
-    PRNG keys) replicated."""
+    """NamedShardings for a pytree holding parameters (params, a TrainState): each parameter-shaped
+    array as the rules place its logical axes, the rest (step counts, PRNG keys) replicated."""
     rules = parse_rules() if rules is None else rules
 
     def place(path, x) -> NamedSharding:
@@ -195,15 +166,9 @@ def batch_sharding(mesh: Mesh, rules: Rules | None = None) -> NamedSharding:
     return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch", "length"), parse_rules() if rules is None else rules))
 
 
-def batch_shards(mesh: Mesh, rules: Rules | None = None) -> int:
-    """How many parts a batch's rows are split into (the batch must divide by it)."""
-    return _mesh_size(mesh, dict(parse_rules() if rules is None else rules)["batch"])
-
-
 @contextlib.contextmanager
 def axis_rules(mesh: Mesh, rules: Rules | None = None) -> Iterator[None]:
-    """While active (inside or outside jit), `nn.with_logical_constraint` places activations by `rules`
-    on `mesh`; outside it, those constraints do nothing (one device, the notebooks)."""
+    """While active, `nn.with_logical_constraint` places activations by `rules` on `mesh`."""
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(
         parse_rules() if rules is None else rules
     ):
@@ -212,9 +177,8 @@ def axis_rules(mesh: Mesh, rules: Rules | None = None) -> Iterator[None]:
 
 def sharded_jit(fn: Callable, mesh: Mesh, rules: Rules, in_shardings: Any, out_shardings: Any = None,
                 donate_argnums: tuple[int, ...] = ()) -> Callable:
-    """`fn` under jax.jit with these shardings, traced with the activations' axis rules in effect:
-    how every compiled function of a run (train and eval steps, evaluation metrics) is made. The
-    caller compiles it for its arguments' shapes: `sharded_jit(...).lower(*args).compile()`."""
+    """`fn` under jax.jit with these shardings, traced under the axis rules: every compiled function
+    of a run (train and eval steps, metrics), compiled by the caller: `.lower(*args).compile()`."""
     return jax.jit(axis_rules(mesh, rules)(fn), in_shardings=in_shardings, out_shardings=out_shardings,
                    donate_argnums=donate_argnums)
 
@@ -234,7 +198,7 @@ def _first_axis(axes: Any) -> str:
 
 def _param_shapes(cfg: ModelConfig) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
     """(path, shape) of every parameter Decoder(cfg) has (abstract: nothing is allocated)."""
-    from transformer.model.decoder import Decoder, example_input  # here: model sits above this module (docs/design.md, Layering)
+    from transformer.model.decoder import Decoder, example_input
 
     shapes = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), example_input(cfg)))["params"]
     return [(_names(p), tuple(x.shape)) for p, x in jax.tree_util.tree_leaves_with_path(shapes)]

@@ -1,14 +1,9 @@
-"""Training: the train state, its creation on the mesh, and the jitted train and eval steps.
+"""The train state, its creation on the mesh, and the jitted train and eval steps (`sharded_jit`:
+XLA inserts the collectives).
 
-    state = create_state(cfg, tx, seed, mesh, rules=rules)     # params + AdamW state, sharded
-    step_fn = make_train_step(cfg, tx, schedule, mesh, state, rules=rules)   # jit, donated state
-    state, metrics = step_fn(state, inputs [B, T], targets [B, T])
-
-`TrainState` holds step, params, optimizer state and PRNG key; `flops_per_token` counts a training
-step's FLOPs per token (for MFU). The loss is loss.py's, the optimizer and its schedule optimizer.py's, the
-mesh, axis rules and shardings sharding.py's (rules=None: `make_rules(cfg, mesh)`). Both steps are
-`sharding.sharded_jit`: jax.jit with shardings, traced with the activations' axis rules; XLA inserts
-the collectives.
+    state = create_state(cfg, tx, seed, mesh, rules=rules)        # params + optimizer state, sharded
+    step = make_train_step(cfg, tx, rates, mesh, state, rules=rules)   # jit, donated state
+    state, metrics = step(state, inputs [B, T], targets [B, T])
 """
 
 from __future__ import annotations
@@ -51,10 +46,8 @@ def create_state(
     cfg: ModelConfig, tx: optax.GradientTransformation, seed: int, mesh: Mesh, params: Any | None = None,
     rules: Rules | None = None,
 ) -> TrainState:
-    """A TrainState at step 0, created directly on the mesh with its shardings.
-
-    params: start from these (e.g. imported weights) instead of a random init.
-    """
+    """A TrainState at step 0, created on the mesh with its shardings; from `params` (imported
+    weights) if given, else a random init."""
     key = jax.random.key(seed)
 
     def build(params):
@@ -72,15 +65,10 @@ def create_state(
 def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
                     schedule: optax.Schedule | Mapping[str, optax.Schedule], mesh: Mesh, state: TrainState,
                     grad_accum: int = 1, rules: Rules | None = None):
-    """The jitted step: (state, inputs [B, T], targets [B, T]) -> (state, metrics).
-
-    schedule: the learning rate, logged as the metric 'learning_rate', or {metric name: schedule}
-    (optim.learning_rates: with Muon also 'muon_learning_rate').
-
-    With grad_accum = A, the batch is split into A micro-batches whose gradients are averaged
-    (a lax.scan, so memory holds one micro-batch's activations). The state is donated: its
-    buffers are reused for the new state.
-    """
+    """The jitted step: (state, inputs [B, T], targets [B, T]) -> (state, metrics), the state donated.
+    schedule: the learning rate, or {metric name: schedule} (`learning_rates`), logged per step.
+    grad_accum = A averages the gradients of A micro-batches in a lax.scan (one micro-batch's
+    activations in memory)."""
 
     rules = make_rules(cfg, mesh) if rules is None else rules
     rates = schedule if isinstance(schedule, Mapping) else {"learning_rate": schedule}
@@ -129,10 +117,7 @@ def make_eval_step(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules
 
 
 def flops_per_token(cfg: ModelConfig, num_params: int, seq_len: int) -> float:
-    """Training FLOPs per token, 6N + 12 L T d (forward + backward; N without position tables).
-
-    6N counts the matrix multiplies of every weight (2 FLOPs per multiply-add, x3 for backward);
-    12 L T d counts the attention scores and weighted sums.
-    """
+    """Training FLOPs per token, 6N + 12 L T d: every weight's multiply-add (2 FLOPs, x3 with the
+    backward pass; N without position tables), and the attention scores and weighted sums."""
     n = num_params - (cfg.max_seq_len * cfg.d_model if cfg.position == "learned" else 0)
     return 6 * n + 12 * cfg.num_layers * seq_len * cfg.d_model

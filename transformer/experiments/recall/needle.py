@@ -1,37 +1,19 @@
 """The needle-in-a-haystack task: facts hidden in filler text, and a question about one of them at the end.
 
-A document of length n (tokens of the prompt, question included) with one fact (facts=1) is
-
     filler ... " The code of Kelav is 48213. " ... filler "\nWhat is the code of Kelav? "   -> "48213"
     |<------------ haystack: n - len(question) tokens ------------>|<---- question ---->|   answer
 
-The key (a made-up name such as "Kelav") and the value (`digits` random digits) are drawn per
-document, so the answer cannot be guessed: it has to be read from the needle. The filler is a
-contiguous window of a token stream (the corpus, `token_stream.load_corpus`), cut by the needles.
-The asked needle starts at round(depth * (haystack - len(needles))): depth 0 puts it first, depth 1
-right before the question (with the other facts' needles, if any, in between).
+Keys (made-up names) and values (`digits` random digits) are drawn per document, so the answer has to
+be read from the needle; the filler is a window of a token stream, cut by the needles. The asked needle
+starts at round(depth * filler length): depth 0 first, depth 1 right before the question. With
+facts=N > 1 the others sit at uniformly drawn places and the question must be matched to its key: a
+model that copies any fact's value scores about 1/N (`copy_any_value_accuracy`). `ask(document, i)` asks
+fact i instead: the corrupted input of activation patching. With questions=Q > 1 a training row asks
+Q - 1 more questions after the answer, each of a fact drawn uniformly (repeats allowed), each graded.
 
-Associative recall (facts=N > 1): N facts with distinct keys and their own values, the asked one at
-`depth` and the others at uniformly drawn places; the question names one key. With one fact a model
-can answer by copying the only number in the document, without reading the key; with N it must match
-the key, and a model that copies any fact's value scores about 1/N (`copy_any_value_accuracy`, the
-chance line). `ask(document, i)` is the same document asking fact i instead: the corrupted input of
-activation patching.
-
-Tokens are bytes (data.tokenizer='bytes'), so the value's tokens in the needle are the answer's
-tokens (a BPE would merge digits with their neighbours differently in the two places).
-
-More questions per training row (questions=Q > 1): after the answer, Q - 1 more questions follow,
-each naming a fact drawn uniformly from the document (repeats allowed, so no answer follows by
-elimination) and followed by its value, graded like the first; Q times the graded answers per row for
-the cost of Q - 1 questions' bytes (associative recall with several queries, as Zoology's MQAR). The
-validation documents, and every analysis, ask one question.
-
-Training batches (`batch_at`) are (inputs, targets) int32 [B, T] like `batches.batch_at`, from
-(seed, step) alone: one document per row, its length and depth drawn from the task's ranges,
-right-padded with IGNORED targets. `graded`: 'answer' grades only the value's digits (ln 10 = 2.30
-nats per digit for a guess), 'all' every byte, filler included, whose next-byte loss would dominate
-(~100 filler bytes per 5 answer bytes).
+Tokens are bytes (data.tokenizer='bytes'), so the value's tokens in the needle are the answer's tokens.
+Batches (`batch_at`) are (inputs, targets) int32 [B, T] from (seed, step) alone, right-padded with
+IGNORED targets; `graded`: 'answer' grades only the values' digits, 'all' every byte.
 """
 
 from __future__ import annotations
@@ -47,9 +29,8 @@ from transformer.data.tasks import DataTask
 
 NEEDLE = " The code of {key} is {value}. "
 QUESTION = "\nWhat is the code of {key}? "
-# How the document asks: data.needle.question names one. 'question' asks in words; 'cloze' repeats the
-# needle's own words up to the value, so the answer follows the same context as in the needle (the
-# shape an induction head completes; associative recall in the form of Zoology's MQAR).
+# data.needle.question: 'question' asks in words; 'cloze' repeats the needle's words up to the value, so
+# the answer follows the same context as in the needle (what an induction head completes; Zoology's MQAR).
 QUESTIONS = {"question": QUESTION, "cloze": "\nThe code of {key} is "}
 KEY_LENGTH = 5  # consonant-vowel-consonant-vowel-consonant, capitalised: "Kelav", "Morup"
 CONSONANTS = "bcdfghjklmnprstvz"
@@ -60,15 +41,15 @@ MAX_FACTS = 64  # distinct keys are drawn by rejection from 17 * 5 * 17 * 5 * 17
 
 @dataclass(frozen=True)
 class NeedleTask:
-    """The documents a run trains on: prompt lengths in [min_length, max_length], needle depths in
-    [min_depth, max_depth] (both uniform), values of `digits` digits. `config.data.needle`."""
+    """The documents a run trains on (`config.data.needle`): prompt lengths and needle depths drawn
+    uniformly from their ranges."""
 
     min_length: int = 64
     max_length: int = 256
     min_depth: float = 0.0
     max_depth: float = 1.0
     digits: int = 5
-    graded: str = "answer"  # 'answer': only the answer's tokens are graded; 'all': every token of the document
+    graded: str = "answer"  # 'answer': only the answers' tokens are graded; 'all': every token of the row
     facts: int = 1  # facts per document (distinct keys); the question asks one
     question: str = "question"  # how the document asks: a key of QUESTIONS
     questions: int = 1  # questions per training row (the validation rows ask one)
@@ -96,14 +77,13 @@ class NeedleTask:
 
     @classmethod
     def from_config(cls, needle: Any) -> NeedleTask:
-        """From a config's data.needle section (a ConfigDict or a dict; one saved before `facts` existed
-        has one fact, asked in words)."""
+        """From a config's data.needle (a ConfigDict or a dict; one saved without `facts` asks one fact in words)."""
         fields = {k: needle[k] for k in ("min_length", "max_length", "min_depth", "max_depth", "digits", "graded")}
         return cls(**fields, facts=int(needle.get("facts", 1)), question=str(needle.get("question", "question")),
                    questions=int(needle.get("questions", 1)))
 
     def check(self, seq_len: int, tokenizer: str = "bytes") -> None:
-        """Raises unless a batch of seq_len tokens holds the longest training row (`row_length`), in bytes."""
+        """Raises unless a batch of seq_len byte tokens holds the longest training row."""
         if tokenizer != "bytes":
             raise ValueError(f"data.task='needle' needs data.tokenizer='bytes' (got {tokenizer!r}): the needle "
                              "is placed and graded in byte tokens")
@@ -114,23 +94,22 @@ class NeedleTask:
                              f"{self.row_length(self.max_length) - 1} or lower max_length")
 
     def row_length(self, length: int) -> int:
-        """Tokens of a training row whose document has prompt length `length`: the prompt, its answer
-        and the further questions with theirs."""
+        """Tokens of a training row whose prompt has `length` tokens: the prompt, its answer, the further
+        questions and theirs."""
         asking = len(QUESTIONS[self.question].format(key="K" * KEY_LENGTH))
         return length + self.digits + (self.questions - 1) * (asking + self.digits)
 
 
 def shortest_prompt(digits: int, facts: int = 1, question: str = "question") -> int:
-    """The shortest prompt: the needles and the question with no filler."""
+    """The needles and the question with no filler."""
     key = "K" * KEY_LENGTH
     return facts * len(NEEDLE.format(key=key, value="0" * digits)) + len(QUESTIONS[question].format(key=key))
 
 
 @dataclass(frozen=True)
 class Fact:
-    """One fact of a document: its key, its value (int32 [digits]), the index of its needle's first
-    token in the prompt (`start`), of its key's (`key_start`) and of its value's first token
-    (`value_start`)."""
+    """One fact: its key, its value int32 [digits], and where its needle (`start`) and its value
+    (`value_start`) begin in the prompt."""
 
     key: str
     value: np.ndarray
@@ -139,17 +118,15 @@ class Fact:
 
     @property
     def key_start(self) -> int:
-        """The index of the key's first token in the prompt (KEY_LENGTH tokens from there)."""
+        """Where the key's KEY_LENGTH tokens begin in the prompt."""
         return self.start + len(NEEDLE.split("{key}")[0])
 
 
 @dataclass(frozen=True)
 class Document:
-    """One document. prompt: int32 [n], the haystack with its needles, then the question; answer: int32
-    [digits], the asked fact's value. needle_start: index of the asked needle's first token in prompt;
-    value_start: index of its value's first token, so prompt[value_start : value_start + digits] ==
-    answer. facts: every fact in the order of the text; asked: the index of the asked one there;
-    question: how it asks (a key of QUESTIONS)."""
+    """prompt int32 [n] (haystack, needles, question); answer int32 [digits], the asked fact's value, at
+    prompt[value_start : value_start + digits]; needle_start: the asked needle's first token; facts in the
+    order of the text, facts[asked] the asked one; question: a key of QUESTIONS."""
 
     prompt: np.ndarray
     answer: np.ndarray
@@ -175,13 +152,9 @@ def random_key(rng: np.random.Generator) -> str:
 
 def make_document(filler: np.ndarray, rng: np.random.Generator, length: int, depth: float, digits: int = 5,
                   facts: int = 1, question: str = "question") -> Document:
-    """A document of prompt length `length` with `facts` facts, the asked one at relative `depth` in
-    [0, 1] (the others at places drawn uniformly).
-
-    filler: the token stream [N] (bytes) the haystack is cut from, at an offset drawn from `rng`,
-    which also draws the keys, the values and the other facts' places. question: how the document
-    asks (QUESTIONS; the draws do not depend on it).
-    """
+    """A document of prompt length `length`, the asked fact at relative `depth` in [0, 1], cut from the
+    byte stream filler [N] at an offset drawn from `rng` (which draws keys, values and places too; the
+    draws do not depend on `question`)."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth={depth} must be in [0, 1] (0: the needle first, 1: right before the question)")
     if question not in QUESTIONS:
@@ -192,9 +165,7 @@ def make_document(filler: np.ndarray, rng: np.random.Generator, length: int, dep
     keys = [random_key(rng)]
     values = ["".join(str(d) for d in rng.integers(0, 10, size=digits))]
     asking = _bytes(QUESTIONS[question].format(key=keys[0]))
-    needle_length = len(NEEDLE.format(key=keys[0], value=values[0]))  # the same for every key and value
-    haystack = length - len(asking)
-    fill = haystack - facts * needle_length
+    fill = length - len(asking) - facts * len(NEEDLE.format(key=keys[0], value=values[0]))  # needles: one length
     if len(filler) < fill:
         raise ValueError(f"the filler stream has {len(filler)} tokens, fewer than the {fill} a document of "
                          f"length {length} needs; use more text or shorter documents")
@@ -215,18 +186,16 @@ def make_document(filler: np.ndarray, rng: np.random.Generator, length: int, dep
         parts.append(text[cut: places[i]])
         cut = places[i]
         start = sum(len(p) for p in parts)
-        needle = _bytes(NEEDLE.format(key=keys[i], value=values[i]))
-        parts.append(needle)
+        parts.append(_bytes(NEEDLE.format(key=keys[i], value=values[i])))
         made.append(Fact(keys[i], _bytes(values[i]), start, start + len(NEEDLE.split("{value}")[0].format(key=keys[i]))))
-    parts += [text[cut:], asking]
     asked = order.index(0)
-    return Document(prompt=np.concatenate(parts), answer=made[asked].value, needle_start=made[asked].start,
-                    value_start=made[asked].value_start, facts=tuple(made), asked=asked, question=question)
+    return Document(prompt=np.concatenate(parts + [text[cut:], asking]), answer=made[asked].value,
+                    needle_start=made[asked].start, value_start=made[asked].value_start, facts=tuple(made),
+                    asked=asked, question=question)
 
 
 def ask(document: Document, i: int) -> Document:
-    """The same document with its question naming fact i (in the order of the text) instead: the same
-    length, a different answer."""
+    """The same document with its question naming fact i instead: the same length, another answer."""
     fact = document.facts[i]
     asking = _bytes(QUESTIONS[document.question].format(key=fact.key))
     prompt = np.concatenate([document.prompt[: len(document.prompt) - len(asking)], asking])
@@ -235,15 +204,13 @@ def ask(document: Document, i: int) -> Document:
 
 
 def copy_any_value_accuracy(documents: list[Document]) -> float:
-    """The chance line of recall: the expected exact-match accuracy of a model that answers with the
-    value of a fact drawn uniformly from its document (1 / facts when the values differ)."""
+    """The chance line of recall: the expected exact match of answering with a uniformly drawn fact's value."""
     return float(np.mean([np.mean([np.array_equal(f.value, d.answer) for f in d.facts]) for d in documents]))
 
 
 def _row(doc: Document, seq_len: int, graded: str, more: list[int] = ()) -> tuple[np.ndarray, np.ndarray]:
-    """A document as one training row: (inputs, targets) int32 [seq_len], the padding IGNORED and,
-    unless graded == 'all', every target but the answers'. more: the facts (indices in doc.facts) that
-    further questions ask after the answer, each followed by its value."""
+    """(inputs, targets) int32 [seq_len] of one document, then a question and its value for each fact of
+    `more`; targets IGNORED on the padding and, unless graded == 'all', everywhere but the values."""
     parts, answers = [doc.prompt, doc.answer], [(len(doc.prompt), doc.answer)]
     for i in more:
         fact = doc.facts[i]
@@ -263,25 +230,23 @@ def _row(doc: Document, seq_len: int, graded: str, more: list[int] = ()) -> tupl
 
 def _rows(filler: np.ndarray, seeds: list[list[int]], task: NeedleTask, seq_len: int, questions: int = 1
           ) -> tuple[np.ndarray, np.ndarray]:
-    """One document per seed, each drawing its length, depth, key, value and filler from its own generator,
-    then the facts its further questions ask (`questions` - 1 of them)."""
+    """One row per seed: its document's length, depth, keys, values and filler, then the facts its
+    questions - 1 further questions ask, all from that seed."""
     rows = []
     for seed in seeds:
         rng = np.random.default_rng(seed)
         length = int(rng.integers(task.min_length, task.max_length, endpoint=True))
         depth = float(rng.uniform(task.min_depth, task.max_depth))
         doc = make_document(filler, rng, length, depth, task.digits, task.facts, task.question)
-        more = [int(i) for i in rng.integers(0, task.facts, size=questions - 1)]
-        rows.append(_row(doc, seq_len, task.graded, more))
+        rows.append(_row(doc, seq_len, task.graded, [int(i) for i in rng.integers(0, task.facts, size=questions - 1)]))
     inputs, targets = zip(*rows)
     return np.stack(inputs), np.stack(targets)
 
 
 def batch_at(tokens: np.ndarray, *, seed: int, step: int, batch_size: int, seq_len: int, task: NeedleTask,
              host_index: int = 0, host_count: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Training batch `step`: one document per row, drawn from (seed, step, row) only; filler from
-    `tokens` [N]. Returns (inputs, targets) int32 [batch_size // host_count, seq_len]; targets are
-    IGNORED except at the answers' tokens (task.questions of them a row)."""
+    """Training batch `step` from (seed, step, row) alone, filler from tokens [N]: (inputs, targets) int32
+    [batch_size / host_count, seq_len], task.questions graded answers a row."""
     task.check(seq_len)
     rows = range(batch_size)[host_rows(batch_size, host_index, host_count)]
     return _rows(tokens, [[seed, step, b] for b in rows], task, seq_len, task.questions)
@@ -289,9 +254,8 @@ def batch_at(tokens: np.ndarray, *, seed: int, step: int, batch_size: int, seq_l
 
 def eval_batches(tokens: np.ndarray, *, num_batches: int, batch_size: int, seq_len: int, task: NeedleTask,
                  host_index: int = 0, host_count: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Fixed validation batches of documents, filler from `tokens` [N] (the validation split), as
-    `batches.eval_batches` returns them: `num_batches` (inputs, targets) pairs. Each asks one question,
-    whatever task.questions, as the analyses do."""
+    """`num_batches` fixed validation batches as `batch_at` gives them, filler from tokens [N] (the
+    validation split), each row asking one question as the analyses do."""
     task.check(seq_len)
     rows = range(batch_size)[host_rows(batch_size, host_index, host_count)]
     return [_rows(tokens, [[EVAL_SEED, i, b] for b in rows], task, seq_len) for i in range(num_batches)]
@@ -299,17 +263,14 @@ def eval_batches(tokens: np.ndarray, *, num_batches: int, batch_size: int, seq_l
 
 def document_grid(filler: np.ndarray, lengths: list[int], depths: list[float], per_cell: int, seed: int = 0,
                   digits: int = 5, facts: int = 1, question: str = "question") -> list[list[list[Document]]]:
-    """`per_cell` documents for each (length, depth) cell: grid[i][j][k] has prompt length lengths[i]
-    and the asked fact at depth depths[j]; document k of a cell draws from (seed, i, j, k)."""
+    """grid[i][j][k]: document k of prompt length lengths[i], asked fact at depths[j], drawn from (seed, i, j, k)."""
     return [[[make_document(filler, np.random.default_rng([seed, i, j, k]), n, d, digits, facts, question)
               for k in range(per_cell)]
              for j, d in enumerate(depths)] for i, n in enumerate(lengths)]
 
 
 def needle_task(config: Any) -> DataTask:
-    """data.task='needle': the documents of config.data.needle, checked against train.seq_len and
-    data.tokenizer."""
+    """data.task='needle': the documents of config.data.needle, checked against train.seq_len and data.tokenizer."""
     task = NeedleTask.from_config(config.data.needle)
     task.check(config.train.seq_len, config.data.tokenizer)
     return DataTask(functools.partial(batch_at, task=task), functools.partial(eval_batches, task=task))
-

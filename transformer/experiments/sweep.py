@@ -8,12 +8,9 @@ A sweep file's `get_config()` returns a dict (configs/sweeps/tiny.py is the smal
     variants   {name: {dotted field: value}}, in table order; {} is the base itself
     seeds      optional: each variant trains once per train.seed in the list
 
-(a dict keeps the variants' order where a ConfigDict sorts its keys; one is accepted all the same).
-Each run trains in <workdir>/<variant> (with seeds: <variant>-seed<s>) by `catalog.train`: JAX starts
-once, and a failing run's error names its variant. Every run's config and folder is checked before
-anything trains. A rerun skips the finished runs and resumes the others; a run that fails while
-training is reported in the table and the sweep goes on (exit code 1). Ctrl-C / SIGTERM: the current
-run saves a checkpoint and the sweep stops. Writes <workdir>/results.md and <workdir>/val_loss.png.
+(a dict keeps the variants' order where a ConfigDict sorts its keys). Runs train in <workdir>/<variant>
+(<variant>-seed<s>) in this process: JAX starts once, and a failing run's error names its variant.
+Every config and run folder is checked before anything trains; a rerun resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -269,11 +266,9 @@ def plot(results: list[dict], path: str, title: str) -> None:
     fig, ax = plt.subplots(figsize=(9, 5), dpi=100)
     colors = plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2]  # 10 strong, then pale
     for i, r in enumerate(results):
-        steps = list(r["val_loss"])
-        ax.plot(steps, [r["val_loss"][s] for s in steps], "o-", ms=3, lw=1.2, color=colors[i % 20], label=r["name"])
-    ax.set_xlabel("step")
-    ax.set_ylabel("validation loss (nats per token)")
-    ax.set_title(title)
+        ax.plot(list(r["val_loss"]), list(r["val_loss"].values()), "o-", ms=3, lw=1.2, color=colors[i % 20],
+                label=r["name"])
+    ax.set(xlabel="step", ylabel="validation loss (nats per token)", title=title)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     fig.tight_layout()

@@ -6,10 +6,8 @@
     repeated_loss(params, cfg, tokens)           # mean loss on the first half and on the repeat
 
 In the repeat the token at t also sat at t - n, and an induction head attends from t to t - n + 1,
-whose value is the next token. A head's induction score is its mean weight on t - n + 1 over the
-repeat's queries; its previous-token score its mean weight on t - 1 over the queries t >= 1. A head
-attending uniformly scores `uniform_score` (random tokens carry nothing else to attend to). A model
-with induction heads predicts the repeat: its loss there falls far below the first half's.
+whose value is the next token; random tokens carry nothing else to attend to. A model with induction
+heads predicts the repeat: its loss there falls far below the first half's.
 """
 
 from __future__ import annotations
@@ -42,9 +40,8 @@ def repeated_tokens(key: Array, batch: int, n: int, vocab_size: int, first: int 
 
 
 def induction_score(pattern: Array, n: int, registers: int = 0) -> Array:
-    """From attention weights [L, B, H, T, S] (S: R registers first, then the T tokens, then perhaps a
-    sink) over a sequence whose last 2n tokens are n tokens repeated: each head's mean weight from the
-    repeat's queries t to t - n + 1 -> [L, H]."""
+    """Each head's mean weight [L, H] from the repeat's queries t to t - n + 1, from pattern [L, B, H, T, S]
+    (S: the R registers, the T tokens, perhaps a sink) of tokens ending in n tokens repeated."""
     t = pattern.shape[3]
     queries = np.arange(t - n, t)  # the repeat
     return pattern[:, :, :, queries, registers + queries - n + 1].mean(axis=(1, 3))

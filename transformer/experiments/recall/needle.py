@@ -3,21 +3,15 @@
     filler ... " The code of Kelav is 48213. " ... filler "\nWhat is the code of Kelav? "   -> "48213"
     |<------------ haystack: n - len(question) tokens ------------>|<---- question ---->|   answer
 
-Keys (made-up names) and values (`digits` random digits) are drawn per document, so the answer has to
-be read from the needle; the filler is a window of a token stream, cut by the needles. The asked needle
-starts at round(depth * filler length): depth 0 first, depth 1 right before the question. With
-facts=N > 1 the others sit at uniformly drawn places and the question must be matched to its key: a
-model that copies any fact's value scores about 1/N (`copy_any_value_accuracy`). `ask(document, i)` asks
-fact i instead: the corrupted input of activation patching. With questions=Q > 1 a training row asks
-Q - 1 more questions after the answer, each of a fact drawn uniformly (repeats allowed), each graded.
-
-Tokens are bytes (data.tokenizer='bytes'), so the value's tokens in the needle are the answer's tokens.
-Batches (`batch_at`) are (inputs, targets) int32 [B, T] from (seed, step) alone, right-padded with
-IGNORED targets; `graded`: 'answer' grades only the values' digits, 'all' every byte.
+Keys (made-up names) and values (random digits) are drawn per document, so the answer has to be read
+from the needle. With facts=N > 1 the question must be matched to its key: copying any fact's value
+scores about 1/N (`copy_any_value_accuracy`). Tokens are bytes (data.tokenizer='bytes'), so the value's
+tokens in the needle are the answer's tokens (a BPE would merge digits differently in the two places).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -29,8 +23,7 @@ from transformer.data.tasks import DataTask
 
 NEEDLE = " The code of {key} is {value}. "
 QUESTION = "\nWhat is the code of {key}? "
-# data.needle.question: 'question' asks in words; 'cloze' repeats the needle's words up to the value, so
-# the answer follows the same context as in the needle (what an induction head completes; Zoology's MQAR).
+# 'cloze' repeats the needle's words up to the value: the answer follows the needle's context (Zoology's MQAR).
 QUESTIONS = {"question": QUESTION, "cloze": "\nThe code of {key} is "}
 KEY_LENGTH = 5  # consonant-vowel-consonant-vowel-consonant, capitalised: "Kelav", "Morup"
 CONSONANTS = "bcdfghjklmnprstvz"
@@ -41,8 +34,7 @@ MAX_FACTS = 64  # distinct keys are drawn by rejection from 17 * 5 * 17 * 5 * 17
 
 @dataclass(frozen=True)
 class NeedleTask:
-    """The documents a run trains on (`config.data.needle`): prompt lengths and needle depths drawn
-    uniformly from their ranges."""
+    """The documents a run trains on (`config.data.needle`), lengths and depths drawn uniformly."""
 
     min_length: int = 64
     max_length: int = 256
@@ -94,8 +86,7 @@ class NeedleTask:
                              f"{self.row_length(self.max_length) - 1} or lower max_length")
 
     def row_length(self, length: int) -> int:
-        """Tokens of a training row whose prompt has `length` tokens: the prompt, its answer, the further
-        questions and theirs."""
+        """Tokens of a training row of prompt length `length`: its answer, the further questions and theirs."""
         asking = len(QUESTIONS[self.question].format(key="K" * KEY_LENGTH))
         return length + self.digits + (self.questions - 1) * (asking + self.digits)
 
@@ -108,8 +99,7 @@ def shortest_prompt(digits: int, facts: int = 1, question: str = "question") -> 
 
 @dataclass(frozen=True)
 class Fact:
-    """One fact: its key, its value int32 [digits], and where its needle (`start`) and its value
-    (`value_start`) begin in the prompt."""
+    """A fact's key, its value int32 [digits], where its needle and its value begin in the prompt."""
 
     key: str
     value: np.ndarray
@@ -152,9 +142,8 @@ def random_key(rng: np.random.Generator) -> str:
 
 def make_document(filler: np.ndarray, rng: np.random.Generator, length: int, depth: float, digits: int = 5,
                   facts: int = 1, question: str = "question") -> Document:
-    """A document of prompt length `length`, the asked fact at relative `depth` in [0, 1], cut from the
-    byte stream filler [N] at an offset drawn from `rng` (which draws keys, values and places too; the
-    draws do not depend on `question`)."""
+    """A document of prompt length `length`, its asked needle at round(depth * filler) (0: first, 1: last),
+    the others at drawn places, the filler a window of filler [N] at an offset drawn from `rng`."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth={depth} must be in [0, 1] (0: the needle first, 1: right before the question)")
     if question not in QUESTIONS:
@@ -208,12 +197,16 @@ def copy_any_value_accuracy(documents: list[Document]) -> float:
     return float(np.mean([np.mean([np.array_equal(f.value, d.answer) for f in d.facts]) for d in documents]))
 
 
-def _row(doc: Document, seq_len: int, graded: str, more: list[int] = ()) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs, targets) int32 [seq_len] of one document, then a question and its value for each fact of
-    `more`; targets IGNORED on the padding and, unless graded == 'all', everywhere but the values."""
+def _row(filler: np.ndarray, seed: list[int], task: NeedleTask, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row `seed`: (inputs, targets) int32 [seq_len], a document, then task.questions - 1 questions of facts
+    drawn uniformly, each followed by its value; targets IGNORED but on the values (graded='all': the row)."""
+    rng = np.random.default_rng(seed)
+    length = int(rng.integers(task.min_length, task.max_length, endpoint=True))
+    depth = float(rng.uniform(task.min_depth, task.max_depth))
+    doc = make_document(filler, rng, length, depth, task.digits, task.facts, task.question)
     parts, answers = [doc.prompt, doc.answer], [(len(doc.prompt), doc.answer)]
-    for i in more:
-        fact = doc.facts[i]
+    for i in rng.integers(0, task.facts, size=task.questions - 1):
+        fact = doc.facts[int(i)]
         parts.append(_bytes(QUESTIONS[doc.question].format(key=fact.key)))
         answers.append((sum(len(p) for p in parts), fact.value))
         parts.append(fact.value)
@@ -221,26 +214,11 @@ def _row(doc: Document, seq_len: int, graded: str, more: list[int] = ()) -> tupl
     inputs = np.zeros(seq_len, np.int32)
     targets = np.full(seq_len, IGNORED, np.int32)
     inputs[: len(tokens) - 1] = tokens[:-1]
-    if graded == "all":
+    if task.graded == "all":
         targets[: len(tokens) - 1] = tokens[1:]
     for n, value in answers:  # targets[t] follows inputs[t]: a value at n.. follows positions n-1 .. n+digits-2
         targets[n - 1: n - 1 + len(value)] = value
     return inputs, targets
-
-
-def _rows(filler: np.ndarray, seeds: list[list[int]], task: NeedleTask, seq_len: int, questions: int = 1
-          ) -> tuple[np.ndarray, np.ndarray]:
-    """One row per seed: its document's length, depth, keys, values and filler, then the facts its
-    questions - 1 further questions ask, all from that seed."""
-    rows = []
-    for seed in seeds:
-        rng = np.random.default_rng(seed)
-        length = int(rng.integers(task.min_length, task.max_length, endpoint=True))
-        depth = float(rng.uniform(task.min_depth, task.max_depth))
-        doc = make_document(filler, rng, length, depth, task.digits, task.facts, task.question)
-        rows.append(_row(doc, seq_len, task.graded, [int(i) for i in rng.integers(0, task.facts, size=questions - 1)]))
-    inputs, targets = zip(*rows)
-    return np.stack(inputs), np.stack(targets)
 
 
 def batch_at(tokens: np.ndarray, *, seed: int, step: int, batch_size: int, seq_len: int, task: NeedleTask,
@@ -249,16 +227,17 @@ def batch_at(tokens: np.ndarray, *, seed: int, step: int, batch_size: int, seq_l
     [batch_size / host_count, seq_len], task.questions graded answers a row."""
     task.check(seq_len)
     rows = range(batch_size)[host_rows(batch_size, host_index, host_count)]
-    return _rows(tokens, [[seed, step, b] for b in rows], task, seq_len, task.questions)
+    inputs, targets = zip(*(_row(tokens, [seed, step, b], task, seq_len) for b in rows))
+    return np.stack(inputs), np.stack(targets)
 
 
 def eval_batches(tokens: np.ndarray, *, num_batches: int, batch_size: int, seq_len: int, task: NeedleTask,
                  host_index: int = 0, host_count: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
-    """`num_batches` fixed validation batches as `batch_at` gives them, filler from tokens [N] (the
-    validation split), each row asking one question as the analyses do."""
+    """`num_batches` validation batches: `batch_at` of EVAL_SEED, one question a row as the analyses ask."""
     task.check(seq_len)
-    rows = range(batch_size)[host_rows(batch_size, host_index, host_count)]
-    return [_rows(tokens, [[EVAL_SEED, i, b] for b in rows], task, seq_len) for i in range(num_batches)]
+    one = dataclasses.replace(task, questions=1)
+    return [batch_at(tokens, seed=EVAL_SEED, step=i, batch_size=batch_size, seq_len=seq_len, task=one,
+                     host_index=host_index, host_count=host_count) for i in range(num_batches)]
 
 
 def document_grid(filler: np.ndarray, lengths: list[int], depths: list[float], per_cell: int, seed: int = 0,

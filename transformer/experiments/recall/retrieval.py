@@ -1,22 +1,12 @@
-"""Retrieval on the needle task: accuracy over lengths x depths, and the heads that retrieve, found by
-where they look (the retrieval score) and by what they cause (activation patching).
+"""Retrieval on the needle task: exact-match accuracy over lengths x depths, and the heads that
+retrieve, found by where they look (the retrieval score) and by what they cause (activation patching).
 
     grid = needle.document_grid(filler, lengths, depths, per_cell, facts=4)  # grid[i][j]: documents
     accuracy_grid(params, cfg, grid, head_mask)               # float [lengths, depths], greedy decoding
     teacher_forced_grid(params, cfg, grid, masks)             # float [M, lengths, depths], one compile
-    retrieval_scores(params, cfg, documents)                  # [L, H], Wu et al.
+    retrieval_scores(params, cfg, documents)                  # [L, H], Wu et al. 2024
     causal_scores(params, cfg, documents).normalised()        # [L, H], patching
     lookup_weights(params, cfg, documents, layer, head)       # [B, facts]
-
-Accuracy is exact match: the greedy continuation of the prompt must equal the value, digit for digit.
-
-The retrieval score of a head (Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context
-Factuality"): over the answer steps i where the model's token is the value's i-th digit, the share
-where the head's argmax over keys is that digit's own position in the needle (value_start + i). Wu et
-al. accept any needle position holding the same token; here a repeated digit does not count.
-
-The causal score of a head patches its z, at every position, from the same document asking another
-of its facts (`needle.ask`); the metric is the teacher-forced log p(asked value) - log p(other value).
 """
 
 from __future__ import annotations
@@ -39,29 +29,31 @@ from transformer.training.eval_metrics import EvalMetric
 Array = jax.Array
 
 
+def _edits(cfg: ModelConfig, head_mask: Array | None) -> list:
+    return [] if head_mask is None else [ablate_heads(cfg, head_mask)]
+
+
+def _values(documents: list[Document]) -> np.ndarray:
+    return np.stack([d.answer for d in documents])  # [B, digits]
+
+
 def answers(params: dict, cfg: ModelConfig, documents: list[Document], head_mask: Array | None = None) -> np.ndarray:
     """The model's greedy answers to `documents` (one `generate` call): int32 [B, digits]."""
-    digits = len(documents[0].answer)
-    edits = [] if head_mask is None else [ablate_heads(cfg, head_mask)]
-    return generate(params, cfg, [d.prompt for d in documents], jax.random.key(0), digits, edits, temperature=0.0).tokens
+    prompts, digits = [d.prompt for d in documents], len(documents[0].answer)
+    return generate(params, cfg, prompts, jax.random.key(0), digits, _edits(cfg, head_mask), temperature=0.0).tokens
 
 
 def accuracy_grid(params: dict, cfg: ModelConfig, grid: list[list[list[Document]]],
                   head_mask: Array | None = None) -> np.ndarray:
-    """Exact-match accuracy of each cell of `grid` (needle.document_grid), decoded greedily: float [lengths, depths]."""
-    def accuracy(cell: list[Document]) -> float:
-        return float(np.mean(np.all(answers(params, cfg, cell, head_mask) == np.stack([d.answer for d in cell]), axis=1)))
-
-    return np.array([[accuracy(cell) for cell in row] for row in grid])
+    """Exact-match accuracy of greedy decoding in each cell of `grid` (needle.document_grid): float [lengths, depths]."""
+    return np.array([[np.mean(np.all(answers(params, cfg, cell, head_mask) == _values(cell), axis=1)) for cell in row]
+                     for row in grid])
 
 
 def teacher_forced(params: dict, cfg: ModelConfig, documents: list[Document], head_mask: Array | None = None
                    ) -> np.ndarray:
-    """Whether each document is answered exactly, read in one forward pass: bool [B].
-
-    Greedy decoding gives the value iff, with the value fed back (teacher forcing), every answer token
-    is the argmax at its step: both walk the same prefixes until the first disagreement, which fails both.
-    """
+    """Whether greedy decoding answers each document exactly, read in one forward pass: bool [B]. With
+    the value fed back, every answer step's argmax is right iff greedy decoding walks the same prefixes."""
     mask = np.ones((cfg.num_layers, cfg.num_heads), np.float32) if head_mask is None else np.asarray(head_mask)
     return _exact(params, cfg, documents, mask[None])[0]
 
@@ -74,7 +66,7 @@ def _exact(params: dict, cfg: ModelConfig, documents: list[Document], head_masks
                          "(document_grid's cells are)")
     tokens = jnp.asarray(np.stack([np.concatenate([d.prompt, d.answer[:-1]]) for d in documents]))  # [B, n + A - 1]
     top = _answer_argmax(params, cfg, tokens, jnp.asarray(head_masks, jnp.float32), n, digits)  # [M, B, A]
-    return np.all(np.asarray(top) == np.stack([d.answer for d in documents]), axis=-1)
+    return np.all(np.asarray(top) == _values(documents), axis=-1)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "n", "digits"))
@@ -105,9 +97,8 @@ def teacher_forced_grid(params: dict, cfg: ModelConfig, grid: list[list[list[Doc
 
 def score_from_attention(attention: Array, value_positions: np.ndarray, copied: np.ndarray,
                          per_step: bool = False) -> np.ndarray:
-    """Retrieval scores from the weights attention [L, B, H, A, S] of A answer-step queries over S keys;
-    value_positions int [B, A]: the key of the digit step a copies; copied bool [B, A]: the steps that
-    count (the model's token is that digit). -> hits / counted steps [L, H] (per_step: [L, H, A])."""
+    """Hits / counted steps [L, H] (per_step: [L, H, A]) from attention [L, B, H, A, S] of A answer steps,
+    value_positions int [B, A] (the key of the digit step a copies) and copied bool [B, A] (the steps counted)."""
     top = np.asarray(jnp.argmax(attention, axis=-1))  # [L, B, H, A]
     hits = (top == value_positions[None, :, None, :]) & copied[None, :, None, :]  # [L, B, H, A]
     if per_step:
@@ -117,20 +108,20 @@ def score_from_attention(attention: Array, value_positions: np.ndarray, copied: 
 
 def retrieval_scores(params: dict, cfg: ModelConfig, documents: list[Document], batch_size: int = 32,
                      head_mask: Array | None = None, per_step: bool = False) -> np.ndarray:
-    """The retrieval score of every head over the answer steps of `documents`: float [L, H] (per_step:
-    [L, H, A]). Each prompt with the model's greedy answer (`answers`) is read in one forward pass."""
+    """Each head's retrieval score (Wu et al. 2024): over the answer steps i where the model's greedy token
+    is the value's digit i, the share where its argmax key is that digit in the needle (not a repeat of
+    it elsewhere, as Wu et al. allow): float [L, H] (per_step: [L, H, A])."""
     digits = len(documents[0].answer)
     hits, counted = np.zeros((cfg.num_layers, cfg.num_heads, digits)), np.zeros(digits)
-    for n, at in by_length(documents):
-        for start in range(0, len(at), batch_size):
-            batch = [documents[i] for i in at[start: start + batch_size]]
-            got = answers(params, cfg, batch, head_mask)  # [B, A]
-            tokens = np.concatenate([np.stack([d.prompt for d in batch]), got[:, :-1]], axis=1)  # [B, n + A - 1]
-            steps = _attention(params, cfg, jnp.asarray(tokens), head_mask)[:, :, :, n - 1: n - 1 + digits]
-            value_positions = np.array([[d.value_start + i for i in range(digits)] for d in batch])  # [B, A]
-            copied = got == np.stack([d.answer for d in batch])
-            hits += score_from_attention(steps, value_positions, copied, per_step=True) * copied.sum(axis=0)
-            counted += copied.sum(axis=0)
+    for n, at in by_length(documents, batch_size):
+        batch = [documents[i] for i in at]
+        got = answers(params, cfg, batch, head_mask)  # [B, A]
+        tokens = np.concatenate([np.stack([d.prompt for d in batch]), got[:, :-1]], axis=1)  # [B, n + A - 1]
+        steps = _attention(params, cfg, jnp.asarray(tokens), head_mask)[:, :, :, n - 1: n - 1 + digits]
+        value_positions = np.array([[d.value_start + i for i in range(digits)] for d in batch])  # [B, A]
+        copied = got == _values(batch)
+        hits += score_from_attention(steps, value_positions, copied, per_step=True) * copied.sum(axis=0)
+        counted += copied.sum(axis=0)
     if per_step:
         return hits / np.maximum(counted, 1)
     return hits.sum(axis=-1) / max(counted.sum(), 1)
@@ -139,13 +130,15 @@ def retrieval_scores(params: dict, cfg: ModelConfig, documents: list[Document], 
 @functools.partial(jax.jit, static_argnames="cfg")
 def _attention(params: dict, cfg: ModelConfig, tokens: Array, head_mask: Array | None) -> Array:
     """tokens [B, T] -> every layer's attention weights [L, B, H, T, T], the heads of head_mask off."""
-    return attention_maps(params, cfg, tokens, [] if head_mask is None else [ablate_heads(cfg, head_mask)])
+    return attention_maps(params, cfg, tokens, _edits(cfg, head_mask))
 
 
-def by_length(documents: list[Document]) -> list[tuple[int, list[int]]]:
-    """The documents' indices grouped by prompt length, shortest first: [(n, indices)], one batch shape each."""
+def by_length(documents: list[Document], batch_size: int | None = None) -> list[tuple[int, list[int]]]:
+    """[(n, indices)]: the documents of each prompt length n (one batch shape), shortest first, batch_size at a time."""
     lengths = [len(d.prompt) for d in documents]
-    return [(n, [i for i, m in enumerate(lengths) if m == n]) for n in sorted(set(lengths))]
+    groups = [(n, [i for i, m in enumerate(lengths) if m == n]) for n in sorted(set(lengths))]
+    return [(n, at[start: start + (batch_size or len(at))]) for n, at in groups
+            for start in range(0, len(at), batch_size or len(at))]
 
 
 # --- The causal score: patching each head from the document asking another fact -----------------
@@ -177,8 +170,7 @@ def patching_pair(documents: list[Document], other: list[int]) -> tuple[Array, A
         raise ValueError("each document's other fact must be one of its facts, not the asked one: the causal "
                          "score needs documents with facts >= 2")
     swapped = [ask(d, o) for d, o in zip(documents, other)]
-    asked_values = np.stack([d.answer for d in documents])
-    other_values = np.stack([d.answer for d in swapped])
+    asked_values, other_values = _values(documents), _values(swapped)
 
     def rows(docs: list[Document]) -> Array:
         prompts = np.stack([d.prompt for d in docs])
@@ -190,21 +182,14 @@ def patching_pair(documents: list[Document], other: list[int]) -> tuple[Array, A
 
 def causal_scores(params: dict, cfg: ModelConfig, documents: list[Document], other: list[int] | None = None,
                   batch_size: int = 16) -> Patching:
-    """Each head's share in choosing the asked fact's value, by activation patching: grid [L, H].
-
-    The corrupted input asks fact other[i] (default: the next fact in the text, cyclically) of the same
-    document; the document as asked is run with head (l, h)'s z taken from it (`patch_heads`, metric
-    `recall_metric`). `clean` is the metric asking the other fact, `corrupted` as asked; each the mean
-    over documents. `normalised()`: 0 where the head carries none of the question's key, 1 all of it.
-    """
+    """Each head's share in choosing the asked value: the document as asked run with head (l, h)'s z from
+    the one asking fact other[i] (default: the next), metric `recall_metric`: grid [L, H]. `clean`: the
+    metric asking the other fact; `normalised()`: 1 where the head alone carries the question's key."""
     other = [(d.asked + 1) % len(d.facts) for d in documents] if other is None else list(other)
     parts, sizes = [], []
-    for n, at in by_length(documents):
-        for start in range(0, len(at), batch_size):
-            batch = at[start: start + batch_size]
-            pair = patching_pair([documents[i] for i in batch], [other[i] for i in batch])
-            parts.append(_patch_heads(params, cfg, *pair, n))
-            sizes.append(len(batch))
+    for n, at in by_length(documents, batch_size):
+        parts.append(_patch_heads(params, cfg, *patching_pair([documents[i] for i in at], [other[i] for i in at]), n))
+        sizes.append(len(at))
     return jax.tree.map(lambda *got: np.asarray(sum(g * s for g, s in zip(got, sizes))) / sum(sizes), *parts)
 
 
@@ -219,9 +204,8 @@ def _patch_heads(params: dict, cfg: ModelConfig, as_asked: Array, as_other: Arra
 
 def lookup_weights(params: dict, cfg: ModelConfig, documents: list[Document], layer: int, head: int,
                    over: str = "key") -> np.ndarray:
-    """The soft dictionary look-up read off one head: the attention weight of (layer, head), from the
-    prompt's last position (which writes the answer's first token), on each fact's key tokens
-    (over='key') or value tokens (over='value'), summed: float [B, facts] in the order of the text."""
+    """The soft dictionary look-up of one head: its weight from the prompt's last position on each fact's
+    key (or value) tokens, summed: float [B, facts] in the order of the text."""
     if over not in ("key", "value"):
         raise ValueError(f"over={over!r}: use 'key' or 'value'")
     out = np.zeros((len(documents), len(documents[0].facts)))

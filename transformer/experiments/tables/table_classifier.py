@@ -7,9 +7,8 @@ logistic regression fitted on the same training rows, and its attention over the
     row_attention(params, cfg, rows)                      # the last layer's weights [H, T, T]
     lookup_over_tables(params, cfg, prior)                # does attention act as a nearest-neighbour look-up?
 
-Every method sees the same training rows, standardised with their own mean and deviation
-(`table_rows.table_rows`). A test row sees the training rows and itself only, so test rows may be
-classified in chunks of any size. scikit-learn is optional: the `dev` and `notebooks` extras.
+Every method sees the same standardised training rows (`table_rows.table_rows`). scikit-learn is
+optional: the `dev` and `notebooks` extras.
 """
 
 from __future__ import annotations
@@ -41,8 +40,8 @@ def _probabilities(params: Any, cfg: ModelConfig, rows: jax.Array) -> jax.Array:
 
 def predict(params: Any, cfg: ModelConfig, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,
             chunk: int = 128) -> np.ndarray:
-    """Class probabilities [n_test, C] for x_test [n_test, f] given x_train [n, f] with classes y_train
-    [n]: one forward pass per `chunk` test rows, each holding every training row."""
+    """Class probabilities [n_test, C] for x_test [n_test, f] given x_train [n, f] with classes y_train [n]:
+    one forward pass per `chunk` test rows (a test row sees only the training rows and itself)."""
     rows = tables.table_rows(x_train, y_train, x_test, cfg.num_features)  # [n + n_test, F + 1]
     n = len(x_train)
     out = []
@@ -57,9 +56,8 @@ def predict(params: Any, cfg: ModelConfig, x_train: np.ndarray, y_train: np.ndar
 
 
 def baselines(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, k: int = 5) -> dict[str, np.ndarray]:
-    """{'knn', 'logistic', 'majority'}: the classes [n_test] of k-nearest neighbours (Euclidean) and of
-    logistic regression (scikit-learn's defaults), fitted on the standardised training rows, and the
-    training rows' most frequent class."""
+    """{'knn', 'logistic', 'majority'}: the classes [n_test] of k-nearest neighbours, logistic regression
+    (scikit-learn's defaults) and the training rows' most frequent class."""
     from sklearn.linear_model import LogisticRegression  # optional: the dev and notebooks extras
     from sklearn.neighbors import KNeighborsClassifier
 
@@ -83,16 +81,14 @@ def accuracies(params: Any, cfg: ModelConfig, x_train: np.ndarray, y_train: np.n
 
 
 def held_out_tables(prior: tables.TablePrior, num_tables: int, rows: int, seed: int = tables.EVAL_SEED):
-    """The held-out tables of `eval_batches`' first batch: (rows [T, F + 1], targets [T]) for table i of
-    (seed, 0, i)."""
+    """(rows [T, F + 1], targets [T]) of held-out table i, drawn from (seed, 0, i): `eval_batches`' first batch."""
     return (tables._table_row([seed, 0, i], prior, rows) for i in range(num_tables))
 
 
 def evaluation(params: Any, cfg: ModelConfig, prior: tables.TablePrior, num_tables: int = 200, splits: int = 20,
                max_train_rows: int = 100, rows: int = 128) -> dict[str, list[dict[str, float]]]:
-    """{data set: `accuracies` per table or split}: `num_tables` held-out tables of the prior of `rows`
-    rows, and `splits` random splits (split i from (0, i)) of each real table (`table_rows.real_table`),
-    half the rows for training, at most max_train_rows (the context the model was trained with)."""
+    """{data set: `accuracies` per table or split}: held-out tables of the prior, and random splits (i
+    from (0, i)) of each real table, half for training but at most max_train_rows (the trained context)."""
     synthetic = []
     for r, targets in held_out_tables(prior, num_tables, rows):
         train = targets == tables.IGNORED

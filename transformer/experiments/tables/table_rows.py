@@ -8,11 +8,9 @@ a new table in one forward pass. A training example is one table of T = train.se
             id on the first n_train rows, UNLABELLED (-1) on the test rows
     targets [B, T] int32: a test row's class; IGNORED on the training rows
 
-Each table of the prior draws its numbers of features, classes and training rows, and a generator: a
-Gaussian mixture (clusters around centres `separation` apart) or a random tanh MLP's score cut into
-classes at random quantiles. Random scales, shifts, skews, rounding and orders of features and classes
-follow: what standardisation must undo, and what real tables (`real_table`) look like. Batch `step`
-depends only on (seed, step, row).
+Each table draws its sizes and a generator (a Gaussian mixture, or a random MLP's score cut at
+quantiles), then random scales, shifts, skews and orders: what standardisation must undo, and what
+real tables (`real_table`) look like.
 """
 
 from __future__ import annotations
@@ -90,8 +88,7 @@ def _gaussian_mixture(rng: np.random.Generator, n: int, f: int, c: int, prior: T
 
 
 def _random_mlp(rng: np.random.Generator, n: int, f: int, c: int) -> tuple[np.ndarray, np.ndarray]:
-    """n rows of f correlated Gaussian features, classed by a random tanh MLP's score cut at c - 1
-    random quantiles: x [n, f], y int [n]."""
+    """n rows of f correlated features classed by a random tanh MLP's score cut at c - 1 random quantiles."""
     x = rng.normal(0.0, 1.0, (n, f)) @ rng.normal(0.0, 1.0, (f, f)) / np.sqrt(f)
     hidden = int(rng.integers(4, 33))
     h = np.tanh(x @ rng.normal(0.0, 1.5, (f, hidden)) + rng.normal(0.0, 1.0, hidden))
@@ -147,8 +144,8 @@ def _table_row(seed: list[int], prior: TablePrior, seq_len: int) -> tuple[np.nda
 
 def batch_at(tokens: Any, *, seed: int, step: int, batch_size: int, seq_len: int, prior: TablePrior,
              host_index: int = 0, host_count: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Training batch `step`, a table of seq_len rows per batch row from (seed, step, row) alone (`tokens`:
-    unused, no text): (rows float32 [B / hosts, T, F + 1], targets int32 [B / hosts, T])."""
+    """Training batch `step` from (seed, step, row) alone (no text: `tokens` is unused): (rows float32
+    [B / hosts, T, F + 1], targets int32 [B / hosts, T])."""
     rows, targets = zip(*(_table_row([seed, step, b], prior, seq_len)
                           for b in range(batch_size)[host_rows(batch_size, host_index, host_count)]))
     return np.stack(rows), np.stack(targets)
@@ -165,8 +162,7 @@ def eval_batches(tokens: Any, *, num_batches: int, batch_size: int, seq_len: int
 
 
 def real_table(name: str, num_features: int, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """One of scikit-learn's bundled tables (REAL_TABLES) as (features float [n, f], classes int [n]),
-    checked to fit a model of num_features features and num_classes classes."""
+    """A bundled table of scikit-learn (REAL_TABLES), checked to fit the model: (x float [n, f], y int [n])."""
     if name not in REAL_TABLES:
         raise ValueError(f"no bundled table {name!r}; use one of {', '.join(REAL_TABLES)}")
     try:

@@ -1,16 +1,14 @@
-"""Sweeps: the variants of a config trained one after another in this process, then tabulated and
-plotted. `python sweep.py --sweep FILE --workdir DIR` calls `run_sweep`; notebooks call `plan` + `run_all`.
-
-A sweep file's `get_config()` returns a dict (configs/sweeps/tiny.py is the smallest):
+"""Sweeps: the variants of a config trained one after another in this process (JAX starts once; a
+failing run's error names its variant), then tabulated and plotted. `python sweep.py` calls
+`run_sweep`; notebooks `plan` + `run_all`. A sweep file's `get_config()` returns a dict (configs/sweeps/tiny.py):
 
     base       a config in configs/ by name ("shakespeare"), or a config file's path
     overrides  {dotted field: value} for every run, e.g. {"train.steps": 400}
     variants   {name: {dotted field: value}}, in table order; {} is the base itself
-    seeds      optional: each variant trains once per train.seed in the list
+    seeds      optional: each variant trains once per train.seed in the list, in <workdir>/<variant>-seed<s>
 
-(a dict keeps the variants' order where a ConfigDict sorts its keys). Runs train in <workdir>/<variant>
-(<variant>-seed<s>) in this process: JAX starts once, and a failing run's error names its variant.
-Every config and run folder is checked before anything trains; a rerun resumes where it stopped.
+(a dict keeps the variants' order where a ConfigDict sorts its keys). Every config and run folder is
+checked before anything trains; a rerun resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -45,8 +43,7 @@ from transformer.training.run_setup import DEFAULT_CACHE_DIR, REPO
 CONFIGS = os.path.join(REPO, "configs")
 
 SWEEP_KEYS = ("base", "overrides", "variants", "seeds")
-# Fields a finished or started run may differ in from the sweep's config without being stale:
-# more train.steps continue a run; the others do not change what it learns.
+# Fields a run's folder may differ in from the sweep's config: more train.steps continue it; the others change nothing.
 MAY_CHANGE = ("train.steps", "train.run_steps", "train.sample_tokens", "train.log_every", "train.eval_every",
               "train.checkpoint_every", "train.keep_checkpoints", "train.peak_flops", "data.cache_dir",
               "train.eval_attention_shares", "train.eval_induction")

@@ -2,9 +2,8 @@
 
     write_copying_corpus("runs/copying.txt")   # then train with --config.data.path=runs/copying.txt
 
-Each line is n random printable characters (n uniform in [min_length, max_length]), the same again,
-and a newline: the first copy is unpredictable (ln 94 nats a byte), the repeat is predictable by an
-induction head (Olsson et al. 2022), and the varying lengths mean no fixed offset does the job.
+Each line is n random printable characters (n uniform in [min_length, max_length]) twice: the first
+copy costs ln 94 nats a byte, the repeat is free to an induction head (and to no fixed offset).
 """
 
 from __future__ import annotations

@@ -70,9 +70,7 @@ class NeedleTask:
     @classmethod
     def from_config(cls, needle: Any) -> NeedleTask:
         """From a config's data.needle (a ConfigDict or a dict; one saved without `facts` asks one fact in words)."""
-        fields = {k: needle[k] for k in ("min_length", "max_length", "min_depth", "max_depth", "digits", "graded")}
-        return cls(**fields, facts=int(needle.get("facts", 1)), question=str(needle.get("question", "question")),
-                   questions=int(needle.get("questions", 1)))
+        return cls(**{f.name: needle[f.name] for f in dataclasses.fields(cls) if f.name in needle})
 
     def check(self, seq_len: int, tokenizer: str = "bytes") -> None:
         """Raises unless a batch of seq_len byte tokens holds the longest training row."""
@@ -114,9 +112,8 @@ class Fact:
 
 @dataclass(frozen=True)
 class Document:
-    """prompt int32 [n] (haystack, needles, question); answer int32 [digits], the asked fact's value, at
-    prompt[value_start : value_start + digits]; needle_start: the asked needle's first token; facts in the
-    order of the text, facts[asked] the asked one; question: a key of QUESTIONS."""
+    """prompt int32 [n] (haystack, needles, question); answer int32 [digits] at prompt[value_start:] in the
+    needle of facts[asked] (facts in the order of the text), which starts at needle_start."""
 
     prompt: np.ndarray
     answer: np.ndarray

@@ -117,7 +117,7 @@ def retrieval_scores(params: dict, cfg: ModelConfig, documents: list[Document], 
         batch = [documents[i] for i in at]
         got = answers(params, cfg, batch, head_mask)  # [B, A]
         tokens = np.concatenate([np.stack([d.prompt for d in batch]), got[:, :-1]], axis=1)  # [B, n + A - 1]
-        steps = _attention(params, cfg, jnp.asarray(tokens), head_mask)[:, :, :, n - 1: n - 1 + digits]
+        steps = _attention(params, cfg, jnp.asarray(tokens), _edits(cfg, head_mask))[:, :, :, n - 1: n - 1 + digits]
         value_positions = np.array([[d.value_start + i for i in range(digits)] for d in batch])  # [B, A]
         copied = got == _values(batch)
         hits += score_from_attention(steps, value_positions, copied, per_step=True) * copied.sum(axis=0)
@@ -127,10 +127,7 @@ def retrieval_scores(params: dict, cfg: ModelConfig, documents: list[Document], 
     return hits.sum(axis=-1) / max(counted.sum(), 1)
 
 
-@functools.partial(jax.jit, static_argnames="cfg")
-def _attention(params: dict, cfg: ModelConfig, tokens: Array, head_mask: Array | None) -> Array:
-    """tokens [B, T] -> every layer's attention weights [L, B, H, T, T], the heads of head_mask off."""
-    return attention_maps(params, cfg, tokens, _edits(cfg, head_mask))
+_attention = jax.jit(attention_maps, static_argnames=("cfg", "scores"))  # (params, cfg, tokens [B, T], edits)
 
 
 def by_length(documents: list[Document], batch_size: int | None = None) -> list[tuple[int, list[int]]]:
@@ -153,11 +150,8 @@ def value_log_prob(logits: Array, values: Array, n: int) -> Array:
 def recall_metric(asked: Array, other: Array, n: int):
     """logits [2B, n + A - 1, V] (rows :B followed by the asked values `asked` [B, A], rows B: by `other`)
     -> the mean over documents of log p(asked value) - log p(other value)."""
-    def metric(logits: Array) -> Array:
-        b = asked.shape[0]
-        return (value_log_prob(logits[:b], asked, n) - value_log_prob(logits[b:], other, n)).mean()
-
-    return metric
+    b = asked.shape[0]
+    return lambda logits: (value_log_prob(logits[:b], asked, n) - value_log_prob(logits[b:], other, n)).mean()
 
 
 def patching_pair(documents: list[Document], other: list[int]) -> tuple[Array, Array, Array, Array]:
@@ -211,7 +205,7 @@ def lookup_weights(params: dict, cfg: ModelConfig, documents: list[Document], la
     out = np.zeros((len(documents), len(documents[0].facts)))
     for n, at in by_length(documents):
         tokens = jnp.asarray(np.stack([documents[i].prompt for i in at]))
-        weights = np.asarray(_attention(params, cfg, tokens, None)[layer, :, head, n - 1])  # [B, n]
+        weights = np.asarray(_attention(params, cfg, tokens)[layer, :, head, n - 1])  # [B, n]
         for row, i in enumerate(at):
             for f, fact in enumerate(documents[i].facts):
                 start, width = (fact.key_start, KEY_LENGTH) if over == "key" else (fact.value_start, len(fact.value))

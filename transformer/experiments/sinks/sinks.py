@@ -1,20 +1,15 @@
-"""Attention sinks, measured: where each head's attention goes beyond the text, and its mean logits.
-
-Every softmax row hands out all of its attention and every row sees the first token, so a head with
-nothing to attend to can park its attention there (a big a_t0 is a parking spot, not importance).
-A learned sink logit (cfg.attention_sink) or register tokens (cfg.num_registers) give it somewhere
-else to go. For a batch of text tokens [B, T]:
+"""Attention sinks, measured: a head with nothing to attend to parks its attention on the first token,
+which every row sees (a parking spot, not importance), unless a sink logit (cfg.attention_sink) or
+registers (cfg.num_registers) give it somewhere else to go. For text tokens [B, T]:
 
     shares = attention_shares(params, cfg, tokens)       # [L, H] each: first token, registers, sink
     logits = mean_logit_map(params, cfg, tokens)         # [L, H, T, T], NaN above the diagonal
 
-Shares are means over the batch and the query rows t >= 1: row 0 sees only the first token (and the
-registers and the sink), so its share says nothing about a sink.
+Shares are means over the batch and the rows t >= 1 (row 0 sees nothing but the first token).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -30,17 +25,18 @@ Array = jax.Array
 
 
 def attention_shares(params: Any, cfg: ModelConfig, tokens: Array, head_mask: Array | None = None) -> AttentionShares:
-    """Each layer's and head's mean attention share [L, H] (NumPy) on the first token of tokens [B, T >= 2],
-    the registers and the sink, with the heads of head_mask [L, H] switched off (0) first."""
+    """The mean shares [L, H] on the first token of tokens [B, T >= 2], the registers and the sink, the
+    heads of head_mask [L, H] switched off (0) first."""
     _check_tokens(tokens)
-    return jax.tree.map(np.asarray, shares_from_weights(cfg, _maps(params, cfg, tokens, head_mask, False)))
+    edits = [] if head_mask is None else [ablate_heads(cfg, head_mask)]
+    return jax.tree.map(np.asarray, shares_from_weights(cfg, _maps(params, cfg, tokens, edits)))
 
 
 def mean_logit_map(params: Any, cfg: ModelConfig, tokens: Array) -> np.ndarray:
     """The pre-softmax logit q_t . k_s / sqrt(d_h) between the real tokens of tokens [B, T], averaged over
     the batch: float32 [L, H, T, T], NaN above the diagonal (keys a query cannot see)."""
     _check_tokens(tokens)
-    logits = _maps(params, cfg, tokens, None, True)  # [L, B, H, T, R + T (+1)]
+    logits = _maps(params, cfg, tokens, scores=True)  # [L, B, H, T, R + T (+1)]
     t, r = tokens.shape[1], cfg.num_registers
     mean = np.asarray(logits[..., r: r + t].mean(axis=1))  # [L, H, T, T]
     return np.where(np.tril(np.ones((t, t), bool)), mean, np.nan)
@@ -66,11 +62,7 @@ def share_metrics(cfg: ModelConfig, shares: AttentionShares) -> dict[str, float]
     return row
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "scores"))
-def _maps(params: Any, cfg: ModelConfig, tokens: Array, head_mask: Array | None, scores: bool) -> Array:
-    """Every layer's attention weights (scores: pre-softmax logits) [L, B, H, T, S_total], head_mask's heads off."""
-    return attention_maps(params, cfg, tokens, [] if head_mask is None else [ablate_heads(cfg, head_mask)],
-                          scores=scores)
+_maps = jax.jit(attention_maps, static_argnames=("cfg", "scores"))  # [L, B, H, T, S_total] weights (or logits)
 
 
 def _check_tokens(tokens: Array) -> None:

@@ -1,14 +1,11 @@
-"""A table model (ModelConfig(inputs='table')) as a classifier, against k-nearest neighbours and
-logistic regression fitted on the same training rows, and its attention over the rows.
+"""A table model (ModelConfig(inputs='table')) against k-nearest neighbours and logistic regression
+fitted on the same standardised training rows (scikit-learn: the `dev` and `notebooks` extras).
 
     predict(params, cfg, x_train, y_train, x_test)       # class probabilities [n_test, C]
     evaluation(params, cfg, prior)                        # {data set: accuracies per table or split}
     markdown_table(results), summary(results)             # mean ± spread per method, chance included
     row_attention(params, cfg, rows)                      # the last layer's weights [H, T, T]
     lookup_over_tables(params, cfg, prior)                # does attention act as a nearest-neighbour look-up?
-
-Every method sees the same standardised training rows (`table_rows.table_rows`). scikit-learn is
-optional: the `dev` and `notebooks` extras.
 """
 
 from __future__ import annotations

@@ -111,9 +111,9 @@ def plan(sweep: dict, sweep_path: str, workdir: str, extra: Mapping | None = Non
                 config = load_config(path)  # afresh per run: overrides must not leak from one run to the next
             except ValueError as e:
                 raise SweepError(f"sweep base: {e}") from None
-            seeded = None if seed is None else {"train.seed": seed}
-            for where, fields in ((f"{sweep_path}: overrides", sweep.get("overrides")), (f"variant {variant!r}", changes),
-                                  ("extra overrides", extra), (f"{sweep_path}: seeds", seeded)):
+            for where, fields in ((f"{sweep_path}: overrides", sweep.get("overrides")),
+                                  (f"variant {variant!r}", changes), ("extra overrides", extra),
+                                  (f"{sweep_path}: seeds", None if seed is None else {"train.seed": seed})):
                 set_fields(config, fields or {}, where, error=SweepError)
             job = Job(name, dict(changes or {}), config, os.path.join(workdir, name))
             try:

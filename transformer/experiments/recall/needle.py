@@ -26,8 +26,6 @@ QUESTION = "\nWhat is the code of {key}? "
 # 'cloze' repeats the needle's words up to the value: the answer follows the needle's context (Zoology's MQAR).
 QUESTIONS = {"question": QUESTION, "cloze": "\nThe code of {key} is "}
 KEY_LENGTH = 5  # consonant-vowel-consonant-vowel-consonant, capitalised: "Kelav", "Morup"
-CONSONANTS = "bcdfghjklmnprstvz"
-VOWELS = "aeiou"
 EVAL_SEED = 1_000_003  # validation documents draw from (EVAL_SEED, batch index): never a training step's
 MAX_FACTS = 64  # distinct keys are drawn by rejection from 17 * 5 * 17 * 5 * 17 names: far more than this
 
@@ -134,7 +132,8 @@ def _bytes(text: str) -> np.ndarray:
 
 def random_key(rng: np.random.Generator) -> str:
     """A made-up name of KEY_LENGTH letters, alternating consonants and vowels: "Kelav"."""
-    return "".join(rng.choice(list(CONSONANTS if i % 2 == 0 else VOWELS)) for i in range(KEY_LENGTH)).capitalize()
+    letters = ["bcdfghjklmnprstvz" if i % 2 == 0 else "aeiou" for i in range(KEY_LENGTH)]  # consonants, vowels
+    return "".join(rng.choice(list(choices)) for choices in letters).capitalize()
 
 
 def make_document(filler: np.ndarray, rng: np.random.Generator, length: int, depth: float, digits: int = 5,
@@ -173,7 +172,8 @@ def make_document(filler: np.ndarray, rng: np.random.Generator, length: int, dep
         cut = places[i]
         start = sum(len(p) for p in parts)
         parts.append(_bytes(NEEDLE.format(key=keys[i], value=values[i])))
-        made.append(Fact(keys[i], _bytes(values[i]), start, start + len(NEEDLE.split("{value}")[0].format(key=keys[i]))))
+        value_start = start + len(NEEDLE.split("{value}")[0].format(key=keys[i]))
+        made.append(Fact(keys[i], _bytes(values[i]), start, value_start))
     asked = order.index(0)
     return Document(prompt=np.concatenate(parts + [text[cut:], asking]), answer=made[asked].value,
                     needle_start=made[asked].start, value_start=made[asked].value_start, facts=tuple(made),

@@ -45,7 +45,7 @@ def answers(params: dict, cfg: ModelConfig, documents: list[Document], head_mask
 
 def accuracy_grid(params: dict, cfg: ModelConfig, grid: list[list[list[Document]]],
                   head_mask: Array | None = None) -> np.ndarray:
-    """Exact-match accuracy of greedy decoding in each cell of `grid` (needle.document_grid): float [lengths, depths]."""
+    """Exact-match accuracy of greedy decoding in each cell of `grid` (document_grid): float [lengths, depths]."""
     return np.array([[np.mean(np.all(answers(params, cfg, cell, head_mask) == _values(cell), axis=1)) for cell in row]
                      for row in grid])
 

@@ -71,7 +71,11 @@ def _check_tokens(tokens: Array) -> None:
                          f"{np.shape(tokens)}; pass a batch of windows of text")
 
 
-# The loop's metric (train.eval_attention_shares=True): the shares of the first validation batch.
-ATTENTION_SHARES = EvalMetric(
-    "attention_shares", lambda cfg, inputs: lambda params, x, y: shares_from_weights(cfg, attention_maps(params, cfg, x)),
-    lambda cfg, shares: share_metrics(cfg, shares[0]), first_batch=True)
+def shares_measure(cfg: ModelConfig, inputs: Array):
+    """The loop's measure: (params, inputs [B, T], targets) -> AttentionShares [L, H] of one forward pass."""
+    return lambda params, x, y: shares_from_weights(cfg, attention_maps(params, cfg, x))
+
+
+# train.eval_attention_shares=True: the shares of the first validation batch
+ATTENTION_SHARES = EvalMetric("attention_shares", shares_measure, lambda cfg, shares: share_metrics(cfg, shares[0]),
+                              first_batch=True)

@@ -60,13 +60,12 @@ def baselines(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, k: i
 
     rows = tables.table_rows(x_train, y_train, x_test, x_train.shape[1])
     train, test = rows[: len(x_train), :-1], rows[len(x_train):, :-1]
-    knn = KNeighborsClassifier(min(k, len(train))).fit(train, y_train)
+    knn = KNeighborsClassifier(min(k, len(train))).fit(train, y_train).predict(test)
     if len(np.unique(y_train)) < 2:  # one class seen: logistic regression cannot be fitted; it is the answer
         logistic = np.full(len(test), y_train[0])
     else:
         logistic = LogisticRegression(max_iter=2000).fit(train, y_train).predict(test)
-    majority = np.full(len(test), np.bincount(y_train).argmax())
-    return {"knn": knn.predict(test), "logistic": logistic, "majority": majority}
+    return {"knn": knn, "logistic": logistic, "majority": np.full(len(test), np.bincount(y_train).argmax())}
 
 
 def accuracies(params: Any, cfg: ModelConfig, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,

@@ -153,10 +153,10 @@ def run_all(jobs: list[Job]) -> dict[str, str]:
     failures = {}
     for i, job in enumerate(jobs, 1):
         steps, step = job.config.train.steps, latest_step(job.workdir)
-        changes = ", ".join(f"{k}={v!r}" for k, v in job.changes.items()) or "the base"
         if step == steps:
             print(f"[{i}/{len(jobs)}] {job.name}: skipped, finished at step {step} ({job.workdir})", flush=True)
             continue
+        changes = ", ".join(f"{k}={v!r}" for k, v in job.changes.items()) or "the base"
         start = f"resuming at step {step} of {steps}" if step else f"{steps} steps"
         print(f"\n[{i}/{len(jobs)}] {job.name} ({changes}): {start} in {job.workdir}", flush=True)
         started = time.perf_counter()

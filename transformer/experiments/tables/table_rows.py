@@ -101,10 +101,7 @@ def draw_table(rng: np.random.Generator, n: int, prior: TablePrior) -> tuple[np.
     """One table of n rows: raw features float [n, f <= max_features], classes int [n] in 0..c-1 (c <= max_classes)."""
     f = int(rng.integers(1, prior.max_features + 1))
     c = int(rng.integers(2, prior.max_classes + 1))
-    if rng.random() < prior.mlp_share:
-        x, y = _random_mlp(rng, n, f, c)
-    else:
-        x, y = _gaussian_mixture(rng, n, f, c, prior)
+    x, y = _random_mlp(rng, n, f, c) if rng.random() < prior.mlp_share else _gaussian_mixture(rng, n, f, c, prior)
     skewed = rng.random(f) < 0.2  # log-normal features (sizes, counts)
     x = np.where(skewed, np.exp(np.clip(x, -10, 10) / 2), x)
     x = np.where(rng.random(f) < 0.1, np.round(x), x)  # integer-valued features

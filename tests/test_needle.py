@@ -263,10 +263,6 @@ def test_accuracy_grid_counts_exact_matches_of_the_greedy_answers(params, monkey
     np.testing.assert_array_equal(retrieval.accuracy_grid(params, CFG, grid, head_mask=mask), expected)
 
 
-def test_standard_error_of_an_accuracy():
-    np.testing.assert_allclose(retrieval.standard_error(np.array([0.5, 1.0, 0.1]), 100), [0.05, 0.0, 0.03])
-
-
 # The references below read the model by full forward passes without a cache, on rows right-padded to
 # max_seq_len (one compiled program): the model is causal, so the padding changes nothing before it.
 NO_MASK = np.ones((CFG.num_layers, CFG.num_heads), np.float32)

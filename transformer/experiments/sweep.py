@@ -1,29 +1,14 @@
-"""Sweeps: the variants of a config trained side by side, then tabulated and plotted (the
-results, at the end). `python sweep.py --sweep FILE --workdir DIR` is the command line; notebooks
-call `run_sweep` or `plan` + `run_all` here.
-
-A sweep file's `get_config()` returns a dict (configs/sweeps/tiny.py is the smallest):
+"""Sweeps: the variants of a config trained one after another in this process (JAX starts once; a
+failing run's error names its variant), then tabulated and plotted. `python sweep.py` calls
+`run_sweep`; notebooks `plan` + `run_all`. A sweep file's `get_config()` returns a dict (configs/sweeps/tiny.py):
 
     base       a config in configs/ by name ("shakespeare"), or a config file's path
     overrides  {dotted field: value} for every run, e.g. {"train.steps": 400}
     variants   {name: {dotted field: value}}, in table order; {} is the base itself
-    seeds      optional: each variant trains once per train.seed in the list
+    seeds      optional: each variant trains once per train.seed in the list, in <workdir>/<variant>-seed<s>
 
-(a dict, not a ConfigDict: a ConfigDict sorts its keys, losing the variants' order, and refuses
-dotted keys unless built with allow_dotted_keys=True; one is accepted all the same.)
-
-Each run is an ordinary training run in <workdir>/<variant> (with seeds: <variant>-seed<s>), trained
-by `catalog.train` one after another in this process: the config stays a typed ConfigDict (no round
-trip through command-line strings), JAX starts once rather than once per run, and a failing run's
-error arrives as an exception that names its variant. Rerunning skips the finished runs (latest
-checkpoint at train.steps) and resumes the others from their latest checkpoint, so a killed sweep
-goes on where it stopped; raising train.steps continues every run. Then it writes
-<workdir>/results.md (one table row per run) and <workdir>/val_loss.png (validation loss by step).
-
-Before anything trains, every run's config is built and checked: an unknown field is an error naming
-the closest one, and a run folder trained under another config is an error naming what changed.
-A run that fails while training (its loss diverged, say) is reported in the table and the sweep goes
-on (exit code 1). Ctrl-C / SIGTERM: the current run saves a checkpoint and the sweep stops.
+(a dict keeps the variants' order where a ConfigDict sorts its keys). Every config and run folder is
+checked before anything trains; a rerun resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -51,7 +36,6 @@ from transformer.model.kv_cache import kv_cache_bytes_per_token
 from transformer.run.checkpoint import CheckpointError, latest_step
 from transformer.run.config_files import flat, load_config, load_config_file, set_fields
 from transformer.run.metrics import read_metrics
-from transformer.run.signals import Interrupted
 from transformer.training.loop import Diverged
 from transformer.run.checkpoint import saved_form
 from transformer.training.setup import DEFAULT_CACHE_DIR, REPO, check_train_config, resolve
@@ -59,8 +43,7 @@ from transformer.training.setup import DEFAULT_CACHE_DIR, REPO, check_train_conf
 CONFIGS = os.path.join(REPO, "configs")
 
 SWEEP_KEYS = ("base", "overrides", "variants", "seeds")
-# Fields a finished or started run may differ in from the sweep's config without being stale:
-# more train.steps continue a run; the others do not change what it learns.
+# Fields a run's folder may differ in from the sweep's config: more train.steps continue it; the others change nothing.
 MAY_CHANGE = ("train.steps", "train.run_steps", "train.sample_tokens", "train.log_every", "train.eval_every",
               "train.checkpoint_every", "train.keep_checkpoints", "train.peak_flops", "data.cache_dir",
               "train.eval_attention_shares", "train.eval_induction")
@@ -114,37 +97,24 @@ def base_path(base: str) -> str:
     return path
 
 
-def base_config(path: str) -> ConfigDict:
-    """The base config file's ConfigDict; a file that builds something else is a SweepError."""
-    try:
-        return load_config(path)
-    except ValueError as e:
-        raise SweepError(f"sweep base: {e}") from None
-
-
-def override(config: ConfigDict, changes: Mapping, where: str) -> None:
-    """Sets each dotted field of `changes` in `config`; an unknown field names the closest one."""
-    set_fields(config, changes, where, error=SweepError)
-
-
 def plan(sweep: dict, sweep_path: str, workdir: str, extra: Mapping | None = None) -> list[Job]:
     """Every run of the sweep (`load_sweep`'s dict), its config built and checked; nothing is trained
-    or written. extra: overrides for every run after the sweep's own (e.g. the tests' data.cache_dir).
-    """
+    or written. extra: overrides for every run after the sweep's own (e.g. the tests' data.cache_dir)."""
     path = base_path(sweep["base"])
-    seeds = sweep.get("seeds")
     jobs = []
-    for seed in seeds if seeds else [None]:
+    for seed in sweep.get("seeds") or [None]:
         for variant, changes in sweep["variants"].items():
             name = variant if seed is None else f"{variant}-seed{seed}"
             if not re.fullmatch(r"[\w.-]+", name):
                 raise SweepError(f"variant {variant!r}: name it with letters, digits, '_', '-' or '.' (a folder)")
-            config = base_config(path)  # afresh per run: overrides must not leak from one run to the next
-            override(config, sweep.get("overrides") or {}, f"{sweep_path}: overrides")
-            override(config, changes or {}, f"variant {variant!r}")
-            override(config, extra or {}, "extra overrides")
-            if seed is not None:
-                override(config, {"train.seed": seed}, f"{sweep_path}: seeds")
+            try:
+                config = load_config(path)  # afresh per run: overrides must not leak from one run to the next
+            except ValueError as e:
+                raise SweepError(f"sweep base: {e}") from None
+            for where, fields in ((f"{sweep_path}: overrides", sweep.get("overrides")),
+                                  (f"variant {variant!r}", changes), ("extra overrides", extra),
+                                  (f"{sweep_path}: seeds", None if seed is None else {"train.seed": seed})):
+                set_fields(config, fields or {}, where, error=SweepError)
             job = Job(name, dict(changes or {}), config, os.path.join(workdir, name))
             try:
                 resolved = resolve(config, DEFAULT_CACHE_DIR)
@@ -179,39 +149,30 @@ def check_run_folder(job: Job) -> None:
 
 
 def run_all(jobs: list[Job]) -> dict[str, str]:
-    """Trains every unfinished run; returns {run name: error} for those that failed.
-
-    Ctrl-C / SIGTERM end the sweep (Interrupted) once the current run has saved.
-    """
+    """Trains every unfinished run; returns {run name: error} for those that failed. Ctrl-C / SIGTERM
+    end the sweep (Interrupted) once the current run has saved."""
     failures = {}
     for i, job in enumerate(jobs, 1):
         steps, step = job.config.train.steps, latest_step(job.workdir)
-        changes = ", ".join(f"{k}={v!r}" for k, v in job.changes.items()) or "the base"
         if step == steps:
             print(f"[{i}/{len(jobs)}] {job.name}: skipped, finished at step {step} ({job.workdir})", flush=True)
             continue
+        changes = ", ".join(f"{k}={v!r}" for k, v in job.changes.items()) or "the base"
         start = f"resuming at step {step} of {steps}" if step else f"{steps} steps"
         print(f"\n[{i}/{len(jobs)}] {job.name} ({changes}): {start} in {job.workdir}", flush=True)
         started = time.perf_counter()
         try:
             train(job.config, job.workdir, progress=False)
-        except Interrupted:
-            record_wall_time(job.workdir, time.perf_counter() - started)
-            raise
         except (ValueError, FileNotFoundError, CheckpointError, Diverged) as e:
             print(f"{job.name} failed: {e}", file=sys.stderr, flush=True)
             failures[job.name] = str(e)
-            continue
-        record_wall_time(job.workdir, time.perf_counter() - started)
+        finally:  # finished or interrupted: this invocation's wall time, set-up and compiling included
+            metrics = os.path.join(job.workdir, "metrics.jsonl")
+            if job.name not in failures and os.path.isfile(metrics):
+                with open(metrics, "a") as f:
+                    seconds = time.perf_counter() - started
+                    f.write(json.dumps({"step": latest_step(job.workdir) or 0, "wall_seconds": seconds}) + "\n")
     return failures
-
-
-def record_wall_time(workdir: str, seconds: float) -> None:
-    """Appends {"step", "wall_seconds"} to the run's metrics.jsonl: this invocation's wall time, set-up
-    and compiling included (a run resumed after a kill -9 lacks the killed invocation's)."""
-    if os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
-        with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
-            f.write(json.dumps({"step": latest_step(workdir) or 0, "wall_seconds": seconds}) + "\n")
 
 
 def run_sweep(sweep_path: str, workdir: str, extra: Mapping | None = None) -> int:
@@ -303,11 +264,9 @@ def plot(results: list[dict], path: str, title: str) -> None:
     fig, ax = plt.subplots(figsize=(9, 5), dpi=100)
     colors = plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2]  # 10 strong, then pale
     for i, r in enumerate(results):
-        steps = list(r["val_loss"])
-        ax.plot(steps, [r["val_loss"][s] for s in steps], "o-", ms=3, lw=1.2, color=colors[i % 20], label=r["name"])
-    ax.set_xlabel("step")
-    ax.set_ylabel("validation loss (nats per token)")
-    ax.set_title(title)
+        ax.plot(list(r["val_loss"]), list(r["val_loss"].values()), "o-", ms=3, lw=1.2, color=colors[i % 20],
+                label=r["name"])
+    ax.set(xlabel="step", ylabel="validation loss (nats per token)", title=title)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     fig.tight_layout()

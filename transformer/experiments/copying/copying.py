@@ -2,13 +2,8 @@
 
     write_copying_corpus("runs/copying.txt")   # then train with --config.data.path=runs/copying.txt
 
-Each line is a string of n random printable ASCII characters (n drawn uniformly in [min_length,
-max_length]), the same string again, and a newline. The first copy carries no structure to learn
-(ln 94 nats a byte at best); the repeat is predictable from the context alone, by an induction head
-(Olsson et al. 2022): attend from the current byte to the byte after its earlier occurrence and copy
-that. The 94 characters make an earlier occurrence rarely ambiguous within one line; the lengths vary
-so that no fixed offset does the job. notebooks/looking_inside.ipynb trains configs/modern.py on it,
-to show induction heads forming where they must, next to the plays, where they need not.
+Each line is n random printable characters (n uniform in [min_length, max_length]) twice: the first
+copy costs ln 94 nats a byte, the repeat is free to an induction head (and to no fixed offset).
 """
 
 from __future__ import annotations
@@ -23,8 +18,7 @@ ALPHABET = np.array([chr(c) for c in range(33, 127)])  # printable ASCII without
 
 
 def copying_text(num_bytes: int, seed: int = 0, min_length: int = 8, max_length: int = 40) -> str:
-    """At least `num_bytes` bytes of lines s + s + newline (s: min_length..max_length random
-    characters of ALPHABET, drawn with `seed`): the same text for the same arguments."""
+    """At least `num_bytes` bytes of lines s + s + newline, s drawn from ALPHABET with `seed`."""
     if not 1 <= min_length <= max_length:
         raise ValueError(f"copying lines need 1 <= min_length <= max_length, got {min_length} and {max_length}")
     rng = np.random.default_rng(seed)

@@ -5,18 +5,9 @@
     previous_token_scores(params, cfg, tokens)   # [L, H]
     repeated_loss(params, cfg, tokens)           # mean loss on the first half and on the repeat
 
-A sequence of n random tokens followed by the same n again: in the repeat, the token at t also sat at
-t - n, and an induction head attends from t to the token after that earlier copy, t - n + 1 (whose
-value is the next token: it predicts it). The induction score of a head is its mean attention weight
-on t - n + 1 over the repeat's queries; the previous-token score its mean weight on t - 1 over all
-queries t >= 1. A head that attends uniformly scores about the mean of 1 / (t + 1) over those
-queries (`uniform_score`), the chance line; random tokens carry no other structure to attend to.
-A model that has induction heads predicts the repeat: its loss there falls far below the first half's.
-
-INDUCTION is the training loop's evaluation metric 'induction', which a run enables with
-train.eval_induction=True: at every evaluation, each head's
-induction score and the two halves' losses on 16 sequences of 32 tokens repeated, drawn once from the
-tokens of the first validation batch (the corpus's alphabet, not ids the model never saw).
+In the repeat the token at t also sat at t - n, and an induction head attends from t to t - n + 1,
+whose value is the next token; random tokens carry nothing else to attend to. A model with induction
+heads predicts the repeat: its loss there falls far below the first half's.
 """
 
 from __future__ import annotations
@@ -38,8 +29,8 @@ Array = jax.Array
 
 def repeated_tokens(key: Array, batch: int, n: int, vocab_size: int, first: int | None = None,
                     ids: Array | None = None) -> Array:
-    """[B, 2n] int32: n random ids in [0, vocab_size) (or drawn from `ids`), then the same n again;
-    with `first`, a fixed token before them ([B, 2n + 1]; e.g. the start token a model was trained with)."""
+    """n random ids in [0, vocab_size) (or drawn from `ids`), then the same n again: int32 [B, 2n]; with
+    `first` (e.g. the start token a model was trained with) that token before them: [B, 2n + 1]."""
     if ids is None:
         half = jax.random.randint(key, (batch, n), 0, vocab_size, dtype=jnp.int32)
     else:
@@ -49,9 +40,8 @@ def repeated_tokens(key: Array, batch: int, n: int, vocab_size: int, first: int 
 
 
 def induction_score(pattern: Array, n: int, registers: int = 0) -> Array:
-    """From attention weights [L, B, H, T, S] (S: R registers first, then the T tokens, then perhaps a
-    sink) over a sequence whose last 2n tokens are n tokens repeated: each head's mean weight from the
-    repeat's queries t to t - n + 1 -> [L, H]."""
+    """Each head's mean weight [L, H] from the repeat's queries t to t - n + 1, from pattern [L, B, H, T, S]
+    (S: the R registers, the T tokens, perhaps a sink) of tokens ending in n tokens repeated."""
     t = pattern.shape[3]
     queries = np.arange(t - n, t)  # the repeat
     return pattern[:, :, :, queries, registers + queries - n + 1].mean(axis=(1, 3))
@@ -64,9 +54,8 @@ def previous_token_score(pattern: Array, registers: int = 0) -> Array:
 
 
 def uniform_score(queries: np.ndarray, extra_keys: int = 0) -> float:
-    """A head's score if it attended uniformly over the keys it sees: the mean of 1 / (q + 1 + extra)
-    over the query positions q scored (extra: the registers and the sink, also seen by every query).
-    For the induction score of T tokens ending in a repeat of n: queries = np.arange(T - n, T)."""
+    """The score of a head attending uniformly over what it sees: the mean of 1 / (q + 1 + extra_keys) over
+    the queries q scored (extra: registers and sink; induction on a repeat of n: np.arange(T - n, T))."""
     return float(np.mean(1.0 / (np.asarray(queries) + 1 + extra_keys)))
 
 
@@ -82,9 +71,8 @@ def previous_token_scores(params: Any, cfg: ModelConfig, tokens: Array, edits: l
 
 
 def repeated_loss(params: Any, cfg: ModelConfig, tokens: Array, edits: list[Edit] = ()) -> tuple[Array, Array]:
-    """The mean next-token loss (nats) on the first half of the repeated tokens and on the repeat:
-    predictions of tokens 1..n-1 of the first copy, and of the n - 1 tokens of the repeat after its
-    first (which the first copy cannot give away: it follows a random token)."""
+    """The mean next-token loss (nats) predicting tokens 1..n-1 of the first copy and of the repeat (the
+    repeat's token 0 follows a random token: the first copy cannot give it away)."""
     logits, _ = run_edited(params, cfg, tokens[:, :-1], edits)
     loss = -jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], axis=-1)[..., 0]  # [B, T - 1]
     n = tokens.shape[1] // 2
@@ -94,15 +82,14 @@ def repeated_loss(params: Any, cfg: ModelConfig, tokens: Array, edits: list[Edit
     return first.mean(), repeat.mean()
 
 
-# --- The training loop's evaluation metric -------------------------------------------------------
+# --- The loop's metric (train.eval_induction=True) ------------------------------------------------
 
 METRIC_BATCH, METRIC_N = 16, 32  # 16 sequences of 32 tokens, repeated
 
 
 def induction_measure(cfg: ModelConfig, inputs: Array):
-    """The loop's measure: params -> (induction scores [L, H], first-half loss, repeat loss) on
-    METRIC_BATCH sequences of min(METRIC_N, T / 2) tokens drawn once from the ids of `inputs` (the
-    first validation batch), repeated; the batch it is given is not read."""
+    """params -> {scores [L, H], first, repeat losses} on METRIC_BATCH sequences of min(METRIC_N, T / 2)
+    tokens drawn once from the ids of `inputs` (the first validation batch: the corpus's alphabet)."""
     n = min(METRIC_N, cfg.max_seq_len // 2)
     tokens = repeated_tokens(jax.random.key(0), METRIC_BATCH, n, cfg.vocab_size, ids=np.unique(np.asarray(inputs)))
 

@@ -1,41 +1,17 @@
 """The needle-in-a-haystack task: facts hidden in filler text, and a question about one of them at the end.
 
-A document of length n (tokens of the prompt, question included) with one fact (facts=1) is
-
     filler ... " The code of Kelav is 48213. " ... filler "\nWhat is the code of Kelav? "   -> "48213"
     |<------------ haystack: n - len(question) tokens ------------>|<---- question ---->|   answer
 
-The key (a made-up name such as "Kelav") and the value (`digits` random digits) are drawn per
-document, so the answer cannot be guessed: it has to be read from the needle. The filler is a
-contiguous window of a token stream (the corpus, `token_stream.load_corpus`), cut by the needles.
-The asked needle starts at round(depth * (haystack - len(needles))): depth 0 puts it first, depth 1
-right before the question (with the other facts' needles, if any, in between).
-
-Associative recall (facts=N > 1): N facts with distinct keys and their own values, the asked one at
-`depth` and the others at uniformly drawn places; the question names one key. With one fact a model
-can answer by copying the only number in the document, without reading the key; with N it must match
-the key, and a model that copies any fact's value scores about 1/N (`copy_any_value_accuracy`, the
-chance line). `ask(document, i)` is the same document asking fact i instead: the corrupted input of
-activation patching.
-
-Tokens are bytes (data.tokenizer='bytes'), so the value's tokens in the needle are the answer's
-tokens (a BPE would merge digits with their neighbours differently in the two places).
-
-More questions per training row (questions=Q > 1): after the answer, Q - 1 more questions follow,
-each naming a fact drawn uniformly from the document (repeats allowed, so no answer follows by
-elimination) and followed by its value, graded like the first; Q times the graded answers per row for
-the cost of Q - 1 questions' bytes (associative recall with several queries, as Zoology's MQAR). The
-validation documents, and every analysis, ask one question.
-
-Training batches (`batch_at`) are (inputs, targets) int32 [B, T] like `batches.batch_at`, from
-(seed, step) alone: one document per row, its length and depth drawn from the task's ranges,
-right-padded with IGNORED targets. `graded`: 'answer' grades only the value's digits (ln 10 = 2.30
-nats per digit for a guess), 'all' every byte, filler included, whose next-byte loss would dominate
-(~100 filler bytes per 5 answer bytes).
+Keys (made-up names) and values (random digits) are drawn per document, so the answer has to be read
+from the needle. With facts=N > 1 the question must be matched to its key: copying any fact's value
+scores about 1/N (`copy_any_value_accuracy`). Tokens are bytes (data.tokenizer='bytes'), so the value's
+tokens in the needle are the answer's tokens (a BPE would merge digits differently in the two places).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -47,28 +23,23 @@ from transformer.data.tasks import DataTask
 
 NEEDLE = " The code of {key} is {value}. "
 QUESTION = "\nWhat is the code of {key}? "
-# How the document asks: data.needle.question names one. 'question' asks in words; 'cloze' repeats the
-# needle's own words up to the value, so the answer follows the same context as in the needle (the
-# shape an induction head completes; associative recall in the form of Zoology's MQAR).
+# 'cloze' repeats the needle's words up to the value: the answer follows the needle's context (Zoology's MQAR).
 QUESTIONS = {"question": QUESTION, "cloze": "\nThe code of {key} is "}
 KEY_LENGTH = 5  # consonant-vowel-consonant-vowel-consonant, capitalised: "Kelav", "Morup"
-CONSONANTS = "bcdfghjklmnprstvz"
-VOWELS = "aeiou"
 EVAL_SEED = 1_000_003  # validation documents draw from (EVAL_SEED, batch index): never a training step's
 MAX_FACTS = 64  # distinct keys are drawn by rejection from 17 * 5 * 17 * 5 * 17 names: far more than this
 
 
 @dataclass(frozen=True)
 class NeedleTask:
-    """The documents a run trains on: prompt lengths in [min_length, max_length], needle depths in
-    [min_depth, max_depth] (both uniform), values of `digits` digits. `config.data.needle`."""
+    """The documents a run trains on (`config.data.needle`), lengths and depths drawn uniformly."""
 
     min_length: int = 64
     max_length: int = 256
     min_depth: float = 0.0
     max_depth: float = 1.0
     digits: int = 5
-    graded: str = "answer"  # 'answer': only the answer's tokens are graded; 'all': every token of the document
+    graded: str = "answer"  # 'answer': only the answers' tokens are graded; 'all': every token of the row
     facts: int = 1  # facts per document (distinct keys); the question asks one
     question: str = "question"  # how the document asks: a key of QUESTIONS
     questions: int = 1  # questions per training row (the validation rows ask one)
@@ -96,14 +67,11 @@ class NeedleTask:
 
     @classmethod
     def from_config(cls, needle: Any) -> NeedleTask:
-        """From a config's data.needle section (a ConfigDict or a dict; one saved before `facts` existed
-        has one fact, asked in words)."""
-        fields = {k: needle[k] for k in ("min_length", "max_length", "min_depth", "max_depth", "digits", "graded")}
-        return cls(**fields, facts=int(needle.get("facts", 1)), question=str(needle.get("question", "question")),
-                   questions=int(needle.get("questions", 1)))
+        """From a config's data.needle (a ConfigDict or a dict; one saved without `facts` asks one fact in words)."""
+        return cls(**{f.name: needle[f.name] for f in dataclasses.fields(cls) if f.name in needle})
 
     def check(self, seq_len: int, tokenizer: str = "bytes") -> None:
-        """Raises unless a batch of seq_len tokens holds the longest training row (`row_length`), in bytes."""
+        """Raises unless a batch of seq_len byte tokens holds the longest training row."""
         if tokenizer != "bytes":
             raise ValueError(f"data.task='needle' needs data.tokenizer='bytes' (got {tokenizer!r}): the needle "
                              "is placed and graded in byte tokens")
@@ -114,23 +82,20 @@ class NeedleTask:
                              f"{self.row_length(self.max_length) - 1} or lower max_length")
 
     def row_length(self, length: int) -> int:
-        """Tokens of a training row whose document has prompt length `length`: the prompt, its answer
-        and the further questions with theirs."""
+        """Tokens of a training row of prompt length `length`: its answer, the further questions and theirs."""
         asking = len(QUESTIONS[self.question].format(key="K" * KEY_LENGTH))
         return length + self.digits + (self.questions - 1) * (asking + self.digits)
 
 
 def shortest_prompt(digits: int, facts: int = 1, question: str = "question") -> int:
-    """The shortest prompt: the needles and the question with no filler."""
+    """The needles and the question with no filler."""
     key = "K" * KEY_LENGTH
     return facts * len(NEEDLE.format(key=key, value="0" * digits)) + len(QUESTIONS[question].format(key=key))
 
 
 @dataclass(frozen=True)
 class Fact:
-    """One fact of a document: its key, its value (int32 [digits]), the index of its needle's first
-    token in the prompt (`start`), of its key's (`key_start`) and of its value's first token
-    (`value_start`)."""
+    """A fact's key, its value int32 [digits], where its needle and its value begin in the prompt."""
 
     key: str
     value: np.ndarray
@@ -139,17 +104,14 @@ class Fact:
 
     @property
     def key_start(self) -> int:
-        """The index of the key's first token in the prompt (KEY_LENGTH tokens from there)."""
+        """Where the key's KEY_LENGTH tokens begin in the prompt."""
         return self.start + len(NEEDLE.split("{key}")[0])
 
 
 @dataclass(frozen=True)
 class Document:
-    """One document. prompt: int32 [n], the haystack with its needles, then the question; answer: int32
-    [digits], the asked fact's value. needle_start: index of the asked needle's first token in prompt;
-    value_start: index of its value's first token, so prompt[value_start : value_start + digits] ==
-    answer. facts: every fact in the order of the text; asked: the index of the asked one there;
-    question: how it asks (a key of QUESTIONS)."""
+    """prompt int32 [n] (haystack, needles, question); answer int32 [digits] at prompt[value_start:] in the
+    needle of facts[asked] (facts in the order of the text), which starts at needle_start."""
 
     prompt: np.ndarray
     answer: np.ndarray
@@ -170,18 +132,14 @@ def _bytes(text: str) -> np.ndarray:
 
 def random_key(rng: np.random.Generator) -> str:
     """A made-up name of KEY_LENGTH letters, alternating consonants and vowels: "Kelav"."""
-    return "".join(rng.choice(list(CONSONANTS if i % 2 == 0 else VOWELS)) for i in range(KEY_LENGTH)).capitalize()
+    letters = ["bcdfghjklmnprstvz" if i % 2 == 0 else "aeiou" for i in range(KEY_LENGTH)]  # consonants, vowels
+    return "".join(rng.choice(list(choices)) for choices in letters).capitalize()
 
 
 def make_document(filler: np.ndarray, rng: np.random.Generator, length: int, depth: float, digits: int = 5,
                   facts: int = 1, question: str = "question") -> Document:
-    """A document of prompt length `length` with `facts` facts, the asked one at relative `depth` in
-    [0, 1] (the others at places drawn uniformly).
-
-    filler: the token stream [N] (bytes) the haystack is cut from, at an offset drawn from `rng`,
-    which also draws the keys, the values and the other facts' places. question: how the document
-    asks (QUESTIONS; the draws do not depend on it).
-    """
+    """A document of prompt length `length`, its asked needle at round(depth * filler) (0: first, 1: last),
+    the others at drawn places, the filler a window of filler [N] at an offset drawn from `rng`."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth={depth} must be in [0, 1] (0: the needle first, 1: right before the question)")
     if question not in QUESTIONS:
@@ -192,9 +150,7 @@ def make_document(filler: np.ndarray, rng: np.random.Generator, length: int, dep
     keys = [random_key(rng)]
     values = ["".join(str(d) for d in rng.integers(0, 10, size=digits))]
     asking = _bytes(QUESTIONS[question].format(key=keys[0]))
-    needle_length = len(NEEDLE.format(key=keys[0], value=values[0]))  # the same for every key and value
-    haystack = length - len(asking)
-    fill = haystack - facts * needle_length
+    fill = length - len(asking) - facts * len(NEEDLE.format(key=keys[0], value=values[0]))  # needles: one length
     if len(filler) < fill:
         raise ValueError(f"the filler stream has {len(filler)} tokens, fewer than the {fill} a document of "
                          f"length {length} needs; use more text or shorter documents")
@@ -215,18 +171,17 @@ def make_document(filler: np.ndarray, rng: np.random.Generator, length: int, dep
         parts.append(text[cut: places[i]])
         cut = places[i]
         start = sum(len(p) for p in parts)
-        needle = _bytes(NEEDLE.format(key=keys[i], value=values[i]))
-        parts.append(needle)
-        made.append(Fact(keys[i], _bytes(values[i]), start, start + len(NEEDLE.split("{value}")[0].format(key=keys[i]))))
-    parts += [text[cut:], asking]
+        parts.append(_bytes(NEEDLE.format(key=keys[i], value=values[i])))
+        value_start = start + len(NEEDLE.split("{value}")[0].format(key=keys[i]))
+        made.append(Fact(keys[i], _bytes(values[i]), start, value_start))
     asked = order.index(0)
-    return Document(prompt=np.concatenate(parts), answer=made[asked].value, needle_start=made[asked].start,
-                    value_start=made[asked].value_start, facts=tuple(made), asked=asked, question=question)
+    return Document(prompt=np.concatenate(parts + [text[cut:], asking]), answer=made[asked].value,
+                    needle_start=made[asked].start, value_start=made[asked].value_start, facts=tuple(made),
+                    asked=asked, question=question)
 
 
 def ask(document: Document, i: int) -> Document:
-    """The same document with its question naming fact i (in the order of the text) instead: the same
-    length, a different answer."""
+    """The same document with its question naming fact i instead: the same length, another answer."""
     fact = document.facts[i]
     asking = _bytes(QUESTIONS[document.question].format(key=fact.key))
     prompt = np.concatenate([document.prompt[: len(document.prompt) - len(asking)], asking])
@@ -235,18 +190,20 @@ def ask(document: Document, i: int) -> Document:
 
 
 def copy_any_value_accuracy(documents: list[Document]) -> float:
-    """The chance line of recall: the expected exact-match accuracy of a model that answers with the
-    value of a fact drawn uniformly from its document (1 / facts when the values differ)."""
+    """The chance line of recall: the expected exact match of answering with a uniformly drawn fact's value."""
     return float(np.mean([np.mean([np.array_equal(f.value, d.answer) for f in d.facts]) for d in documents]))
 
 
-def _row(doc: Document, seq_len: int, graded: str, more: list[int] = ()) -> tuple[np.ndarray, np.ndarray]:
-    """A document as one training row: (inputs, targets) int32 [seq_len], the padding IGNORED and,
-    unless graded == 'all', every target but the answers'. more: the facts (indices in doc.facts) that
-    further questions ask after the answer, each followed by its value."""
+def _row(filler: np.ndarray, seed: list[int], task: NeedleTask, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row `seed`: (inputs, targets) int32 [seq_len], a document, then task.questions - 1 questions of facts
+    drawn uniformly, each followed by its value; targets IGNORED but on the values (graded='all': the row)."""
+    rng = np.random.default_rng(seed)
+    length = int(rng.integers(task.min_length, task.max_length, endpoint=True))
+    depth = float(rng.uniform(task.min_depth, task.max_depth))
+    doc = make_document(filler, rng, length, depth, task.digits, task.facts, task.question)
     parts, answers = [doc.prompt, doc.answer], [(len(doc.prompt), doc.answer)]
-    for i in more:
-        fact = doc.facts[i]
+    for i in rng.integers(0, task.facts, size=task.questions - 1):
+        fact = doc.facts[int(i)]
         parts.append(_bytes(QUESTIONS[doc.question].format(key=fact.key)))
         answers.append((sum(len(p) for p in parts), fact.value))
         parts.append(fact.value)
@@ -254,62 +211,42 @@ def _row(doc: Document, seq_len: int, graded: str, more: list[int] = ()) -> tupl
     inputs = np.zeros(seq_len, np.int32)
     targets = np.full(seq_len, IGNORED, np.int32)
     inputs[: len(tokens) - 1] = tokens[:-1]
-    if graded == "all":
+    if task.graded == "all":
         targets[: len(tokens) - 1] = tokens[1:]
     for n, value in answers:  # targets[t] follows inputs[t]: a value at n.. follows positions n-1 .. n+digits-2
         targets[n - 1: n - 1 + len(value)] = value
     return inputs, targets
 
 
-def _rows(filler: np.ndarray, seeds: list[list[int]], task: NeedleTask, seq_len: int, questions: int = 1
-          ) -> tuple[np.ndarray, np.ndarray]:
-    """One document per seed, each drawing its length, depth, key, value and filler from its own generator,
-    then the facts its further questions ask (`questions` - 1 of them)."""
-    rows = []
-    for seed in seeds:
-        rng = np.random.default_rng(seed)
-        length = int(rng.integers(task.min_length, task.max_length, endpoint=True))
-        depth = float(rng.uniform(task.min_depth, task.max_depth))
-        doc = make_document(filler, rng, length, depth, task.digits, task.facts, task.question)
-        more = [int(i) for i in rng.integers(0, task.facts, size=questions - 1)]
-        rows.append(_row(doc, seq_len, task.graded, more))
-    inputs, targets = zip(*rows)
-    return np.stack(inputs), np.stack(targets)
-
-
 def batch_at(tokens: np.ndarray, *, seed: int, step: int, batch_size: int, seq_len: int, task: NeedleTask,
              host_index: int = 0, host_count: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Training batch `step`: one document per row, drawn from (seed, step, row) only; filler from
-    `tokens` [N]. Returns (inputs, targets) int32 [batch_size // host_count, seq_len]; targets are
-    IGNORED except at the answers' tokens (task.questions of them a row)."""
+    """Training batch `step` from (seed, step, row) alone, filler from tokens [N]: (inputs, targets) int32
+    [batch_size / host_count, seq_len], task.questions graded answers a row."""
     task.check(seq_len)
     rows = range(batch_size)[host_rows(batch_size, host_index, host_count)]
-    return _rows(tokens, [[seed, step, b] for b in rows], task, seq_len, task.questions)
+    inputs, targets = zip(*(_row(tokens, [seed, step, b], task, seq_len) for b in rows))
+    return np.stack(inputs), np.stack(targets)
 
 
 def eval_batches(tokens: np.ndarray, *, num_batches: int, batch_size: int, seq_len: int, task: NeedleTask,
                  host_index: int = 0, host_count: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Fixed validation batches of documents, filler from `tokens` [N] (the validation split), as
-    `batches.eval_batches` returns them: `num_batches` (inputs, targets) pairs. Each asks one question,
-    whatever task.questions, as the analyses do."""
+    """`num_batches` validation batches: `batch_at` of EVAL_SEED, one question a row as the analyses ask."""
     task.check(seq_len)
-    rows = range(batch_size)[host_rows(batch_size, host_index, host_count)]
-    return [_rows(tokens, [[EVAL_SEED, i, b] for b in rows], task, seq_len) for i in range(num_batches)]
+    one = dataclasses.replace(task, questions=1)
+    return [batch_at(tokens, seed=EVAL_SEED, step=i, batch_size=batch_size, seq_len=seq_len, task=one,
+                     host_index=host_index, host_count=host_count) for i in range(num_batches)]
 
 
 def document_grid(filler: np.ndarray, lengths: list[int], depths: list[float], per_cell: int, seed: int = 0,
                   digits: int = 5, facts: int = 1, question: str = "question") -> list[list[list[Document]]]:
-    """`per_cell` documents for each (length, depth) cell: grid[i][j][k] has prompt length lengths[i]
-    and the asked fact at depth depths[j]; document k of a cell draws from (seed, i, j, k)."""
+    """grid[i][j][k]: document k of prompt length lengths[i], asked fact at depths[j], drawn from (seed, i, j, k)."""
     return [[[make_document(filler, np.random.default_rng([seed, i, j, k]), n, d, digits, facts, question)
               for k in range(per_cell)]
              for j, d in enumerate(depths)] for i, n in enumerate(lengths)]
 
 
 def needle_task(config: Any) -> DataTask:
-    """data.task='needle': the documents of config.data.needle, checked against train.seq_len and
-    data.tokenizer."""
+    """data.task='needle': the documents of config.data.needle, checked against train.seq_len and data.tokenizer."""
     task = NeedleTask.from_config(config.data.needle)
     task.check(config.train.seq_len, config.data.tokenizer)
     return DataTask(functools.partial(batch_at, task=task), functools.partial(eval_batches, task=task))
-

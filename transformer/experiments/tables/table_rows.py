@@ -1,29 +1,16 @@
 """The table task (`data.task='tables'`): small classification tables drawn from a prior, as rows.
 
 TabPFN's recipe (Hollmann et al. 2023): train once on many synthetic tables, then classify the rows of
-a new table in one forward pass, with no training on it. Each training example is one table of T
-rows (T = train.seq_len); its first n_train rows carry their labels, the others are test rows whose
-labels the model must give:
+a new table in one forward pass. A training example is one table of T = train.seq_len rows:
 
-    rows    [B, T, F + 1] float32: row t's features (standardised with the table's training rows'
-            mean and standard deviation, clipped to +-CLIP, zero-padded to F = max_features), then
-            its label: a class id for a training row, UNLABELLED (-1) for a test row
-    targets [B, T] int32: a test row's class; IGNORED on the training rows (the loss grades the test
-            rows only)
+    rows    [B, T, F + 1] float32: row t's features (standardised with the table's training rows' mean
+            and deviation, clipped to +-CLIP, zero-padded to F = max_features), then its label: a class
+            id on the first n_train rows, UNLABELLED (-1) on the test rows
+    targets [B, T] int32: a test row's class; IGNORED on the training rows
 
-The prior (`TablePrior`, `draw_table`): each table draws its number of features (1..max_features),
-of classes (2..max_classes), of training rows (min_train_rows..T - min_test_rows) and one of two
-generators, both common in TabPFN-style priors:
-
-- a Gaussian mixture: each class a few clusters around random centres, spread `separation` apart,
-  with class proportions from a Dirichlet;
-- a random MLP: correlated Gaussian features through a random tanh network to one score, cut into
-  classes at random quantiles (so every class occurs, in unequal shares).
-
-Then per feature a random scale and shift, for some a log-normal skew or rounding to integers, and
-random feature and class orders: what standardisation must undo, and what real tables (iris, wine,
-breast cancer: `real_table`) look like. Batch `step` depends only on (seed, step, row). The model
-reads these rows with ModelConfig(inputs='table', num_features=F, num_classes=C).
+Each table draws its sizes and a generator (a Gaussian mixture, or a random MLP's score cut at
+quantiles), then random scales, shifts, skews and orders: what standardisation must undo, and what
+real tables (`real_table`) look like.
 """
 
 from __future__ import annotations
@@ -45,8 +32,7 @@ REAL_TABLES = ("iris", "wine", "breast_cancer")  # scikit-learn's bundled tables
 
 @dataclass(frozen=True)
 class TablePrior:
-    """The tables a run trains on (`config.data.tables`); a table of T rows draws every size from
-    these ranges, uniformly."""
+    """The tables a run trains on (`config.data.tables`): each size drawn uniformly from its range."""
 
     max_features: int = 32  # F: tables have 1..F features, zero-padded to F
     max_classes: int = 4  # C: tables have 2..C classes
@@ -74,8 +60,7 @@ class TablePrior:
         return cls(**{f.name: tables[f.name] for f in fields(cls) if f.name in tables})
 
     def check(self, seq_len: int, num_features: int, num_classes: int) -> None:
-        """Raises unless a row of seq_len holds min_train_rows + min_test_rows rows and the model
-        reads the widest table of the prior."""
+        """Raises unless seq_len rows hold min_train_rows + min_test_rows and the model reads the prior's tables."""
         if seq_len < self.min_train_rows + self.min_test_rows:
             raise ValueError(f"train.seq_len={seq_len} (rows per table) is below data.tables.min_train_rows + "
                              f"min_test_rows = {self.min_train_rows + self.min_test_rows}; raise it or lower those")
@@ -103,8 +88,7 @@ def _gaussian_mixture(rng: np.random.Generator, n: int, f: int, c: int, prior: T
 
 
 def _random_mlp(rng: np.random.Generator, n: int, f: int, c: int) -> tuple[np.ndarray, np.ndarray]:
-    """n rows of f correlated Gaussian features, classed by a random tanh MLP's score cut at c - 1
-    random quantiles: x [n, f], y int [n]."""
+    """n rows of f correlated features classed by a random tanh MLP's score cut at c - 1 random quantiles."""
     x = rng.normal(0.0, 1.0, (n, f)) @ rng.normal(0.0, 1.0, (f, f)) / np.sqrt(f)
     hidden = int(rng.integers(4, 33))
     h = np.tanh(x @ rng.normal(0.0, 1.5, (f, hidden)) + rng.normal(0.0, 1.0, hidden))
@@ -114,14 +98,10 @@ def _random_mlp(rng: np.random.Generator, n: int, f: int, c: int) -> tuple[np.nd
 
 
 def draw_table(rng: np.random.Generator, n: int, prior: TablePrior) -> tuple[np.ndarray, np.ndarray]:
-    """One table of the prior with n rows: features float [n, f] (f <= max_features, raw: not
-    standardised) and classes int [n] in 0..c-1 (c <= max_classes)."""
+    """One table of n rows: raw features float [n, f <= max_features], classes int [n] in 0..c-1 (c <= max_classes)."""
     f = int(rng.integers(1, prior.max_features + 1))
     c = int(rng.integers(2, prior.max_classes + 1))
-    if rng.random() < prior.mlp_share:
-        x, y = _random_mlp(rng, n, f, c)
-    else:
-        x, y = _gaussian_mixture(rng, n, f, c, prior)
+    x, y = _random_mlp(rng, n, f, c) if rng.random() < prior.mlp_share else _gaussian_mixture(rng, n, f, c, prior)
     skewed = rng.random(f) < 0.2  # log-normal features (sizes, counts)
     x = np.where(skewed, np.exp(np.clip(x, -10, 10) / 2), x)
     x = np.where(rng.random(f) < 0.1, np.round(x), x)  # integer-valued features
@@ -134,13 +114,8 @@ def draw_table(rng: np.random.Generator, n: int, prior: TablePrior) -> tuple[np.
 
 def table_rows(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, num_features: int
                ) -> np.ndarray:
-    """A table as the model's rows: float32 [n_train + n_test, num_features + 1], the training rows
-    first (their labels in the last column), then the test rows (UNLABELLED). Features are
-    standardised with the training rows' mean and standard deviation (a constant feature becomes
-    0), clipped to +-CLIP and zero-padded to num_features.
-
-    x_train [n_train, f], y_train int [n_train], x_test [n_test, f], f <= num_features.
-    """
+    """x_train [n_train, f], y_train int [n_train], x_test [n_test, f] -> the model's rows float32
+    [n_train + n_test, num_features + 1]: the labelled training rows, then the UNLABELLED test rows."""
     f = x_train.shape[1]
     if f > num_features:
         raise ValueError(f"the table has {f} features, more than the {num_features} the model reads; "
@@ -164,34 +139,27 @@ def _table_row(seed: list[int], prior: TablePrior, seq_len: int) -> tuple[np.nda
     return rows, targets
 
 
-def _batch(seeds: list[list[int]], prior: TablePrior, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    rows, targets = zip(*(_table_row(s, prior, seq_len) for s in seeds))
-    return np.stack(rows), np.stack(targets)
-
-
 def batch_at(tokens: Any, *, seed: int, step: int, batch_size: int, seq_len: int, prior: TablePrior,
              host_index: int = 0, host_count: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Training batch `step`: one table of seq_len rows per batch row, drawn from (seed, step, row)
-    only (`tokens` is unused: the task reads no text). Returns (rows float32 [B / hosts, T, F + 1],
-    targets int32 [B / hosts, T])."""
-    rows = range(batch_size)[host_rows(batch_size, host_index, host_count)]
-    return _batch([[seed, step, b] for b in rows], prior, seq_len)
+    """Training batch `step` from (seed, step, row) alone (no text: `tokens` is unused): (rows float32
+    [B / hosts, T, F + 1], targets int32 [B / hosts, T])."""
+    rows, targets = zip(*(_table_row([seed, step, b], prior, seq_len)
+                          for b in range(batch_size)[host_rows(batch_size, host_index, host_count)]))
+    return np.stack(rows), np.stack(targets)
 
 
 def eval_batches(tokens: Any, *, num_batches: int, batch_size: int, seq_len: int, prior: TablePrior,
                  host_index: int = 0, host_count: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Held-out tables: `num_batches` batches as `batch_at` gives them, drawn from (EVAL_SEED, i, row)."""
-    rows = range(batch_size)[host_rows(batch_size, host_index, host_count)]
-    return [_batch([[EVAL_SEED, i, b] for b in rows], prior, seq_len) for i in range(num_batches)]
+    """Held-out tables: `num_batches` batches as `batch_at` gives them, batch i drawn as step i of EVAL_SEED."""
+    return [batch_at(tokens, seed=EVAL_SEED, step=i, batch_size=batch_size, seq_len=seq_len, prior=prior,
+                     host_index=host_index, host_count=host_count) for i in range(num_batches)]
 
 
 # ----------------------------------------------------------------------------- real tables
 
 
 def real_table(name: str, num_features: int, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """One of scikit-learn's bundled tables (REAL_TABLES: iris, wine, breast_cancer) as (features
-    float [n, f], classes int [n]), checked to fit a model of num_features features and num_classes
-    classes. scikit-learn is an optional dependency (the `dev` and `notebooks` extras)."""
+    """A bundled table of scikit-learn (REAL_TABLES), checked to fit the model: (x float [n, f], y int [n])."""
     if name not in REAL_TABLES:
         raise ValueError(f"no bundled table {name!r}; use one of {', '.join(REAL_TABLES)}")
     try:
@@ -205,8 +173,7 @@ def real_table(name: str, num_features: int, num_classes: int) -> tuple[np.ndarr
 
 
 def check_fits(name: str, x: np.ndarray, y: np.ndarray, num_features: int, num_classes: int) -> None:
-    """Raises a ValueError naming the problem and the fix if table `name` (x [n, f], classes y [n])
-    has more features or classes than the model reads, or classes not numbered 0..C-1."""
+    """Raises unless the model reads table `name` (x [n, f], classes y [n] numbered 0..C-1)."""
     f, classes = x.shape[1], np.unique(y)
     if f > num_features:
         raise ValueError(f"table {name!r} has {f} features but the model was trained for at most {num_features}; "

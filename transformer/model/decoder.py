@@ -28,7 +28,7 @@ from transformer.model.attention import Attention, LatentAttention
 from transformer.model.kv_cache import Cache
 from transformer.model.config import ModelConfig
 from transformer.model.inputs import INPUTS
-from transformer.model.linear import Linear, dense_init
+from transformer.model.linear import dense
 from transformer.model.norm import config_norm
 from transformer.model.points import COLLECTION, EDITS, point
 
@@ -71,21 +71,17 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         cfg = self.cfg
-        dense = lambda features, name, output=False: Linear(  # noqa: E731
-            features, use_bias=cfg.use_bias, dtype=cfg.dtype,
-            kernel_init=dense_init(cfg, output), name=name,
-        )
         # Plain autodiff, no jax.checkpoint around the activation: recomputing it in the backward
         # pass kept less memory but, without biases, made XLA:CPU compute its gradient in a strided
         # layout (docs/performance.md, "The MLP's activation"); cfg.remat is the memory knob.
         act = ACTIVATIONS[cfg.activation]
         if cfg.activation == "swiglu":
-            h = act(dense(cfg.mlp_dim, "gate")(x)) * dense(cfg.mlp_dim, "up")(x)
+            h = act(dense(cfg, cfg.mlp_dim, "gate")(x)) * dense(cfg, cfg.mlp_dim, "up")(x)
         else:
-            h = act(dense(cfg.mlp_dim, "fc_in")(x))
+            h = act(dense(cfg, cfg.mlp_dim, "fc_in")(x))
         h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))  # tensor parallel: split by F
         h = point(self, "hidden", h)  # mlp.hidden [B, T, F]
-        return point(self, "output", dense(cfg.d_model, "fc_out", output=True)(h))  # mlp.out [B, T, D]
+        return point(self, "output", dense(cfg, cfg.d_model, "fc_out", output=True)(h))  # mlp.out [B, T, D]
 
 
 class Block(nn.Module):

@@ -61,3 +61,11 @@ def dense_init(cfg: ModelConfig, output: bool = False) -> nn.initializers.Initia
         return nn.initializers.zeros
     std = 0.02 / math.sqrt(2 * cfg.num_layers) if output else 0.02
     return nn.initializers.normal(std)
+
+
+def dense(cfg: ModelConfig, features: int | tuple[int, ...], name: str, output: bool = False,
+          use_bias: bool | None = None) -> Linear:
+    """A projection W [*features, D_in] named `name`, with the config's bias (or `use_bias`), dtype and
+    init (`output`: a projection into the residual stream)."""
+    use_bias = cfg.use_bias if use_bias is None else use_bias
+    return Linear(features, use_bias=use_bias, dtype=cfg.dtype, kernel_init=dense_init(cfg, output), name=name)

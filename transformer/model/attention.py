@@ -155,10 +155,8 @@ class LatentAttention(nn.Module):
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
     def _queries(self, x: Array, positions: Array) -> tuple[Array, Array]:
-        """x [B, T, D] -> (q_nope [B, T, H, K], q_rope [B, T, H, Kr], rotated by `positions`).
-
-        q = W_q x, or with cfg.q_latent_dim a query latent: q = W_UQ RMSNorm(W_DQ x), of width Cq.
-        """
+        """x [B, T, D] -> (q_nope [B, T, H, K], q_rope [B, T, H, Kr] rotated): q = W_q x, or with a query
+        latent of width Cq = cfg.q_latent_dim, q = W_UQ RMSNorm(W_DQ x)."""
         cfg = self.cfg
         h, k_nope, k_r = cfg.num_heads, cfg.head_dim, cfg.rope_head_dim or 0
         if cfg.q_latent_dim:

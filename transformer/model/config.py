@@ -220,8 +220,8 @@ class ModelConfig:
                f"got {self.rope_head_dim}")
 
     def check_resolved(self) -> None:
-        """Raises if dtype or attention_impl is still 'auto': a model computes with concrete values,
-        chosen for the backend once at start-up by transformer.model.execution.resolve_auto."""
+        """Raises if dtype or attention_impl is still 'auto': a model computes with the values that
+        execution.resolve_auto chooses for the backend at start-up."""
         unresolved = [f"{name}='auto'" for name in ("dtype", "attention_impl") if getattr(self, name) == AUTO]
         if unresolved:
             raise ValueError(
@@ -246,14 +246,8 @@ class ModelConfig:
         known = {f.name for f in cls.fields()}
         unknown = sorted(set(fields) - known)
         if unknown:
-            raise ValueError(
-                f"unknown model config field(s) {unknown}; known fields are {sorted(known)}"
-            )
-        missing = sorted(
-            f.name
-            for f in cls.fields()
-            if f.default is dataclasses.MISSING and f.name not in fields
-        )
+            raise ValueError(f"unknown model config field(s) {unknown}; known fields are {sorted(known)}")
+        missing = sorted(f.name for f in cls.fields() if f.default is dataclasses.MISSING and f.name not in fields)
         if missing:
             raise ValueError(f"model config is missing required field(s) {missing}")
         return cls(**fields)

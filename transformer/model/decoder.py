@@ -38,16 +38,11 @@ def gelu_exact(x: Array) -> Array:
     return 0.5 * x * (1.0 + jax.lax.erf(x * 0.7071067811865476))
 
 
-def relu_squared(x: Array) -> Array:
-    """relu(x)^2 (Primer, So et al. 2021; modded-nanogpt's MLP)."""
-    return jnp.square(nn.relu(x))
-
-
 ACTIVATIONS = {
     "gelu": gelu_exact,
     "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
     "relu": nn.relu,
-    "relu2": relu_squared,
+    "relu2": lambda x: jnp.square(nn.relu(x)),  # Primer (So et al. 2021), modded-nanogpt's MLP
     "swiglu": nn.silu,  # applied to the gate of a gated MLP
 }
 

@@ -48,9 +48,8 @@ def zero(cfg: ModelConfig, name: str, *, head: Any = None, position: Any = None,
 
 def mean(cfg: ModelConfig, name: str, values: Array, *, head: Any = None, position: Any = None,
          length: int | None = None) -> Edit:
-    """Mean ablation: the selected part of point `name` replaced by the mean of `values`, the point
-    captured on other inputs ([B, T, ...], or [L, B, T, ...] for blocks.*.NAME), over their batch and
-    tokens (for each head, and for each layer with blocks.*)."""
+    """Mean ablation: the selected part of point `name` replaced by the mean over batch and tokens of
+    `values`, the point captured on other inputs ([B, T, ...], or [L, B, T, ...] for blocks.*.NAME)."""
     axes = point_axes(cfg, name)
     stacked = _layer(name) == "*"
     over = tuple(i + stacked for i, a in enumerate(axes) if a in "bt")
@@ -89,8 +88,8 @@ def ablate_heads(cfg: ModelConfig, head_mask: Array) -> Edit:
 
 
 def selection(cfg: ModelConfig, name: str, head: Any, position: Any, length: int | None) -> Array:
-    """1 where the edit applies, 0 elsewhere, shaped to broadcast against point `name` (no L axis):
-    size 1 on every axis but the heads' (H, when `head` is given) and the tokens' (T, with `position`)."""
+    """1 where the edit applies, 0 elsewhere, broadcasting against point `name` (no L axis): size 1 on
+    every axis but the heads' (H, with `head`) and the tokens' (T, with `position`)."""
     check_editable(cfg, name)
     axes = point_axes(cfg, name)
     select = np.ones([1] * len(axes), np.float32)

@@ -29,10 +29,6 @@ from transformer.model.positions import scheme
 Array = jax.Array
 
 
-def token_example(cfg: ModelConfig, length: int = 1) -> Array:
-    return jnp.zeros((1, length), jnp.int32)
-
-
 def embed_tokens(module: nn.Module, cfg: ModelConfig, tokens: Array, positions: Array | None, cache: Cache | None,
                  deterministic: bool) -> tuple[Array, Array, None]:
     """tokens [B, T] -> x [B, T, D]: E[tokens] (E [V, D], `embed`) plus the position scheme's
@@ -126,5 +122,6 @@ def check_positions(cfg: ModelConfig, positions: Array, cache: Cache | None) -> 
         )
 
 
-TOKENS = types.SimpleNamespace(example=token_example, embed=embed_tokens, logits=vocabulary_logits)
+TOKENS = types.SimpleNamespace(example=lambda cfg, length=1: jnp.zeros((1, length), jnp.int32), embed=embed_tokens,
+                               logits=vocabulary_logits)
 INPUTS = {"tokens": TOKENS, "table": table.ROWS}

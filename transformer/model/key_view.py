@@ -31,9 +31,8 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class KeyView:
-    """positions [B, S_i] and bias [B, 1 or H, T, S_i]: one entry per key segment (cached slots
-    first). kept: the leading cached slots kept for good (R + sinks); shift [B]: how far they move
-    towards the queries, or None."""
+    """positions [B, S_i] and bias [B, 1 or H, T, S_i] per key segment (cached slots first). kept: the
+    leading cached slots kept for good (R + sinks); shift [B]: how far they move, or None."""
 
     positions: list[Array]
     bias: list[Array]

@@ -68,14 +68,13 @@ def slots(layer: LayerCache) -> int:
 
 
 def max_len(cache: Cache) -> int:
-    """S, the positions a cache takes: the fewest slots for real tokens over its full buffers; a cache
-    of rings only takes every position below PAD_POSITION."""
+    """S, the positions a cache takes: its full buffers' fewest slots past the registers (rings only:
+    every position below PAD_POSITION)."""
     return min(PAD_POSITION if c.positions is not None else slots(c) - c.registers for c in cache)
 
 
 def registers_to_run(cfg: ModelConfig, cache: Cache | None) -> int:
-    """R when this call runs the registers through the layers (no cache, or the call that fills an
-    empty one), else 0 (they are read from the cache)."""
+    """R when this call runs the registers (no cache, or filling an empty one), else 0 (they are cached)."""
     return cfg.num_registers if cache is None or not cache[0].registers_written else 0
 
 

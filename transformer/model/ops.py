@@ -131,10 +131,9 @@ def _per_head(at: AttentionPoint, bht: tuple[int, int, int], name: str, x: Array
 
 
 def _group_query_heads(q: Array, masks: list[Array | None], g: int) -> tuple[Array, list[Array | None]]:
-    """q [B, T, H, K] -> [B, T, G, R, K] and masks [B, 1 or H, T, S] -> [B, 1 or G, 1 or R, T, S]:
-    query head h = g R + r meets key head g, as after repeating each key head R times. Multi-head
-    attention keeps q and the masks as they are: a size-1 R axis makes XLA:CPU transpose the scores
-    in the backward pass."""
+    """q [B, T, H, K] -> [B, T, G, R, K] and masks [B, 1 or H, T, S] -> [B, 1 or G, 1 or R, T, S]: query
+    head h = g R + r meets key head g. Multi-head attention keeps them as they are (a size-1 R axis
+    makes XLA:CPU transpose the scores in the backward pass)."""
     b, t, h, d_h = q.shape  # [B, T, H, K]
     if g == h:
         return q, masks
@@ -146,9 +145,8 @@ def _group_query_heads(q: Array, masks: list[Array | None], g: int) -> tuple[Arr
 
 
 def _segment_scores(q: Array, k: Array, mask: Array | None, scale: float, heads_first: bool) -> Array:
-    """One segment's logits q k^T * scale + mask in float32, [B, G, R, T, S] for grouped q
-    [B, T, G, R, K] and k [B, S, G, K], or [B, H, T, S] for multi-head q [B, T, H, K] and k [B, S, H, K]
-    ([B, H, S, K] heads first)."""
+    """One segment's logits q k^T * scale + mask in float32: [B, G, R, T, S] for grouped q [B, T, G, R, K]
+    and k [B, S, G, K], or [B, H, T, S] for q [B, T, H, K] and k [B, S, H, K] ([B, H, S, K] heads first)."""
     f32 = jnp.float32  # the dot products accumulate and come out in float32
     if q.ndim == 5:  # grouped queries
         scores = jnp.einsum("btgrk,bsgk->bgrts", q, k, preferred_element_type=f32)  # [B, G, R, T, S]
@@ -184,9 +182,8 @@ def _joint_softmax(scores: list[Array], sink: Array | None = None, at: Attention
 
 
 def _weigh_values(weights: Array, v: Array, heads_first: bool) -> Array:
-    """One segment's share of the output, its weights times its values, in v's dtype: weights
-    [B, G, R, T, S] with v [B, S, G, Kv] -> [B, T, G, R, Kv]; [B, H, T, S] with v [B, S, H, Kv] (or
-    [B, H, S, Kv] heads first) -> [B, T, H, Kv]."""
+    """One segment's share of the output in v's dtype: weights [B, G, R, T, S] with v [B, S, G, Kv] ->
+    [B, T, G, R, Kv]; [B, H, T, S] with v [B, S, H, Kv] ([B, H, S, Kv] heads first) -> [B, T, H, Kv]."""
     weights = weights.astype(v.dtype)
     if weights.ndim == 5:  # grouped
         return jnp.einsum("bgrts,bsgk->btgrk", weights, v)  # [B, T, G, R, Kv]
@@ -221,8 +218,8 @@ def _fused_attention(q: Array, k: Array, v: Array, mask: Array | None, scale: fl
 
 
 def softmax_saves_output():
-    """A context in which jax.nn.softmax differentiates by dx = y * (g - sum(g * y)): the backward
-    pass keeps the output y [B, H, T, S] alone, not exp's output too. Same values."""
+    """jax.nn.softmax differentiated by dx = y * (g - sum(g * y)): the backward pass keeps the output y
+    alone, not exp's output too."""
     return jax.softmax_custom_jvp(True)
 
 

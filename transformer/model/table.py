@@ -48,8 +48,7 @@ def training_rows(rows: Array) -> Array:
 
 
 def row_order(rows: Array) -> Array:
-    """[B, 1, T, T] additive: 0 where row t sees row s (s a training row, or s = t), else a large
-    negative logit. A test row then reads every training row and no other test row."""
+    """[B, 1, T, T] additive: 0 where row t sees row s (s a training row, or s = t), else a large negative logit."""
     t = rows.shape[1]
     seen = training_rows(rows)[:, None, :] | jnp.eye(t, dtype=bool)[None]  # [B, T, S]
     return jnp.where(seen, 0.0, ops.mask_value())[:, None]

@@ -148,8 +148,7 @@ def encode_prompt(cfg: ModelConfig, tokenizer: Any, prompt: str, new_tokens: int
     return ids
 
 
-# Seeds jax.random.key takes as 64-bit integers; without 64-bit mode JAX keeps their low 32 bits only.
-MAX_SEED = 2**63 - 1
+MAX_SEED = 2**63 - 1  # jax.random.key takes 64-bit seeds; without 64-bit mode it keeps the low 32 bits
 
 
 def check_seed(seed: int) -> int:
@@ -258,8 +257,7 @@ def decode_step(params: dict, cfg: ModelConfig, state: DecodeState, options: Sam
 def decode(params: dict, cfg: ModelConfig, state: DecodeState, num_steps: int, options: SamplingOptions,
            edits: Sequence[Edit] = ()) -> tuple[DecodeState, Array, Array]:
     """`num_steps` decode steps in one `lax.scan` -> (last state, tokens [B, num_steps] int32, emitted
-    [B, num_steps] bool). A scanned stack is unrolled first (`param_tree.unrolled`): a step is bound by
-    reading the weights, which a scan would copy every step."""
+    [B, num_steps] bool). The layers unrolled first: a scan would copy every weight every step."""
     params, cfg = unrolled(params, cfg)
     state, (tokens, emitted) = jax.lax.scan(
         lambda carry, _: decode_step(params, cfg, carry, options, edits), state, length=num_steps
@@ -292,10 +290,8 @@ def generate(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], k
     max_seq_len, unless `sinks` = S >= 0: then past the context at constant memory, every layer
     seeing the first S tokens and the last max_seq_len - S (kv_cache.init_rolling_cache). edits: at
     named points (model/edits.py), at every position, e.g. `ablate_heads`. sampling: SamplingOptions'."""
-    options = SamplingOptions(**sampling)
     edits = list(edits)
-    check_for_sampling(edits, cfg)
-    state = _start(params, cfg, prompts, key, max_new_tokens, options, edits, sinks)
+    state, options = _start(params, cfg, prompts, key, max_new_tokens, sampling, edits, sinks)
     first = state.tokens[:, None]  # the first new token: no row is done before it
     _, rest, emitted = decode(params, cfg, state, max_new_tokens - 1, options, edits)
     tokens = np.asarray(jnp.concatenate([first, rest], axis=1))
@@ -310,8 +306,7 @@ def generate_stream(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[i
     `lax.scan`; the chunks joined equal `generate`'s tokens. Ends once every row has stopped."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
-    options = SamplingOptions(**sampling)
-    state = _start(params, cfg, prompts, key, max_new_tokens, options, sinks=sinks)
+    state, options = _start(params, cfg, prompts, key, max_new_tokens, sampling, sinks=sinks)
     yield np.asarray(state.tokens)[:, None]  # the first token at once: time to first token
     params, cfg = unrolled(params, cfg)  # once for all chunks; see decode
     made = 1
@@ -323,8 +318,11 @@ def generate_stream(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[i
 
 
 def _start(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
-           options: SamplingOptions, edits: Sequence[Edit] = (), sinks: int | None = None) -> DecodeState:
-    """Checks the request, right-pads the prompts to a bucketed length and runs the prefill."""
+           sampling: dict, edits: Sequence[Edit] = (), sinks: int | None = None
+           ) -> tuple[DecodeState, SamplingOptions]:
+    """Checks the request, right-pads the prompts to a bucketed length, runs the prefill -> (state, options)."""
+    options = SamplingOptions(**sampling)
+    check_for_sampling(edits, cfg)
     rows = _check_prompts(cfg, prompts, max_new_tokens, rolling=sinks is not None)
     if sinks is not None:  # the rolling cache refuses learned positions and bad counts by name
         init_rolling_cache(cfg, 1, sinks, dtype="float32")
@@ -337,7 +335,7 @@ def _start(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key
     for b, row in enumerate(rows):
         tokens[b, : len(row)] = row
     lengths = np.array([len(r) for r in rows], np.int32)
-    return prefill(params, cfg, tokens, lengths, row_keys(key, len(rows)), cache_len, options, edits, sinks)
+    return prefill(params, cfg, tokens, lengths, row_keys(key, len(rows)), cache_len, options, edits, sinks), options
 
 
 def _check_prompts(cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int,

@@ -116,8 +116,7 @@ class ModelConfig:
         self._check_mla() if self.attention == "mla" else self._check_mha()
 
     def _fill_derived(self) -> None:
-        """G = H, K = D / H and F = 4 D where left None (frozen, so through object.__setattr__);
-        MLA's v_head_dim is filled by _check_mla."""
+        """G = H, K = D / H and F = 4 D where left None (MLA's v_head_dim: `_check_mla`)."""
         if self.num_kv_heads is None:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
         if self.head_dim is None:

@@ -44,11 +44,9 @@ class KeyView:
         return jnp.concatenate(self.positions, axis=1) if len(self.positions) > 1 else self.positions[0]
 
     def cached_keys(self, cfg, keys: Array, slot_axis: int, rotary: slice = slice(None)) -> Array:
-        """One layer's cached keys as the queries see them: as they lie, except that a rolling layer's
-        kept slots are turned by `shift` when the scheme rotates (RoPE depends on differences only).
-
-        keys: [B, G, slots, K] (slot_axis 2) or MLA's latent [B, slots, C + Kr] (slot_axis 1; rotary:
-        its last Kr features)."""
+        """One layer's cached keys [B, G, slots, K] (slot_axis 2) or MLA's latent [B, slots, C + Kr]
+        (slot_axis 1, rotary: its last Kr features) as the queries see them: a rolling layer's kept
+        slots turned by `shift` when the scheme rotates (RoPE depends on differences only)."""
         rotate = scheme(cfg).rotate
         if self.shift is None or rotate is None:
             return keys

@@ -179,8 +179,7 @@ def ring_slots(positions: Array, size: int, sinks: int = 0, registers: int = 0) 
 
 
 def stacked(cache: Cache) -> LayerCache:
-    """The L layers' caches as one of [L, ...] arrays, as a layer scan (nn.scan) takes them; the
-    layers must be alike (full buffers, or rings of one size)."""
+    """The L layers' caches, alike (full buffers, or rings of one size), as one of [L, ...] arrays for nn.scan."""
     return jax.tree.map(lambda *layers: jnp.stack(layers), *cache)
 
 

@@ -290,8 +290,10 @@ def generate(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], k
     max_seq_len, unless `sinks` = S >= 0: then past the context at constant memory, every layer
     seeing the first S tokens and the last max_seq_len - S (kv_cache.init_rolling_cache). edits: at
     named points (model/edits.py), at every position, e.g. `ablate_heads`. sampling: SamplingOptions'."""
+    options = SamplingOptions(**sampling)
     edits = list(edits)
-    state, options = _start(params, cfg, prompts, key, max_new_tokens, sampling, edits, sinks)
+    check_for_sampling(edits, cfg)
+    state = _start(params, cfg, prompts, key, max_new_tokens, options, edits, sinks)
     first = state.tokens[:, None]  # the first new token: no row is done before it
     _, rest, emitted = decode(params, cfg, state, max_new_tokens - 1, options, edits)
     tokens = np.asarray(jnp.concatenate([first, rest], axis=1))
@@ -306,7 +308,8 @@ def generate_stream(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[i
     `lax.scan`; the chunks joined equal `generate`'s tokens. Ends once every row has stopped."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
-    state, options = _start(params, cfg, prompts, key, max_new_tokens, sampling, sinks=sinks)
+    options = SamplingOptions(**sampling)
+    state = _start(params, cfg, prompts, key, max_new_tokens, options, sinks=sinks)
     yield np.asarray(state.tokens)[:, None]  # the first token at once: time to first token
     params, cfg = unrolled(params, cfg)  # once for all chunks; see decode
     made = 1
@@ -318,11 +321,8 @@ def generate_stream(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[i
 
 
 def _start(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
-           sampling: dict, edits: Sequence[Edit] = (), sinks: int | None = None
-           ) -> tuple[DecodeState, SamplingOptions]:
-    """Checks the request, right-pads the prompts to a bucketed length, runs the prefill -> (state, options)."""
-    options = SamplingOptions(**sampling)
-    check_for_sampling(edits, cfg)
+           options: SamplingOptions, edits: Sequence[Edit] = (), sinks: int | None = None) -> DecodeState:
+    """Checks the request, right-pads the prompts to a bucketed length and runs the prefill."""
     rows = _check_prompts(cfg, prompts, max_new_tokens, rolling=sinks is not None)
     if sinks is not None:  # the rolling cache refuses learned positions and bad counts by name
         init_rolling_cache(cfg, 1, sinks, dtype="float32")
@@ -335,7 +335,7 @@ def _start(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key
     for b, row in enumerate(rows):
         tokens[b, : len(row)] = row
     lengths = np.array([len(r) for r in rows], np.int32)
-    return prefill(params, cfg, tokens, lengths, row_keys(key, len(rows)), cache_len, options, edits, sinks), options
+    return prefill(params, cfg, tokens, lengths, row_keys(key, len(rows)), cache_len, options, edits, sinks)
 
 
 def _check_prompts(cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int,

@@ -127,7 +127,8 @@ def visible(mask: jax.Array) -> np.ndarray:
 def test_the_table_mask_shows_test_rows_every_training_row_and_no_other_test_row():
     train = np.array([[True] * 5 + [False] * 4])  # 5 training rows, 4 test rows
     positions = jnp.arange(9)[None]
-    seen = visible(ops.causal_mask(positions, positions, k_context=jnp.asarray(train)))[0]  # [T, S]
+    rows = jnp.where(jnp.asarray(train)[..., None], 0.0, float(table.UNLABELLED))  # [1, 9, 1]: the label column
+    seen = visible(table.row_order(rows))[0]  # [T, S]
     test = ~train[0]
     assert seen[test][:, train[0]].all(), "a test row sees every training row"
     assert np.array_equal(seen[test][:, test], np.eye(4, dtype=bool)), "and of the test rows only itself"

@@ -7,11 +7,10 @@
     list_points(cfg)                # every name a model of cfg has
     attention_maps(params, cfg, tokens)  # [L, B, H, T, S]: the weights, as above
 
-A name with `*` for the layer asks for every layer, stacked along a leading L axis; a name with a
-layer number asks for that layer. The forward pass is the model's own, with Flax's "intermediates"
-collection made mutable: every point is sown and the ones not asked for are dropped, which under
-jit costs nothing (XLA removes what no output needs). With a cache, the points are this call's:
-prefill the prompt's tokens, a decoding step the new token's (its keys and scores span the cache).
+`*` for the layer asks for every layer, stacked along a leading L axis. The forward pass is the
+model's own with Flax's "intermediates" collection mutable: every point is sown and the ones not
+asked for are dropped, which under jit costs nothing (XLA removes what no output needs). With a
+cache, the points are this call's (a decoding step's keys and scores span the cache).
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax.traverse_util import flatten_dict
 
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
@@ -43,12 +43,9 @@ def list_points(cfg: ModelConfig) -> list[str]:
 
 def capture(params: Any, cfg: ModelConfig, tokens: Array, names: Sequence[str], positions: Array | None = None,
             cache: Cache | None = None, edits: Sequence[Edit] = ()) -> tuple[Array, Cache | None, dict[str, Array]]:
-    """Runs the model on `tokens` [B, T] with `edits` (model/edits.py) and returns (logits [B, T, V],
-    the updated cache or None, {name: array} for each of `names`). Works under jax.jit (cfg and
-    names static). An edited point is captured as edited.
-
-    The registers' rows are left out of every point (T counts the tokens); their keys stay in S.
-    """
+    """The model on `tokens` [B, T] with `edits` (model/edits.py) -> (logits [B, T, V], the updated
+    cache or None, {name: array} for each of `names`, as edited). Works under jax.jit (cfg and names
+    static). The registers' rows are left out of every point (T counts the tokens); their keys stay in S."""
     wanted = list(names)
     known = point_names(cfg)
     for name in wanted:
@@ -73,9 +70,8 @@ def capture(params: Any, cfg: ModelConfig, tokens: Array, names: Sequence[str], 
 
 def attention_maps(params: Any, cfg: ModelConfig, tokens: Array, edits: Sequence[Edit] = (), scores: bool = False
                    ) -> Array:
-    """Every layer's attention weights [L, B, H, T, S_total] (the points blocks.*.attn.pattern; with
-    `scores`, the pre-softmax blocks.*.attn.scores), with `edits` applied: what the attention maps,
-    the explorer and the sink measurements read."""
+    """Every layer's attention weights [L, B, H, T, S_total] (blocks.*.attn.pattern; with `scores`, the
+    pre-softmax blocks.*.attn.scores), with `edits` applied."""
     name = "blocks.*.attn.scores" if scores else "blocks.*.attn.pattern"
     return capture(params, cfg, tokens, [name], edits=edits)[2][name]
 
@@ -98,39 +94,23 @@ def check_name(name: str, cfg: ModelConfig, known: list[str]) -> None:
 
 
 def sown_points(tree: dict, cfg: ModelConfig, registers: int) -> dict[str, Array]:
-    """{point name: array} from the sown "intermediates" tree: layers_{l} (a Python loop) or a
-    stacked `layers` (nn.scan) become blocks.{l}; the registers' rows (the first `registers` along
-    the query axis) are dropped from the layers' points."""
+    """{point name: array} from the sown "intermediates" tree (`sow` keeps a tuple of the values sown,
+    one here): layers_{l} or a stacked `layers` (nn.scan) become blocks.{l}, without the registers'
+    rows (the first `registers` along the layer point's query axis t)."""
     out = {}
-    for path, leaf in flatten(tree):
+    for path, (leaf,) in flatten_dict(tree).items():
         *modules, key = path
         first, name = path[0], ".".join([*modules, PUBLIC.get(key, key)])
         if first == "layers" or first.startswith("layers_"):
             rest = name.split(".", 1)[1]  # the name within a layer, e.g. attn.q
             stacked = first == "layers"  # nn.scan: one array with a leading L axis
+            axis = LAYER[rest].index("t")
             for l in range(cfg.num_layers) if stacked else [int(first.removeprefix("layers_"))]:
-                out[f"blocks.{l}.{rest}"] = drop_registers(leaf[l] if stacked else leaf, rest, registers)
+                value = leaf[l] if stacked else leaf
+                if registers:
+                    value = jax.lax.slice_in_dim(value, registers, value.shape[axis], axis=axis)
+                out[f"blocks.{l}.{rest}"] = value
         else:
             out[name] = leaf
     return out
-
-
-def drop_registers(value: Array, rest: str, registers: int) -> Array:
-    """A layer's point `rest` (e.g. attn.q) without the registers' rows (its query axis, points.LAYER)."""
-    if not registers:
-        return value
-    axis = LAYER[rest].index("t")
-    return jax.lax.slice_in_dim(value, registers, value.shape[axis], axis=axis)
-
-
-def flatten(tree: dict, prefix: tuple = ()) -> list[tuple[tuple[str, ...], Array]]:
-    """(path, array) for every sown value; `sow` keeps a tuple of the values sown (one here)."""
-    items = []
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            items += flatten(value, (*prefix, key))
-        else:
-            (array,) = value
-            items.append(((*prefix, key), array))
-    return items
 

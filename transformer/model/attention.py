@@ -1,10 +1,9 @@
 """Self-attention modules: multi-head / grouped-query attention and multi-head latent attention.
 
-Both take one layer's cache (or None) and return, beside their output, this call's new cache
-entries; the decoder writes those into the cache after the layer stack (kv_cache.write). The keys a
-query sees, and their biases, come from one `key_view.KeyView` (the cached slots, then this call's
-keys): segments that `ops.dot_product_attention` softmaxes together, the lecture's
-softmax(q k^T / sqrt(d_h) + mask) v (`ops.attention`) over their concatenation.
+Both take one layer's cache (or None) and return, beside their output, this call's new cache entries,
+which the decoder writes after the layer stack (kv_cache.write). The keys a query sees and their
+biases come from one `key_view.KeyView` (the cached slots, then this call's keys): segments that
+`ops.dot_product_attention` softmaxes together, the lecture's softmax(q k^T / sqrt(d_h) + mask) v.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from transformer.model import ops
 from transformer.model.config import ModelConfig
 from transformer.model.key_view import KeyView, key_view
 from transformer.model.kv_cache import KVCache, LatentCache
-from transformer.model.linear import Linear, dense_init
+from transformer.model.linear import Linear, dense, dense_init
 from transformer.model.norm import rms_norm_module
 from transformer.model.positions import scheme
 from transformer.model.points import capturing, point, touched
@@ -29,7 +28,7 @@ Array = jax.Array
 
 def attention_point(module: nn.Module, cfg: ModelConfig, view: KeyView, name: str, value: Array) -> Array:
     """`ops.dot_product_attention`'s `at`: the points attn.scores and attn.pattern [B, H, T, S_total
-    (+1)] (edited if asked), and with the pattern the sink's and the registers' shares."""
+    (+1)] (edited if asked), and with the pattern the sink's and the registers' shares [B, H, T]."""
     value = point(module, name, value)
     if name == "pattern" and capturing(module):
         if cfg.attention_sink:
@@ -41,16 +40,14 @@ def attention_point(module: nn.Module, cfg: ModelConfig, view: KeyView, name: st
 
 
 def looking_at(module: nn.Module, cfg: ModelConfig, view: KeyView):
-    """The `at` of `ops.dot_product_attention` when this call captures or edits the scores or the
-    pattern (which only the reference attention computes), else None."""
-    if not touched(module, "scores", "pattern"):
-        return None
-    return functools.partial(attention_point, module, cfg, view)
+    """`attention_point` when this call captures or edits the scores or the pattern (only the
+    reference attention computes them), else None."""
+    return functools.partial(attention_point, module, cfg, view) if touched(module, "scores", "pattern") else None
 
 
 def sink_logit(module: nn.Module, cfg: ModelConfig) -> Array | None:
-    """The [H] learned sink logit per head (cfg.attention_sink), or None. Zero at init: the sink
-    starts as one more key of logit 0 ("softmax plus one"), neutral next to near-zero scores."""
+    """The [H] learned sink logit per head (cfg.attention_sink), or None. Zero at init: one more key of
+    logit 0 ("softmax plus one"), neutral next to near-zero scores."""
     if not cfg.attention_sink:
         return None
     return module.param("sink", nn.initializers.zeros, (cfg.num_heads,), jnp.float32)
@@ -58,11 +55,10 @@ def sink_logit(module: nn.Module, cfg: ModelConfig) -> Array | None:
 
 class Attention(nn.Module):
     """Multi-head attention with learned W_q, W_k, W_v, W_o; G < H key/value heads = grouped-query.
-    
-    x [B, T, D] -> out [B, T, D] and this call's cache entries KVCache(k, v [B, T, G, K]). qk_norm: q
-    and k go through an RMSNorm over K (gains [K] shared by the heads) before RoPE, so the cache holds
-    normalised, rotated keys. window: this layer's sliding window W, or None; order: the input's own
-    order of this call's keys [B, 1, T, T] (model/inputs.py), or None. Both go to the key view."""
+
+    x [B, T, D] -> out [B, T, D] and this call's cache entries KVCache(k, v [B, T, G, K]). window:
+    this layer's sliding window W, or None; order: the input's own order of this call's keys [B, 1, T,
+    T] (model/inputs.py), or None: both go to the key view."""
 
     cfg: ModelConfig
 
@@ -70,16 +66,12 @@ class Attention(nn.Module):
     def __call__(self, x: Array, positions: Array, cached: KVCache | None = None,
                  window: int | Array | None = None, order: Array | None = None) -> tuple[Array, KVCache]:
         cfg = self.cfg
-        dense = lambda heads, name: Linear(  # noqa: E731  W [heads, K, D]
-            (heads, cfg.head_dim), use_bias=cfg.use_bias, dtype=cfg.dtype,
-            kernel_init=dense_init(cfg), name=name,
-        )
-        q = dense(cfg.num_heads, "q")(x)  # [B, T, H, K]
-        k = dense(cfg.num_kv_heads, "k")(x)  # [B, T, G, K]
-        v = dense(cfg.num_kv_heads, "v")(x)  # [B, T, G, K]
+        q = dense(cfg, (cfg.num_heads, cfg.head_dim), "q")(x)  # [B, T, H, K]: W_q [H, K, D]
+        k = dense(cfg, (cfg.num_kv_heads, cfg.head_dim), "k")(x)  # [B, T, G, K]
+        v = dense(cfg, (cfg.num_kv_heads, cfg.head_dim), "v")(x)  # [B, T, G, K]
         q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))  # logical axes (sharding.py)
         k, v = (nn.with_logical_constraint(a, ("batch", "length", "kv_heads", "head_dim")) for a in (k, v))
-        if cfg.qk_norm:  # each head's q and k to RMS 1 over K (gains [K] shared by the heads), then rotated
+        if cfg.qk_norm:  # each head's q and k to RMS 1 over K (gains [K] shared by the heads), before RoPE
             q, k = rms_norm_module(cfg, "q_norm")(q), rms_norm_module(cfg, "k_norm")(k)
         rotate = scheme(cfg).rotate
         if rotate is not None:
@@ -117,14 +109,12 @@ def output_projection(module: nn.Module, cfg: ModelConfig, heads: Array) -> Arra
 
 class LatentAttention(nn.Module):
     """Multi-head latent attention (DeepSeek-V2): keys and values come from a cached latent.
-    
+
     Per token c = RMSNorm(W_DKV x) [C]; head h's key W_UK,h c and value W_UV,h c. With RoPE a rotary
     part of width Kr is added to each query and to one key shared by all heads, so position never
-    passes through W_UK. The cache holds [c, k_rope]. absorb: score against the latent itself,
-    q_h^T W_UK,h c = (W_UK,h^T q_h)^T c, and apply W_UV after the weighted sum, so decoding reads C + Kr
-    numbers per token and layer; None (default): absorbed when decoding from a cache, naive (every key
-    and value up-projected) otherwise. The same function either way.
-    
+    passes through W_UK. The cache holds [c, k_rope]. absorb (`latent_attention`): None (default)
+    when decoding from a cache, naive otherwise; the same function either way.
+
     x [B, T, D] -> out [B, T, D] and LatentCache(latent [B, T, C + Kr]); window, order: as Attention's."""
 
     cfg: ModelConfig
@@ -147,48 +137,33 @@ class LatentAttention(nn.Module):
         w_uv = self.param("v_up", dense_init(cfg), (h, k_v, c_kv), jnp.float32).astype(cfg.dtype)
 
         view = key_view(cfg, positions, cached, window, order)
+        segments = [latent]
         if cached is not None:  # a rolling layer's kept slots turned in their rotary part (Kr features after C)
-            past = view.cached_keys(cfg, cached.latent.astype(latent.dtype), 1, slice(c_kv, None))
-        segments = [latent] if cached is None else [past, latent]
-        masks = view.bias
-        sink = sink_logit(self, cfg)
-        scale = (k_nope + k_r) ** -0.5  # the width of the original query/key dot product
+            segments.insert(0, view.cached_keys(cfg, cached.latent.astype(latent.dtype), 1, slice(c_kv, None)))
         absorb = cached is not None if self.absorb is None else self.absorb
         at = looking_at(self, cfg, view)
-        if absorb:
-            out = absorbed_latent_attention(q_nope, q_rope, segments, w_uk, w_uv, masks, scale=scale, sink=sink, at=at)
-        else:
-            if capturing(self):  # this call's per-head keys and values, as the naive form computes them
-                k_new, v_new = up_project(latent, w_uk, w_uv)
-                point(self, "keys", k_new)
-                point(self, "values", v_new)
-            out = naive_latent_attention(
-                q_nope, q_rope, segments, w_uk, w_uv, masks, scale=scale, sink=sink, at=at,
-                implementation="reference" if cached is not None or at else cfg.attention_impl,
-            )
-        out = output_projection(self, cfg, out)  # [B, T, H, Kv] -> [B, T, D]
-        return out, LatentCache(latent=latent)
-
-    @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
-    def _dense(self, features: int | tuple[int, ...], name: str, bias: bool | None = None) -> Linear:
-        """A projection W [*features, D_in] of this module, named `name` (bias: cfg.use_bias by default)."""
-        cfg = self.cfg
-        bias = cfg.use_bias if bias is None else bias
-        return Linear(features, use_bias=bias, dtype=cfg.dtype, kernel_init=dense_init(cfg), name=name)
+        if not absorb and capturing(self):  # this call's per-head keys and values, as the naive form computes them
+            k_new, v_new = up_project(latent, w_uk, w_uv)
+            point(self, "keys", k_new)
+            point(self, "values", v_new)
+        out = latent_attention(
+            q_nope, q_rope, segments, w_uk, w_uv, view.bias, absorb=absorb, sink=sink_logit(self, cfg), at=at,
+            scale=(k_nope + k_r) ** -0.5,  # the width of the original query/key dot product
+            implementation="reference" if cached is not None or at else cfg.attention_impl,
+        )
+        return output_projection(self, cfg, out), LatentCache(latent=latent)  # [B, T, D]
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
     def _queries(self, x: Array, positions: Array) -> tuple[Array, Array]:
-        """x [B, T, D] -> (q_nope [B, T, H, K], q_rope [B, T, H, Kr], rotated by `positions`).
-
-        q = W_q x, or with cfg.q_latent_dim a query latent: q = W_UQ RMSNorm(W_DQ x), of width Cq.
-        """
+        """x [B, T, D] -> (q_nope [B, T, H, K], q_rope [B, T, H, Kr] rotated): q = W_q x, or with a query
+        latent of width Cq = cfg.q_latent_dim, q = W_UQ RMSNorm(W_DQ x)."""
         cfg = self.cfg
         h, k_nope, k_r = cfg.num_heads, cfg.head_dim, cfg.rope_head_dim or 0
         if cfg.q_latent_dim:
-            q_latent = rms_norm_module(cfg, "q_norm")(self._dense(cfg.q_latent_dim, "q_down")(x))  # [B, T, Cq]
-            q = self._dense((h, k_nope + k_r), "q_up", bias=False)(q_latent)
+            q_latent = rms_norm_module(cfg, "q_norm")(dense(cfg, cfg.q_latent_dim, "q_down")(x))  # [B, T, Cq]
+            q = dense(cfg, (h, k_nope + k_r), "q_up", use_bias=False)(q_latent)
         else:
-            q = self._dense((h, k_nope + k_r), "q")(x)  # [B, T, H, K + Kr]
+            q = dense(cfg, (h, k_nope + k_r), "q")(x)  # [B, T, H, K + Kr]
         q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))  # logical axes (sharding.py)
         q_nope, q_rope = q[..., :k_nope], q[..., k_nope:]
         if k_r:
@@ -201,7 +176,7 @@ class LatentAttention(nn.Module):
         rotary key k_rope [B, T, Kr] shared by all heads, rotated by `positions` (none without RoPE)."""
         cfg = self.cfg
         c_kv, k_r = cfg.kv_latent_dim, cfg.rope_head_dim or 0
-        kv = self._dense(c_kv + k_r, "kv_down")(x)  # [B, T, C + Kr]
+        kv = dense(cfg, c_kv + k_r, "kv_down")(x)  # [B, T, C + Kr]
         latent = rms_norm_module(cfg, "kv_norm")(kv[..., :c_kv])
         if k_r:
             k_rope = ops.rope(kv[:, :, None, c_kv:], positions, cfg.rope_theta)[:, :, 0]
@@ -209,17 +184,25 @@ class LatentAttention(nn.Module):
         return latent
 
 
-def absorbed_latent_attention(
+def latent_attention(
     q_nope: Array, q_rope: Array, segments: list[Array], w_uk: Array, w_uv: Array, masks: list[Array], *,
-    scale: float, sink: Array | None, at: ops.AttentionPoint | None = None,
+    absorb: bool, scale: float, sink: Array | None, implementation: str, at: ops.AttentionPoint | None = None,
 ) -> Array:
-    """MLA scored against the latent: q_h^T W_UK,h c = (W_UK,h^T q_h)^T c, W_UV applied after the
-    weighted sum, so nothing is up-projected per cached token. q_nope [B, T, H, K], q_rope [B, T, H, Kr]
-    (rotated), segments: latents [B, S_i, C + Kr] (cached slots, then this call's), W_UK [H, K, C],
-    W_UV [H, Kv, C], masks: one bias per segment (`key_view`) -> out [B, T, H, Kv]."""
+    """MLA's attention: q_nope [B, T, H, K], q_rope [B, T, H, Kr] (rotated), segments: latents [B, S_i,
+    C + Kr] (cached slots, then this call's), W_UK [H, K, C], W_UV [H, Kv, C], masks: one bias per
+    segment (`key_view`) -> out [B, T, H, Kv].
+
+    Naive: multi-head attention over every token's up-projected key [W_UK,h c, k_rope] and value
+    W_UV,h c. Absorbed: scored against the latent itself, q_h^T W_UK,h c = (W_UK,h^T q_h)^T c, with
+    W_UV applied after the weighted sum, so decoding reads C + Kr numbers per cached token and layer."""
+    if not absorb:
+        ks, vs = zip(*(up_project(s, w_uk, w_uv) for s in segments))  # every token's key and value, every head
+        q = jnp.concatenate([q_nope, q_rope], axis=-1)
+        return ops.dot_product_attention(q, ks, vs, masks, scale=scale, sink=sink, implementation=implementation,
+                                         at=at)[0]
     c_kv = w_uk.shape[-1]
-    # Scores against [c, k_rope] with the query [W_UK^T q_nope, q_rope]: one shared key
-    # head (G = 1) of width C + Kr, and the latent itself as the value.
+    # One shared key head (G = 1) of width C + Kr against the query [W_UK^T q_nope, q_rope]; the latent
+    # itself is the value.
     q_abs = jnp.concatenate([jnp.einsum("bthk,hkc->bthc", q_nope, w_uk), q_rope], axis=-1)
     ks = [s[:, :, None, :] for s in segments]  # [B, S, 1, C + Kr]
     vs = [s[:, :, None, :c_kv] for s in segments]  # [B, S, 1, C]
@@ -236,16 +219,3 @@ def up_project(latent: Array, w_uk: Array, w_uv: Array) -> tuple[Array, Array]:
     k_rot = jnp.broadcast_to(k_rope, (*latent.shape[:2], h, k_rope.shape[-1]))
     return jnp.concatenate([k_n, k_rot], axis=-1), jnp.einsum("bsc,hkc->bshk", c, w_uv)
 
-
-def naive_latent_attention(
-    q_nope: Array, q_rope: Array, segments: list[Array], w_uk: Array, w_uv: Array, masks: list[Array], *,
-    scale: float, sink: Array | None, implementation: str, at: ops.AttentionPoint | None = None,
-) -> Array:
-    """MLA as multi-head attention over every token's up-projected key [W_UK,h c, k_rope] and value
-    W_UV,h c. Arguments as `absorbed_latent_attention`'s -> out [B, T, H, Kv]."""
-    ks, vs = zip(*(up_project(s, w_uk, w_uv) for s in segments))  # every token's key and value, every head
-    out, _ = ops.dot_product_attention(
-        jnp.concatenate([q_nope, q_rope], axis=-1), ks, vs, masks, scale=scale, sink=sink,
-        implementation=implementation, at=at,
-    )
-    return out

@@ -1,9 +1,5 @@
-"""ModelConfig: every architectural choice of the decoder, in one frozen, validated dataclass.
-
-A config file's `model` field (an ml_collections ConfigDict) becomes a ModelConfig through
-`ModelConfig.from_dict`; a wrong field fails here, with a message naming the field and the fix,
-rather than as a shape error deep inside a jitted function.
-"""
+"""ModelConfig: every architectural choice of the decoder, in one frozen dataclass, checked when made:
+a wrong field fails here, naming the field and the fix, not as a shape error inside a jitted function."""
 
 from __future__ import annotations
 
@@ -42,14 +38,7 @@ DERIVED_FIELDS = ("num_kv_heads", "head_dim", "mlp_dim", "v_head_dim")
 class ModelConfig:
     """Hyper-parameters of a decoder-only transformer; each field's comment says what it does.
 
-    Attention: H = num_heads query heads of width K = head_dim and G = num_kv_heads key/value heads
-    (G == H multi-head, 1 < G < H grouped-query, G == 1 multi-query), or attention='mla' (DeepSeek-V2's
-    latent of width kv_latent_dim; with RoPE a decoupled rotary part of width rope_head_dim).
-    Sinks and registers (docs/design.md), the speed-run recipe (qk_norm, relu2, logit_softcap,
-    zero_init_*), sliding windows (attention_window W, with global_every=k every k-th layer global;
-    `layer_windows`) and a table instead of text (inputs='table', model/table.py) are off by default.
-
-    The fields fall in three groups: the architecture (every field above `zero_init_out`: what the
+    Fields fall in three groups: the architecture (every field above `zero_init_out`: what the
     parameters mean), the initialisation (INIT_FIELDS) and the execution (EXECUTION_FIELDS). Fields
     left None are derived (DERIVED_FIELDS); `replace` derives them again unless they were set, so
     cfg.replace(d_model=128) also doubles head_dim and mlp_dim.
@@ -101,115 +90,61 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "derived", frozenset(f for f in DERIVED_FIELDS if getattr(self, f) is None))
-        self._validate_choices()
+        for name, choices in CHOICES.items():
+            _check(getattr(self, name) in choices, f".{name}={getattr(self, name)!r} is not a known choice; "
+                   f"use one of {', '.join(map(repr, choices))}")
         for name in ("vocab_size", "max_seq_len", "d_model", "num_layers", "num_heads"):
             _positive(name, getattr(self, name))
         self._fill_derived()
-        self._validate_heads()
-        self._validate_numbers()
-        self._validate_attention_impl()
-        self._validate_sinks()
-        self._validate_window()
-        self._validate_recipe()
-        self._validate_table()
-        if self.attention == "mla":
-            self._validate_mla()
-        else:
-            self._validate_mha()
-
-    def _validate_choices(self) -> None:
-        """Each field of CHOICES holds one of its choices."""
-        for name, choices in CHOICES.items():
-            if getattr(self, name) not in choices:
-                raise ValueError(
-                    f"ModelConfig.{name}={getattr(self, name)!r} is not a known choice; "
-                    f"use one of {', '.join(map(repr, choices))}"
-                )
+        for name in ("num_kv_heads", "head_dim"):
+            _positive(name, getattr(self, name))
+        _check(_is_count(self.mlp_dim), f".mlp_dim must be a positive integer, or 0 for no MLP; got {self.mlp_dim!r}")
+        _check(self.num_heads % self.num_kv_heads == 0, f": num_heads={self.num_heads} is not divisible by "
+               f"num_kv_heads={self.num_kv_heads}; each key/value head serves the same number of query heads, so "
+               "choose num_kv_heads dividing num_heads")
+        _check(0.0 <= self.dropout < 1.0, f".dropout={self.dropout} must be in [0, 1)")
+        _check(self.norm_eps > 0, f".norm_eps={self.norm_eps} must be positive")
+        _check(self.rope_theta > 0, f".rope_theta={self.rope_theta} must be positive")
+        _check(self.position != "sinusoidal" or self.d_model % 2 == 0,
+               f": sinusoidal positions need an even d_model, got {self.d_model}")
+        _check(self.attention_impl != "cudnn" or self.dtype in ("bfloat16", "float16", AUTO),
+               f": attention_impl='cudnn' (cuDNN's fused attention) runs in bfloat16 or float16, not {self.dtype}; "
+               f"set dtype='bfloat16', or attention_impl='xla' for {self.dtype}")
+        self._check_sinks_and_windows()
+        self._check_recipe()
+        self._check_table()
+        self._check_mla() if self.attention == "mla" else self._check_mha()
 
     def _fill_derived(self) -> None:
-        """G = H, K = D / H and F = 4 D where left None (frozen, so through object.__setattr__);
-        MLA's v_head_dim is filled by _validate_mla."""
+        """G = H, K = D / H and F = 4 D where left None (MLA's v_head_dim: `_check_mla`)."""
         if self.num_kv_heads is None:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
         if self.head_dim is None:
-            if self.d_model % self.num_heads:
-                raise ValueError(
-                    f"ModelConfig: d_model={self.d_model} is not divisible by "
-                    f"num_heads={self.num_heads}; choose num_heads dividing d_model or set head_dim"
-                )
+            _check(self.d_model % self.num_heads == 0, f": d_model={self.d_model} is not divisible by num_heads="
+                   f"{self.num_heads}; choose num_heads dividing d_model or set head_dim")
             object.__setattr__(self, "head_dim", self.d_model // self.num_heads)
         if self.mlp_dim is None:
             object.__setattr__(self, "mlp_dim", 4 * self.d_model)
 
-    def _validate_heads(self) -> None:
-        """G and K positive, F >= 0, and G dividing H (R = H / G query heads per key/value head)."""
-        for name in ("num_kv_heads", "head_dim"):
-            _positive(name, getattr(self, name))
-        if not isinstance(self.mlp_dim, int) or isinstance(self.mlp_dim, bool) or self.mlp_dim < 0:
-            raise ValueError(f"ModelConfig.mlp_dim must be a positive integer, or 0 for no MLP; got {self.mlp_dim!r}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"ModelConfig: num_heads={self.num_heads} is not divisible by "
-                f"num_kv_heads={self.num_kv_heads}; each key/value head serves the same number of "
-                "query heads, so choose num_kv_heads dividing num_heads"
-            )
-
-    def _validate_numbers(self) -> None:
-        """dropout in [0, 1), norm_eps and rope_theta positive; sinusoidal positions need an even D."""
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"ModelConfig.dropout={self.dropout} must be in [0, 1)")
-        if self.norm_eps <= 0:
-            raise ValueError(f"ModelConfig.norm_eps={self.norm_eps} must be positive")
-        if self.rope_theta <= 0:
-            raise ValueError(f"ModelConfig.rope_theta={self.rope_theta} must be positive")
-        if self.position == "sinusoidal" and self.d_model % 2:
-            raise ValueError(
-                f"ModelConfig: sinusoidal positions need an even d_model, got {self.d_model}"
-            )
-
-    def _validate_attention_impl(self) -> None:
-        """cuDNN's fused attention computes in a 16-bit dtype only."""
-        if self.attention_impl == "cudnn" and self.dtype not in ("bfloat16", "float16", AUTO):
-            raise ValueError(
-                f"ModelConfig: attention_impl='cudnn' (cuDNN's fused attention) runs in bfloat16 or "
-                f"float16, not {self.dtype}; set dtype='bfloat16', or attention_impl='xla' for {self.dtype}"
-            )
-
-    def _validate_sinks(self) -> None:
-        if not isinstance(self.attention_sink, bool):
-            raise ValueError(f"ModelConfig.attention_sink must be True or False, got {self.attention_sink!r}")
-        if not isinstance(self.num_registers, int) or isinstance(self.num_registers, bool) or self.num_registers < 0:
-            raise ValueError(
-                f"ModelConfig.num_registers must be an integer >= 0 (0: no registers), got {self.num_registers!r}"
-            )
-        if self.attention_sink and self.attention_impl in ("xla", "cudnn"):
-            raise ValueError(
-                f"ModelConfig: attention_sink=True needs attention_impl='reference' (or 'auto', which "
-                f"chooses it; got {self.attention_impl!r}): jax.nn.dot_product_attention has no sink logit"
-            )
-
-    def _validate_window(self) -> None:
-        """attention_window W >= 0 and global_every k >= 0 integers; k needs a window and k != 1."""
+    def _check_sinks_and_windows(self) -> None:
+        _flag("attention_sink", self.attention_sink)
+        _check(_is_count(self.num_registers), ".num_registers must be an integer >= 0 (0: no registers), got "
+               f"{self.num_registers!r}")
+        _check(not (self.attention_sink and self.attention_impl in ("xla", "cudnn")),
+               ": attention_sink=True needs attention_impl='reference' (or 'auto', which chooses it; got "
+               f"{self.attention_impl!r}): jax.nn.dot_product_attention has no sink logit")
         for name in ("attention_window", "global_every"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"ModelConfig.{name} must be an integer >= 0 (0: off), got {value!r}")
-        if self.global_every and not self.attention_window:
-            raise ValueError(
-                f"ModelConfig: global_every={self.global_every} interleaves global layers with windowed ones, "
-                "but attention_window=0 (no window): set attention_window=W > 0, or global_every=0"
-            )
-        if self.global_every == 1:
-            raise ValueError(
-                "ModelConfig: global_every=1 makes every layer global, so the window is never used; set "
-                "attention_window=0 for full attention, or global_every >= 2 for local layers between global ones"
-            )
-        if self.attention_window and self.num_registers:
-            raise ValueError(
-                f"ModelConfig: num_registers={self.num_registers} with attention_window={self.attention_window} "
-                "is not implemented: registers sit before position 0, outside every window past the first W "
-                "tokens; use attention_sink=True (a learned sink every row sees) or num_registers=0"
-            )
+            _check(_is_count(value), f".{name} must be an integer >= 0 (0: off), got {value!r}")
+        _check(not self.global_every or self.attention_window, f": global_every={self.global_every} interleaves "
+               "global layers with windowed ones, but attention_window=0 (no window): set attention_window=W > 0, "
+               "or global_every=0")
+        _check(self.global_every != 1, ": global_every=1 makes every layer global, so the window is never used; "
+               "set attention_window=0 for full attention, or global_every >= 2 for local layers between global ones")
+        _check(not (self.attention_window and self.num_registers), f": num_registers={self.num_registers} with "
+               f"attention_window={self.attention_window} is not implemented: registers sit before position 0, "
+               "outside every window past the first W tokens; use attention_sink=True (a learned sink every row "
+               "sees) or num_registers=0")
 
     def layer_windows(self) -> tuple[int | None, ...]:
         """Each layer's window: attention_window W for a local layer, None for a global one (all
@@ -217,106 +152,75 @@ class ModelConfig:
         w, k = self.attention_window, self.global_every
         return tuple(None if not w or (k and (i + 1) % k == 0) else w for i in range(self.num_layers))
 
-    def _validate_recipe(self) -> None:
+    def _check_recipe(self) -> None:
         for name in ("qk_norm", "zero_init_out", "zero_init_head"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"ModelConfig.{name} must be True or False, got {getattr(self, name)!r}")
+            _flag(name, getattr(self, name))
         c = self.logit_softcap
-        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 <= c < float("inf"):
-            raise ValueError(
-                f"ModelConfig.logit_softcap must be a finite number >= 0 (the cap c of c * tanh(logits / c); "
-                f"0: no cap), got {c!r}"
-            )
-        if self.qk_norm and self.attention == "mla":
-            raise ValueError(
-                "ModelConfig: qk_norm=True is implemented for attention='mha' only: MLA decodes by scoring "
-                "queries against the cached latent through W_UK (absorbed), which a norm of the "
-                "up-projected keys would break; MLA already normalises its latents (kv_norm, q_norm). "
-                "Set qk_norm=False or attention='mha'"
-            )
-        if self.zero_init_head and self.tie_embeddings:
-            raise ValueError(
-                "ModelConfig: zero_init_head=True needs an untied head (tie_embeddings=False): tied logits "
-                "use the token embedding matrix, which must not start at zero"
-            )
+        _check(not isinstance(c, bool) and isinstance(c, (int, float)) and 0.0 <= c < float("inf"),
+               ".logit_softcap must be a finite number >= 0 (the cap c of c * tanh(logits / c); 0: no cap), "
+               f"got {c!r}")
+        _check(not (self.qk_norm and self.attention == "mla"), ": qk_norm=True is implemented for attention='mha' "
+               "only: MLA decodes by scoring queries against the cached latent through W_UK (absorbed), which a "
+               "norm of the up-projected keys would break; MLA already normalises its latents (kv_norm, q_norm). "
+               "Set qk_norm=False or attention='mha'")
+        _check(not (self.zero_init_head and self.tie_embeddings), ": zero_init_head=True needs an untied head "
+               "(tie_embeddings=False): tied logits use the token embedding matrix, which must not start at zero")
 
-    def _validate_table(self) -> None:
+    def _check_table(self) -> None:
         """inputs='table' needs F >= 1 and C >= 2, and none of the options that read token order or ids."""
         for name in ("num_features", "num_classes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"ModelConfig.{name} must be an integer >= 0, got {value!r}")
+            _check(_is_count(getattr(self, name)), f".{name} must be an integer >= 0, got {getattr(self, name)!r}")
         if self.inputs == "tokens":
-            if self.num_features or self.num_classes:
-                raise ValueError("ModelConfig: num_features and num_classes are read with inputs='table' only; "
-                                 "set inputs='table' or leave them 0")
+            _check(not (self.num_features or self.num_classes), ": num_features and num_classes are read with "
+                   "inputs='table' only; set inputs='table' or leave them 0")
             return
-        if self.num_features < 1 or self.num_classes < 2:
-            raise ValueError(f"ModelConfig: inputs='table' needs num_features >= 1 and num_classes >= 2 (got "
-                             f"{self.num_features} and {self.num_classes}): the widest table the model will read")
+        _check(self.num_features >= 1 and self.num_classes >= 2, ": inputs='table' needs num_features >= 1 and "
+               f"num_classes >= 2 (got {self.num_features} and {self.num_classes}): the widest table the model "
+               "will read")
         refused = {"position": (self.position != "none", "a table's rows are a set: set position='none'"),
                    "tie_embeddings": (self.tie_embeddings, "rows have no token embedding to tie: set "
                                       "tie_embeddings=False"),
                    "num_registers": (self.num_registers, "set num_registers=0"),
                    "attention_window": (self.attention_window, "rows have no order to window: set attention_window=0")}
         for name, (bad, fix) in refused.items():
-            if bad:
-                raise ValueError(f"ModelConfig: inputs='table' does not take {name}={getattr(self, name)!r}; {fix}")
+            _check(not bad, f": inputs='table' does not take {name}={getattr(self, name)!r}; {fix}")
 
     @property
     def row_width(self) -> int:
         """A table row's input width, F + 1: the features, then the label (model/table.py)."""
         return self.num_features + 1
 
-    def _validate_mha(self) -> None:
+    def _check_mha(self) -> None:
         """MHA / GQA / MQA: no MLA field is set, and RoPE rotates pairs of the K features of a head."""
         for name in ("kv_latent_dim", "q_latent_dim", "rope_head_dim", "v_head_dim"):
-            if getattr(self, name) is not None:
-                raise ValueError(
-                    f"ModelConfig.{name} is only used with attention='mla'; remove it or set "
-                    "attention='mla'"
-                )
-        if self.position == "rope" and self.head_dim % 2:
-            raise ValueError(
-                f"ModelConfig: RoPE rotates pairs of features, so head_dim must be even; got "
-                f"head_dim={self.head_dim}"
-            )
+            _check(getattr(self, name) is None, f".{name} is only used with attention='mla'; remove it or set "
+                   "attention='mla'")
+        _check(self.position != "rope" or self.head_dim % 2 == 0, ": RoPE rotates pairs of features, so head_dim "
+               f"must be even; got head_dim={self.head_dim}")
 
-    def _validate_mla(self) -> None:
-        if self.kv_latent_dim is None:
-            raise ValueError("ModelConfig: attention='mla' needs kv_latent_dim (the cached latent width)")
+    def _check_mla(self) -> None:
+        _check(self.kv_latent_dim is not None, ": attention='mla' needs kv_latent_dim (the cached latent width)")
         _positive("kv_latent_dim", self.kv_latent_dim)
         if self.q_latent_dim is not None:
             _positive("q_latent_dim", self.q_latent_dim)
-        if self.num_kv_heads != self.num_heads:
-            raise ValueError(
-                "ModelConfig: MLA shares one latent across all heads, so num_kv_heads does not apply; "
-                f"leave it unset (got num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads})"
-            )
+        _check(self.num_kv_heads == self.num_heads, ": MLA shares one latent across all heads, so num_kv_heads "
+               f"does not apply; leave it unset (got num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads})")
         if self.v_head_dim is None:
             object.__setattr__(self, "v_head_dim", self.head_dim)
         _positive("v_head_dim", self.v_head_dim)
-        if self.position == "rope":
-            if self.rope_head_dim is None:
-                raise ValueError(
-                    "ModelConfig: MLA with position='rope' needs rope_head_dim, the width of the "
-                    "decoupled rotary part of queries and of the shared rotary key"
-                )
-            _positive("rope_head_dim", self.rope_head_dim)
-            if self.rope_head_dim % 2:
-                raise ValueError(
-                    f"ModelConfig: RoPE rotates pairs of features, so rope_head_dim must be even; "
-                    f"got {self.rope_head_dim}"
-                )
-        elif self.rope_head_dim is not None:
-            raise ValueError(
-                f"ModelConfig.rope_head_dim is only used with position='rope' (got position="
-                f"{self.position!r}); remove it"
-            )
+        if self.position != "rope":
+            _check(self.rope_head_dim is None, f".rope_head_dim is only used with position='rope' (got position="
+                   f"{self.position!r}); remove it")
+            return
+        _check(self.rope_head_dim is not None, ": MLA with position='rope' needs rope_head_dim, the width of the "
+               "decoupled rotary part of queries and of the shared rotary key")
+        _positive("rope_head_dim", self.rope_head_dim)
+        _check(self.rope_head_dim % 2 == 0, ": RoPE rotates pairs of features, so rope_head_dim must be even; "
+               f"got {self.rope_head_dim}")
 
     def check_resolved(self) -> None:
-        """Raises if dtype or attention_impl is still 'auto': a model computes with concrete values,
-        chosen for the backend once at start-up by transformer.model.execution.resolve_auto."""
+        """Raises if dtype or attention_impl is still 'auto': a model computes with the values that
+        execution.resolve_auto chooses for the backend at start-up."""
         unresolved = [f"{name}='auto'" for name in ("dtype", "attention_impl") if getattr(self, name) == AUTO]
         if unresolved:
             raise ValueError(
@@ -341,14 +245,8 @@ class ModelConfig:
         known = {f.name for f in cls.fields()}
         unknown = sorted(set(fields) - known)
         if unknown:
-            raise ValueError(
-                f"unknown model config field(s) {unknown}; known fields are {sorted(known)}"
-            )
-        missing = sorted(
-            f.name
-            for f in cls.fields()
-            if f.default is dataclasses.MISSING and f.name not in fields
-        )
+            raise ValueError(f"unknown model config field(s) {unknown}; known fields are {sorted(known)}")
+        missing = sorted(f.name for f in cls.fields() if f.default is dataclasses.MISSING and f.name not in fields)
         if missing:
             raise ValueError(f"model config is missing required field(s) {missing}")
         return cls(**fields)
@@ -367,9 +265,8 @@ class ModelConfig:
         return [k for k in mine if mine[k] != theirs[k]]
 
     def architecture_differences(self, other: "ModelConfig") -> list[str]:
-        """The architecture fields (all but INIT_FIELDS and EXECUTION_FIELDS) that differ, in field
-        order: empty when `other` gives the same parameters the same meaning (it may still start or
-        compute them otherwise)."""
+        """The architecture fields that differ: empty when `other` gives the same parameters the same
+        meaning (it may still start or compute them otherwise)."""
         return [k for k in self.differences(other) if k not in _NOT_ARCHITECTURE]
 
     def replace(self, **changes: Any) -> "ModelConfig":
@@ -378,6 +275,20 @@ class ModelConfig:
         return ModelConfig(**{**fields, **changes})
 
 
+def _check(ok: Any, message: str) -> None:
+    """Raises ValueError("ModelConfig" + message) unless `ok`: the message names the field and the fix."""
+    if not ok:
+        raise ValueError("ModelConfig" + message)
+
+
+def _is_count(value: Any) -> bool:
+    """An integer >= 0 (a bool or a float is no count)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _positive(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
+    _check(_is_count(value) and value > 0, f".{name} must be a positive integer, got {value!r}")
+
+
+def _flag(name: str, value: Any) -> None:
+    _check(isinstance(value, bool), f".{name} must be True or False, got {value!r}")

@@ -7,13 +7,9 @@
     logits = head(norm(x))                      (the final norm only with pre-norm)
     [logits = c tanh(logits / c)]               (logit_softcap = c > 0)
 
-mlp_dim=0 leaves out each block's MLP line (and its norm): attention-only blocks.
-num_registers=R > 0 puts R learned register rows before the tokens' x (at positions -R..-1) and
-drops them before the final norm: they give no logits.
-
-`Decoder.__call__` is that forward pass, over an input kind (model/inputs.py: token ids -> vocabulary
-logits, a table's rows -> class logits); its helpers below it hold the mechanics: the registers and
-`_layers` (an nn.scan or a Python loop).
+mlp_dim=0 leaves out each block's MLP line: attention-only blocks. num_registers=R > 0 puts R learned
+rows before the tokens' x (at positions -R..-1), dropped before the final norm: they give no logits.
+The input kind (model/inputs.py) embeds token ids or a table's rows and gives their logits.
 """
 
 from __future__ import annotations
@@ -21,14 +17,13 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from transformer.model import kv_cache
 from transformer.model.attention import Attention, LatentAttention
 from transformer.model.kv_cache import Cache
 from transformer.model.config import ModelConfig
 from transformer.model.inputs import INPUTS
-from transformer.model.linear import Linear, dense_init
+from transformer.model.linear import dense
 from transformer.model.norm import config_norm
 from transformer.model.points import COLLECTION, EDITS, point
 
@@ -38,63 +33,46 @@ NO_WINDOW = kv_cache.PAD_POSITION
 
 
 def gelu_exact(x: Array) -> Array:
-    """GELU x * Phi(x), as 0.5 x (1 + erf(x / sqrt(2))) (PyTorch's formula).
-
-    The same function as nn.gelu(x, approximate=False), which uses erfc; XLA:CPU expands erfc into
-    two branches with an exp, erf into one rational polynomial, which is faster (docs/performance.md).
-    """
+    """GELU x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2))): nn.gelu(x, approximate=False) uses erfc, which
+    XLA:CPU expands into two branches with an exp, erf into one faster polynomial (docs/performance.md)."""
     return 0.5 * x * (1.0 + jax.lax.erf(x * 0.7071067811865476))
-
-
-def relu_squared(x: Array) -> Array:
-    """relu(x)^2 (Primer, So et al. 2021; modded-nanogpt's MLP)."""
-    return jnp.square(nn.relu(x))
 
 
 ACTIVATIONS = {
     "gelu": gelu_exact,
     "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
     "relu": nn.relu,
-    "relu2": relu_squared,
+    "relu2": lambda x: jnp.square(nn.relu(x)),  # Primer (So et al. 2021), modded-nanogpt's MLP
     "swiglu": nn.silu,  # applied to the gate of a gated MLP
 }
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward network: [B, T, D] -> [B, T, F] -> [B, T, D].
-
-    activation='swiglu' is gated: W_down (silu(W_gate x) * W_up x); otherwise W_out act(W_in x).
-    """
+    """Position-wise feed-forward network [B, T, D] -> [B, T, F] -> [B, T, D]: W_out act(W_in x), or
+    gated with activation='swiglu': W_down (silu(W_gate x) * W_up x)."""
 
     cfg: ModelConfig
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
         cfg = self.cfg
-        dense = lambda features, name, output=False: Linear(  # noqa: E731
-            features, use_bias=cfg.use_bias, dtype=cfg.dtype,
-            kernel_init=dense_init(cfg, output), name=name,
-        )
-        # Plain autodiff, no jax.checkpoint around the activation: recomputing it in the backward
-        # pass kept less memory but, without biases, made XLA:CPU compute its gradient in a strided
-        # layout (docs/performance.md, "The MLP's activation"); cfg.remat is the memory knob.
+        # No jax.checkpoint around the activation: without biases it made XLA:CPU compute the gradient in a
+        # strided layout (docs/performance.md); cfg.remat is the memory knob.
         act = ACTIVATIONS[cfg.activation]
         if cfg.activation == "swiglu":
-            h = act(dense(cfg.mlp_dim, "gate")(x)) * dense(cfg.mlp_dim, "up")(x)
+            h = act(dense(cfg, cfg.mlp_dim, "gate")(x)) * dense(cfg, cfg.mlp_dim, "up")(x)
         else:
-            h = act(dense(cfg.mlp_dim, "fc_in")(x))
+            h = act(dense(cfg, cfg.mlp_dim, "fc_in")(x))
         h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))  # tensor parallel: split by F
         h = point(self, "hidden", h)  # mlp.hidden [B, T, F]
-        return point(self, "output", dense(cfg.d_model, "fc_out", output=True)(h))  # mlp.out [B, T, D]
+        return point(self, "output", dense(cfg, cfg.d_model, "fc_out", output=True)(h))  # mlp.out [B, T, D]
 
 
 class Block(nn.Module):
     """One decoder layer: attention and MLP, each with a residual add and a norm (mlp_dim=0: no MLP).
-    
     x [B, T, D] -> x [B, T, D] and this layer's new cache entries, as (carry, outputs) for `nn.scan`.
-    window: the layer's sliding window W or None; in a scanned stack of local and global layers the
-    traced `layer_window` instead (NO_WINDOW for a global layer). order: the input's own order of this
-    call's keys [B, 1, T, T] (model/inputs.py), or None: causal."""
+    window: W or None; in a scanned stack of local and global layers the traced `layer_window`
+    (NO_WINDOW for a global layer). order: the input's own order of keys [B, 1, T, T], or None."""
 
     cfg: ModelConfig
     deterministic: bool = True
@@ -126,24 +104,15 @@ class Block(nn.Module):
 
 class Decoder(nn.Module):
     """A decoder-only transformer language model.
-    
-    __call__(tokens [B, T], positions [B, T] = None, cache = None, deterministic = True)
+
+    __call__(tokens [B, T], positions [B, T] = None (0..T-1), cache = None, deterministic = True)
       -> (logits [B, T, V] float32, updated cache or None)
-    
-    Its named points (model/points.py) can be captured (analysis/capture.py) and edited
-    (model/edits.py). Registers (num_registers = R) sit at positions -R..-1, before every row: R more
-    keys first (with a cache, its R leading slots, written by the call that fills it); the tokens keep
-    their positions (0..T-1 by default) and their logits. With a cache, this call's keys and values go
-    to slots `positions` and each token sees the cached slots before its row's first position plus
-    this call's tokens up to itself: prefill (T tokens) and decoding (T = 1) are one code path, and rows
-    may sit at different positions. Padding at kv_cache.PAD_POSITION is seen by no token and written
-    nowhere.
-    
-    Out-of-range inputs (a token id outside [0, vocab_size), a position past max_seq_len or the cache,
-    model/inputs.py): known ones raise a ValueError naming the id or position; under jit a row's logits
-    are NaN from its first bad token on, its earlier positions and the other rows unchanged (a bad
-    id is looked up clipped, so nothing non-finite enters the attention); its cache entries are still
-    written from the clipped id, so validate ids before a jitted call."""
+
+    With a cache, this call's keys and values go to slots `positions` and each token sees the cached
+    slots before its row's first position plus this call's tokens up to itself: prefill and decoding
+    are one code path, and rows may sit at different positions. Padding at kv_cache.PAD_POSITION is
+    seen by no token and written nowhere. Out-of-range ids or positions raise a ValueError when known;
+    under jit a row's logits are NaN from its first bad token on (model/inputs.py)."""
 
     cfg: ModelConfig
 
@@ -160,9 +129,7 @@ class Decoder(nn.Module):
         kind = INPUTS[cfg.inputs]  # token ids -> vocabulary logits, or a table's rows -> class logits
         x, positions, order = kind.embed(self, cfg, tokens, positions, cache, deterministic)  # [B, T, D], [B, T]
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))  # logical axes (sharding.py)
-        # Registers go through the layers in the cache-free forward and in the call that fills an
-        # empty cache; later calls read their keys and values from the cache.
-        r = kv_cache.registers_to_run(cfg, cache)
+        r = kv_cache.registers_to_run(cfg, cache)  # R without a cache or filling an empty one, else 0
         x_all, positions_all = self._prepend_registers(x, positions) if r else (x, positions)  # [B, R + T, ...]
         x, new = self._layers(x_all, positions_all, cache, deterministic, order)
         x = x[:, r:]  # [B, T, D]: the registers give no logits
@@ -189,13 +156,11 @@ class Decoder(nn.Module):
     def _layers(
         self, x: Array, positions: Array, cache: Cache | None, deterministic: bool, order: Array | None = None
     ) -> tuple[Array, Cache | None]:
-        """x [B, T, D] through the L blocks -> (x [B, T, D], a tuple of the L layers' new cache entries,
-        or None).
-        
-        scan_layers: one `nn.scan` over a block whose params (and points and edits) have a leading L axis
-        (`layers`), else a Python loop over layers_0 ... layers_{L-1}. In a scan over local and global
-        layers the window is a scanned input [L], so one layer still compiles; such a stack's cache (rings
-        and full buffers) does not stack, so it is read unrolled (`param_tree.unrolled`)."""
+        """x [B, T, D] through the L blocks -> (x [B, T, D], the L layers' new cache entries or None).
+
+        scan_layers: one `nn.scan` over a block whose params, points and edits have a leading L axis
+        (`layers`), else a Python loop over layers_0 ... layers_{L-1}. Over local and global layers the
+        scan takes the windows [L] as an input, so one layer still compiles."""
         cfg = self.cfg
         block = nn.remat(Block) if cfg.remat else Block
         windows = cfg.layer_windows()
@@ -226,8 +191,7 @@ class Decoder(nn.Module):
 
 
 def example_input(cfg: ModelConfig, length: int = 1) -> Array:
-    """Zeros a model of `cfg` reads, to build its parameters: tokens int32 [1, length], or a table's
-    rows float32 [1, length, F + 1] (cfg.inputs='table')."""
+    """Zeros a model of `cfg` reads, to build its parameters: tokens [1, length] or table rows."""
     return INPUTS[cfg.inputs].example(cfg, length)
 
 

@@ -1,13 +1,11 @@
 """Edits at named points: the model run with chosen activations changed, under jit and in the sampler.
 
-An edit changes one named point (model/points.py) by value -> scale * value + add, which is every
-edit of the interpretability literature: zero ablation (`zero`), mean ablation (`mean`), activation
-patching (`patch`), steering (`steer`) and a head mask [L, H] at attn.z (`ablate_heads`). Each
-selects by layer (blocks.3.attn.z, or blocks.*.attn.z for all), head and position (this call's
-tokens, not the registers). An `Edit` is a pytree of two arrays with a leading L axis for a layer's
-point (1 where all layers are alike), so a grid of edits can be vmapped through one compile
-(analysis/patching.py) and the scanned and unrolled stacks take the same edits; edits of one point
-compose in order (`compose`).
+An edit changes one named point (model/points.py) by value -> scale * value + add: zero ablation
+(`zero`), mean ablation (`mean`), activation patching (`patch`), steering (`steer`), a head mask
+[L, H] at attn.z (`ablate_heads`), each selecting by layer (blocks.3.attn.z, or blocks.*.attn.z),
+head and position (this call's tokens). An `Edit` is a pytree of two arrays with a leading L axis
+for a layer's point (1 where all layers are alike), so a grid of edits can be vmapped through one
+compile and both layer layouts take the same edits; edits of one point compose in order.
 
     logits, cache = run(params, cfg, tokens, [zero(cfg, "blocks.1.attn.z", head=3)])
 """
@@ -50,9 +48,8 @@ def zero(cfg: ModelConfig, name: str, *, head: Any = None, position: Any = None,
 
 def mean(cfg: ModelConfig, name: str, values: Array, *, head: Any = None, position: Any = None,
          length: int | None = None) -> Edit:
-    """Mean ablation: the selected part of point `name` replaced by the mean of `values`, the point
-    captured on other inputs ([B, T, ...], or [L, B, T, ...] for blocks.*.NAME), over their batch and
-    tokens (for each head, and for each layer with blocks.*)."""
+    """Mean ablation: the selected part of point `name` replaced by the mean over batch and tokens of
+    `values`, the point captured on other inputs ([B, T, ...], or [L, B, T, ...] for blocks.*.NAME)."""
     axes = point_axes(cfg, name)
     stacked = _layer(name) == "*"
     over = tuple(i + stacked for i, a in enumerate(axes) if a in "bt")
@@ -80,8 +77,8 @@ def steer(cfg: ModelConfig, name: str, vector: Array, *, position: Any = None, l
 
 
 def ablate_heads(cfg: ModelConfig, head_mask: Array) -> Edit:
-    """What `head_mask` [L, H] was: head h of layer l scaled by head_mask[l, h] at attn.z (1 keeps
-    it, 0 switches it off), at every position, in every call (prefill and decoding alike)."""
+    """Head h of layer l scaled by head_mask[l, h] [L, H] at attn.z (1 keeps it, 0 switches it off),
+    at every position, in every call (prefill and decoding alike)."""
     head_mask = jnp.asarray(head_mask, jnp.float32)
     if head_mask.shape != (cfg.num_layers, cfg.num_heads):
         raise ValueError(f"head_mask has shape {head_mask.shape}; this model needs [L, H] = "
@@ -91,8 +88,8 @@ def ablate_heads(cfg: ModelConfig, head_mask: Array) -> Edit:
 
 
 def selection(cfg: ModelConfig, name: str, head: Any, position: Any, length: int | None) -> Array:
-    """1 where the edit applies, 0 elsewhere, shaped to broadcast against point `name` (no L axis):
-    size 1 on every axis but the heads' (H, when `head` is given) and the tokens' (T, with `position`)."""
+    """1 where the edit applies, 0 elsewhere, broadcasting against point `name` (no L axis): size 1 on
+    every axis but the heads' (H, with `head`) and the tokens' (T, with `position`)."""
     check_editable(cfg, name)
     axes = point_axes(cfg, name)
     select = np.ones([1] * len(axes), np.float32)
@@ -110,8 +107,8 @@ def selection(cfg: ModelConfig, name: str, head: Any, position: Any, length: int
 
 
 def at_layer(cfg: ModelConfig, name: str, scale: Array, add: Array, stacked: bool = False) -> Edit:
-    """An Edit of `name` from scale and add shaped as the point (`stacked`: either may already be
-    [L, ...]): a layer's point is held for every layer, identity (scale 1, add 0) outside the named layer."""
+    """An Edit of `name` from scale and add shaped as the point (`stacked`: either may be [L, ...]),
+    held for every layer: identity (scale 1, add 0) outside the named layer."""
     if name in TOP:
         return Edit(name, scale, add)
     layer, rest = _layer(name), name.split(".", 2)[2]
@@ -137,11 +134,9 @@ def compose(edits: Sequence[Edit]) -> dict[str, tuple[Array, Array]]:
 
 
 def variables(cfg: ModelConfig, edits: Sequence[Edit], cache: Cache | None = None) -> dict:
-    """The "edits" collection for `Decoder.apply`: {module path: {sown key: (scale, add)}}, per
-    layer for the unrolled stack (layers_{l}) or stacked [L, ...] for the scanned one (layers).
-
-    A position-selected edit of a layer's point gets identity rows for the registers (which run
-    first in the call that fills the cache, or in a forward without one), so positions count tokens."""
+    """The "edits" collection for `Decoder.apply`: {module path: {sown key: (scale, add)}}, per layer
+    (layers_{l}) or stacked [L, ...] (a scanned `layers`). A position-selected edit gets identity rows
+    for the registers when they run, so positions count tokens."""
     tree: dict = {}
     r = registers_to_run(cfg, cache)
     for name, (scale, add) in compose(edits).items():
@@ -179,12 +174,12 @@ def check_editable(cfg: ModelConfig, name: str) -> None:
     if name in TOP:
         return
     layer = _layer(name)
-    if layer is None or name.split(".", 2)[2] not in layer_points(cfg):
+    rest = None if layer is None else name.split(".", 2)[2]
+    if rest not in layer_points(cfg):
         raise ValueError(f"{name!r} is not a point of this model; transformer.analysis.capture.list_points(cfg) "
                          "lists them (blocks.{l}.NAME or blocks.*.NAME for a layer's point)")
     if layer != "*" and int(layer) >= cfg.num_layers:
         raise ValueError(f"{name!r}: the model has layers 0..{cfg.num_layers - 1}")
-    rest = name.split(".", 2)[2]
     if rest in CAPTURE_ONLY or (cfg.attention == "mla" and rest in ("attn.k", "attn.v")):
         raise ValueError(f"{name!r} is computed for a capture alone and cannot be edited; edit attn.z (a head's "
                          "output), attn.pattern (the weights) or, for MLA's keys and values, attn.latent")

@@ -1,15 +1,13 @@
-"""What the decoder reads and what it gives back: token ids -> vocabulary logits (here), or a table's
-rows -> class logits (model/table.py), chosen by ModelConfig.inputs through `INPUTS`.
-
-An input kind has three functions, called by the Decoder with itself as `module` (so that their
-parameters sit where they always have: embed, pos_embed, head, row_embed):
+"""What the decoder reads and gives back: token ids -> vocabulary logits (here), or a table's rows ->
+class logits (model/table.py), chosen by ModelConfig.inputs through `INPUTS`. An input kind has three
+functions, called with the Decoder as `module` (so their parameters sit at its top level):
 
     example(cfg, length)                                  zeros of the input's shape, to build params
     embed(module, cfg, data, positions, cache, det)   ->  x [B, T, D], positions [B, T], order
     logits(module, cfg, h, data, positions, cache)    ->  [B, T, V or C] float32 (the point `logits`)
 
-`order` is the input's own rule of which of this call's keys each query sees, an additive bias
-[B, 1, T, T] that replaces the causal mask in every layer (the key view), or None: causal.
+`order`: the input's own rule of which of this call's keys each query sees, an additive [B, 1, T, T]
+in place of the causal mask in every layer, or None: causal.
 """
 
 from __future__ import annotations
@@ -29,10 +27,6 @@ from transformer.model.points import point
 from transformer.model.positions import scheme
 
 Array = jax.Array
-
-
-def token_example(cfg: ModelConfig, length: int = 1) -> Array:
-    return jnp.zeros((1, length), jnp.int32)
 
 
 def embed_tokens(module: nn.Module, cfg: ModelConfig, tokens: Array, positions: Array | None, cache: Cache | None,
@@ -56,12 +50,12 @@ def embed_tokens(module: nn.Module, cfg: ModelConfig, tokens: Array, positions: 
 
 def vocabulary_logits(module: nn.Module, cfg: ModelConfig, h: Array, tokens: Array, positions: Array,
                       cache: Cache | None) -> Array:
-    """h [B, T, D] -> logits [B, T, V] float32: h E^T with tied embeddings, else a head W [V, D];
-    soft-capped at cfg.logit_softcap when it is > 0. A row is NaN from its first out-of-range input on."""
+    """h [B, T, D] -> logits [B, T, V] float32: h E^T with tied embeddings, else a head W [V, D], then
+    soft-capped (cfg.logit_softcap > 0). A row is NaN from its first out-of-range input on."""
     h = nan_from_out_of_range(cfg, h, tokens, positions, cache)  # [B, T, D]: jit's stand-in for the checks
     if cfg.tie_embeddings:
-        # h E^T, contracting E's rows in place: Flax's embed.attend transposes E first, and
-        # XLA:CPU then fuses the final norm into a slow loop over E (docs/performance.md).
+        # E's rows contracted in place: embed.attend transposes E, and XLA:CPU then fuses the final norm
+        # into a slow loop over E (docs/performance.md).
         embedding = module.variables["params"]["embed"]["embedding"]  # E [V, D], made by embed_tokens
         logits = jnp.einsum("btd,vd->btv", h, embedding.astype(cfg.dtype))
     else:
@@ -74,14 +68,9 @@ def vocabulary_logits(module: nn.Module, cfg: ModelConfig, h: Array, tokens: Arr
 
 
 def nan_from_out_of_range(cfg: ModelConfig, x: Array, tokens: Array, positions: Array, cache: Cache | None) -> Array:
-    """x [B, T, D] with NaN from each row's first out-of-range input on, so all its logits are NaN.
-
-    Under jit check_tokens and check_positions cannot run: what they would reject gets a NaN hidden
-    state (D numbers per token rather than V logits): a token id outside [0, vocab_size), or a
-    position at or past the context (max_seq_len) or the cache (S slots: the write is dropped).
-    Positions increase along a row, so every later token of the row attends to it; earlier ones
-    and other rows do not. tokens, positions: [B, T] integers.
-    """
+    """x [B, T, D] with NaN from each row's first out-of-range input on (an id outside [0, V), a
+    position past `position_limit`): under jit the checks cannot run. Later tokens of the row attend
+    to it, earlier ones and other rows do not. tokens, positions: [B, T] integers."""
     t = tokens.shape[1]
     bad = (tokens < 0) | (tokens >= cfg.vocab_size) | (positions >= position_limit(cfg, cache))
     index = jnp.arange(t)
@@ -106,9 +95,8 @@ def check_tokens(cfg: ModelConfig, tokens: Array) -> None:
 
 
 def position_limit(cfg: ModelConfig, cache: Cache | None) -> int:
-    """The first position a call may not use: the context (max_seq_len) or the cache's slots; a cache
-    of rings only (every layer windowed, or `init_rolling_cache`) rolls past the context when the
-    position scheme is relative."""
+    """The first position a call may not use: the context or the cache's slots; a cache of rings only
+    rolls past the context when the position scheme is relative."""
     if cache is None:
         return cfg.max_seq_len
     if kv_cache.max_len(cache) >= kv_cache.PAD_POSITION and scheme(cfg).relative:
@@ -134,5 +122,6 @@ def check_positions(cfg: ModelConfig, positions: Array, cache: Cache | None) -> 
         )
 
 
-TOKENS = types.SimpleNamespace(example=token_example, embed=embed_tokens, logits=vocabulary_logits)
+TOKENS = types.SimpleNamespace(example=lambda cfg, length=1: jnp.zeros((1, length), jnp.int32), embed=embed_tokens,
+                               logits=vocabulary_logits)
 INPUTS = {"tokens": TOKENS, "table": table.ROWS}

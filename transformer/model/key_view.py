@@ -1,23 +1,17 @@
 """What a query sees: the keys of one attention call, segment by segment, with their additive biases.
 
-Every attention kind (MHA / GQA / MQA, MLA in both forms) reads one `KeyView`, built here once per call:
+Every attention kind (MHA / GQA / MQA, MLA in both forms) reads one `KeyView`, built once per call.
+Its segments: this layer's cached slots (registers first; a ring's in slot order), then this call's
+keys; per segment the positions [B, S_i] (registers -R..-1, an empty slot PAD_POSITION) and the bias
+[B, 1 or H, T, S_i]: 0 where query t sees key s, a large negative value where not, plus the position
+scheme's score bias. Query t sees key s iff pos_s <= pos_t, with a window W also pos_t - pos_s < W
+unless s is kept for good (sinks, registers); a cached slot only if filled before this call. An input
+may bring its own order of this call's keys instead (`order`: a table's rows).
 
-    segments    the cached slots of this layer (registers first; a ring's slots in slot order), if a
-                cache is given, then this call's keys
-    positions   [B, S_i] the position each key holds: registers -R..-1, an empty slot PAD_POSITION
-    bias        [B, 1 or H, T, S_i] additive logits: 0 where query t sees key s, a large negative
-                value where it does not, plus the position scheme's score bias (positions.py)
-
-Query t sees key s (`ops.causal_mask`) iff pos_s <= pos_t; with a window W also pos_t - pos_s < W,
-unless s is kept for good (a rolling cache's sinks, the registers); a cached slot only if filled
-before this call (slots at or after the row's first new position are rewritten by it). An input
-may bring its own order of this call's keys instead (`order`: a table's rows, model/table.py).
-
-A rolling layer with sinks or registers (kv_cache.init_rolling_cache) numbers its cache as
-StreamingLLM does once a query q runs past sinks + window - 1: the keys kept for good move `shift` =
-q - (sinks + window - 1) towards it, so sink i sits at distance sinks + window - 1 - i and the rolling
-keys keep their true distances. A relative scheme reads those positions: RoPE turns the kept keys by
-`shift` (`KeyView.cached_keys`), a score bias measures from them.
+A rolling layer with sinks or registers numbers its cache as StreamingLLM does once a query q runs
+past sinks + W - 1: the keys kept for good move `shift` = q - (sinks + W - 1) towards it, so the
+rolling keys keep their true distances. RoPE turns the kept keys by `shift` (`cached_keys`), a score
+bias measures from the shifted positions.
 """
 
 from __future__ import annotations
@@ -37,9 +31,8 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class KeyView:
-    """positions [B, S_i] and bias [B, 1 or H, T, S_i]: one entry per key segment (cached slots
-    first). kept: the leading cached slots kept for good (R + sinks); shift [B]: how far they move
-    towards the queries, or None."""
+    """positions [B, S_i] and bias [B, 1 or H, T, S_i] per key segment (cached slots first). kept: the
+    leading cached slots kept for good (R + sinks); shift [B]: how far they move, or None."""
 
     positions: list[Array]
     bias: list[Array]
@@ -51,11 +44,9 @@ class KeyView:
         return jnp.concatenate(self.positions, axis=1) if len(self.positions) > 1 else self.positions[0]
 
     def cached_keys(self, cfg, keys: Array, slot_axis: int, rotary: slice = slice(None)) -> Array:
-        """One layer's cached keys as the queries see them: as they lie, except that a rolling layer's
-        kept slots are turned by `shift` when the scheme rotates (RoPE depends on differences only).
-
-        keys: [B, G, slots, K] (slot_axis 2) or MLA's latent [B, slots, C + Kr] (slot_axis 1; rotary:
-        its last Kr features)."""
+        """One layer's cached keys [B, G, slots, K] (slot_axis 2) or MLA's latent [B, slots, C + Kr]
+        (slot_axis 1, rotary: its last Kr features) as the queries see them: a rolling layer's kept
+        slots turned by `shift` when the scheme rotates (RoPE depends on differences only)."""
         rotate = scheme(cfg).rotate
         if self.shift is None or rotate is None:
             return keys
@@ -75,17 +66,11 @@ def slot_positions(cached: LayerCache, batch: int) -> Array:
     return jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32) - cached.registers, (batch, slots))
 
 
-def ring_window(cached: LayerCache) -> tuple[int, int]:
-    """(window, sinks) of one layer's ring: its slots roll over the last `window` positions and keep
-    the first `sinks` and the R registers for good; a local layer's ring is its W slots (no sinks)."""
-    return cached.positions.shape[1] - cached.registers - cached.sinks, cached.sinks
-
-
 def key_view(cfg, positions: Array, cached: LayerCache | None = None, window: int | Array | None = None,
              order: Array | None = None) -> KeyView:
-    """The keys this call's queries at `positions` [B, T] see, in one layer whose cache is `cached`
-    (or None) and whose sliding window is `window` (None: none). order: [B, 1, T, T] additive, the
-    input's own order of this call's keys in place of the causal mask (read without a cache)."""
+    """The keys this call's queries at `positions` [B, T] see, in one layer whose cache is `cached` (or
+    None) and whose sliding window is `window` (or None). order: [B, 1, T, T] additive, the input's own
+    order of this call's keys in place of the causal mask (read without a cache)."""
     sinks = None
     kept, shift = 0, None
     segments = []  # (positions, valid or None), cached slots first
@@ -94,8 +79,8 @@ def key_view(cfg, positions: Array, cached: LayerCache | None = None, window: in
             raise ValueError("an input with its own order of keys (a table's rows) is read in one forward "
                              "pass, without a KV cache; pass cache=None")
         slots = slot_positions(cached, positions.shape[0])
-        if cached.positions is not None:  # a ring: its window and the slots it keeps for good
-            window, ring_sinks = ring_window(cached)
+        if cached.positions is not None:  # a ring: it rolls over its last `window` positions, keeps the rest
+            window, ring_sinks = cached.positions.shape[1] - cached.registers - cached.sinks, cached.sinks
             if ring_sinks or cached.registers:
                 sinks, kept = ring_sinks, cached.registers + ring_sinks
                 last = jnp.where(positions < PAD_POSITION, positions, -1).max(axis=1)  # [B]

@@ -1,18 +1,14 @@
 """The KV cache: a tuple of per-layer caches, passed into the decoder and returned updated (a pytree).
 
-Each layer's cache is a KVCache, keys and values [B, G, S, K] (heads first: each head's [S, K] keys
-contiguous, scored as they lie), or MLA's LatentCache [B, S, C + Kr]. The layers only read their
-cache and return this call's entries; `write` then scatters them into the buffers, which XLA does in
-place inside a jitted `lax.scan` (see `write`), so a decode step never copies the cache. One buffer
-per layer, not one stacked [L, ...] array: XLA:CPU copied a stacked array's layer slice before each
-attention dot, every step (docs/performance.md, "KV-cache layout").
+A layer's cache is a KVCache, keys and values [B, G, S, K] (heads first: each head's keys scored as
+they lie), or MLA's LatentCache [B, S, C + Kr]. The layers only read it; `write` then scatters this
+call's entries in place. One buffer per layer, not one stacked [L, ...] array: XLA:CPU copied a
+stacked array's layer slice before each attention dot, every step (docs/performance.md).
 
-A full buffer holds position p in slot p, so a row's slots below its position are filled and rows
-of a ragged batch may sit at different positions. A ring (a sliding-window layer's W slots, or a
-rolling cache's) holds p in slot p mod W and records each slot's position (`positions`); padding
-must then sit at PAD_POSITION (the sampler puts it there). R register tokens take R leading slots
-at positions -R..-1; the call that fills an empty cache writes them once (`registers_written`, a
-static field).
+A full buffer holds position p in slot p (rows of a ragged batch may sit at different positions). A
+ring (a sliding-window layer's W slots, or a rolling cache's) holds p in slot p mod W and records
+each slot's position; padding must then sit at PAD_POSITION. R register tokens take R leading slots
+at positions -R..-1, written once by the call that fills an empty cache (`registers_written`).
 """
 
 from __future__ import annotations
@@ -33,10 +29,9 @@ PAD_POSITION = 2**30
 
 @flax.struct.dataclass
 class KVCache:
-    """One layer's keys and values of multi-head / grouped-query attention: k, v [B, G, R + S, K]
-    (a layer's new entries: [B, T, G, K]). positions: a ring's record [B, R + S] of the position each
-    slot holds, or None (slot = position + R). sinks: how many slots after the registers a ring keeps
-    for good, positions 0..sinks-1 (`init_rolling_cache`)."""
+    """One layer's keys and values: k, v [B, G, R + S, K] (a layer's new entries: [B, T, G, K]).
+    positions: a ring's record [B, R + S] of the position each slot holds, or None (slot = position +
+    R). sinks: the slots after the registers a ring keeps for good, positions 0..sinks-1."""
 
     k: Array
     v: Array
@@ -48,9 +43,8 @@ class KVCache:
 
 @flax.struct.dataclass
 class LatentCache:
-    """One layer's cache of multi-head latent attention: latent [B, R + S, C + Kr], the normalised
-    key/value latent c (C = kv_latent_dim) then the rotated rotary key (Kr = rope_head_dim, 0 without
-    RoPE); a layer's new entries: [B, T, C + Kr]. positions, sinks: as KVCache's."""
+    """One layer's cache of latent attention: latent [B, R + S, C + Kr], the latent c then the rotated
+    rotary key (Kr: 0 without RoPE); new entries [B, T, C + Kr]. positions, sinks: as KVCache's."""
 
     latent: Array
     positions: Array | None = None
@@ -74,21 +68,22 @@ def slots(layer: LayerCache) -> int:
 
 
 def max_len(cache: Cache) -> int:
-    """S, the positions a cache takes: the fewest slots for real tokens over its full buffers; a cache
-    of rings only takes every position below PAD_POSITION."""
+    """S, the positions a cache takes: its full buffers' fewest slots past the registers (rings only:
+    every position below PAD_POSITION)."""
     return min(PAD_POSITION if c.positions is not None else slots(c) - c.registers for c in cache)
 
 
 def registers_to_run(cfg: ModelConfig, cache: Cache | None) -> int:
-    """R when this call runs the registers through the layers (no cache, or the call that fills an
-    empty one), else 0 (they are read from the cache)."""
+    """R when this call runs the registers (no cache, or filling an empty one), else 0 (they are cached)."""
     return cfg.num_registers if cache is None or not cache[0].registers_written else 0
 
 
-def _empty(cfg: ModelConfig, batch: int, size: int, dtype: jnp.dtype, ring: bool, sinks: int = 0) -> LayerCache:
+def _empty(cfg: ModelConfig, batch: int, size: int, dtype: str | None, ring: bool, sinks: int = 0) -> LayerCache:
     """One layer's empty cache of `size` slots (zeros), with a ring's record (all PAD_POSITION but the
-    registers' -R..-1) when `ring`."""
-    r = cfg.num_registers
+    registers' -R..-1) when `ring`; dtype None: cfg.dtype."""
+    if dtype is None:
+        cfg.check_resolved()
+    dtype, r = jnp.dtype(dtype or cfg.dtype), cfg.num_registers
     record = None
     if ring:
         record = jnp.full((batch, size), PAD_POSITION, jnp.int32).at[:, :r].set(jnp.arange(-r, 0, dtype=jnp.int32))
@@ -103,26 +98,15 @@ def _empty(cfg: ModelConfig, batch: int, size: int, dtype: jnp.dtype, ring: bool
     return KVCache(k=zeros(shape, axes), v=zeros(shape, axes), positions=record, registers=r, sinks=sinks)
 
 
-def _dtype(cfg: ModelConfig, dtype: str | None) -> jnp.dtype:
-    if dtype is None:
-        cfg.check_resolved()
-    return jnp.dtype(dtype or cfg.dtype)
-
-
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: str | None = None) -> Cache:
-    """An empty cache for `batch_size` rows of up to `max_len` positions (zeros; nothing is valid yet).
-
-    Size max_len to what a generation needs (prompt + new tokens), not to the model's context:
-    every decode step attends over all max_len slots. With registers the buffers hold R more
-    slots, before the tokens' (max_len counts real tokens only). A local layer (cfg.layer_windows)
-    gets a ring of W slots, whatever max_len, its record starting at PAD_POSITION (empty).
-    """
+    """An empty cache for `batch_size` rows of up to `max_len` positions: R + max_len slots per global
+    layer, a ring of W per local one. Size max_len to what a generation needs (prompt + new tokens),
+    not to the context: every decode step attends over all its slots."""
     if max_len > cfg.max_seq_len:
         raise ValueError(
             f"cache max_len={max_len} exceeds the model's context max_seq_len={cfg.max_seq_len}; "
             "use a shorter cache (prompt length + new tokens)"
         )
-    dtype = _dtype(cfg, dtype)
     r = cfg.num_registers
     return tuple(_empty(cfg, batch_size, r + max_len if w is None else w, dtype, ring=w is not None)
                  for w in cfg.layer_windows())
@@ -131,17 +115,11 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: str | Non
 def init_rolling_cache(cfg: ModelConfig, batch_size: int, sinks: int = 0, dtype: str | None = None) -> Cache:
     """A cache of constant size for generating past the context (StreamingLLM, Xiao et al. 2023).
 
-    Every global layer is a ring of max_seq_len slots whose first `sinks` slots keep positions
-    0..S-1 for good (the attention sinks) while the other M = max_seq_len - S roll over the last M
-    positions; a local layer keeps its ring of W; the R registers keep their slots in front. A query
-    sees at most max_seq_len keys in every layer, the context it was trained with, however far the
-    generation runs. Positions past max_seq_len are then allowed; each query sees the sinks at the
-    distance StreamingLLM's in-cache positions give (model/key_view.py).
-
-    Only for a relative position scheme (positions.SCHEMES): an absolute one is added into the
-    token's vector before the first layer, so every cached key holds its absolute position and no
-    position past max_seq_len exists (learned) or was trained (sinusoidal).
-    """
+    Every global layer is a ring of R + max_seq_len slots whose first `sinks` S slots keep positions
+    0..S-1 for good while the other max_seq_len - S roll; a local layer keeps its ring of W. A query so
+    sees at most max_seq_len keys, the context it was trained with, however far the generation runs
+    (model/key_view.py places the sinks). Only for a relative position scheme: an absolute one puts
+    each position into the token's vector, and none past max_seq_len exists or was trained."""
     if not scheme(cfg).relative:
         relative = " or ".join(repr(name) for name, s in SCHEMES.items() if s.relative)
         raise ValueError(
@@ -151,22 +129,18 @@ def init_rolling_cache(cfg: ModelConfig, batch_size: int, sinks: int = 0, dtype:
         )
     if not 0 <= sinks < cfg.max_seq_len:
         raise ValueError(f"sinks must be in [0, max_seq_len={cfg.max_seq_len}), got {sinks}")
-    dtype, r = _dtype(cfg, dtype), cfg.num_registers
+    r = cfg.num_registers
     return tuple(_empty(cfg, batch_size, r + cfg.max_seq_len, dtype, ring=True, sinks=sinks) if w is None
                  else _empty(cfg, batch_size, w, dtype, ring=True) for w in cfg.layer_windows())
 
 
 def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None) -> Cache:
-    """Writes this call's entries into their slots, layer by layer.
-    
-    Args:
-      cache: per layer KVCache [B, G, R + S, K] or LatentCache [B, R + S, C + Kr].
-      new: this call's entries, per layer KVCache [B, T, G, K] or LatentCache [B, T, C + Kr].
-      positions: [B, T] (registers -R..-1, padding PAD_POSITION): to slot position + R, or a ring's
-        `ring_slots`; out-of-range slots are dropped (the decoder reports them).
-      after: an array computed from every layer's read (the decoder's final hidden state). Adding
-        0 * one of its elements makes XLA order every read before the write and update the cache in
-        place; without it XLA copies the whole cache twice per decode step."""
+    """This call's entries `new` (per layer [B, T, G, K] or [B, T, C + Kr]) written into `cache` at
+    positions [B, T]: slot position + R, or a ring's `ring_slots`; out-of-range slots are dropped.
+
+    after: an array computed from every layer's read (the decoder's final hidden state). Adding 0 * one
+    of its elements makes XLA order every read before the write and update the cache in place; without
+    it XLA copies the whole cache twice per decode step."""
     zero = None if after is None else 0.0 * after.reshape(-1)[0]
     rows = jnp.arange(positions.shape[0])[:, None]  # [B, 1], broadcasts against positions [B, T]
 
@@ -190,12 +164,10 @@ def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None
 
 
 def ring_slots(positions: Array, size: int, sinks: int = 0, registers: int = 0) -> Array:
-    """[B, T] positions -> [B, T] slots in a ring of `size` slots whose first `sinks` slots hold
-    positions 0..sinks-1 for good: position p < sinks in slot p; a later one in slot sinks + (p -
-    sinks) mod (size - sinks) if it is among its row's last size - sinks positions (padding, at
-    PAD_POSITION, excluded); `size` (out of range: dropped) for the rest, so that no two kept
-    entries share a slot. sinks=0: slot p mod size. R registers (positions -R..-1) take the first R
-    slots, and every other slot moves up by R."""
+    """[B, T] positions -> [B, T] slots in a ring of `size` slots: R registers (positions -R..-1) first,
+    then position p < sinks in slot R + p for good, a later one in slot R + sinks + (p - sinks) mod M
+    (M = size - R - sinks) if among its row's last M real positions, else `size` (dropped), so that
+    no two kept entries share a slot."""
     rolling = size - registers - sinks  # slots that roll
     real = positions < PAD_POSITION
     last = jnp.max(jnp.where(real, positions, -1), axis=1, keepdims=True)  # [B, 1]
@@ -207,8 +179,7 @@ def ring_slots(positions: Array, size: int, sinks: int = 0, registers: int = 0) 
 
 
 def stacked(cache: Cache) -> LayerCache:
-    """The L layers' caches as one of [L, ...] arrays, as a layer scan (nn.scan) takes them; the
-    layers must be alike (full buffers, or rings of one size)."""
+    """The L layers' caches, alike (full buffers, or rings of one size), as one of [L, ...] arrays for nn.scan."""
     return jax.tree.map(lambda *layers: jnp.stack(layers), *cache)
 
 
@@ -219,15 +190,12 @@ def per_layer(stack: LayerCache, num_layers: int) -> Cache:
 
 def kv_cache_bytes_per_token(cfg: ModelConfig, dtype: str | None = None) -> int:
     """Bytes of cache one token costs over every layer, in `dtype` (default cfg.dtype): L * 2 * G * K
-    values (MHA / GQA / MQA: a key and a value per key/value head), or L * (C + Kr) (MLA: the latent and
-    the shared rotary key). A cache of B rows and S slots takes B * S times this."""
+    values (a key and a value per key/value head), or L * (C + Kr) (MLA's latent)."""
     if dtype is None:
         cfg.check_resolved()
     itemsize = jnp.dtype(dtype or cfg.dtype).itemsize
-    if cfg.attention == "mla":
-        values = cfg.kv_latent_dim + (cfg.rope_head_dim or 0)
-    else:
-        values = 2 * cfg.num_kv_heads * cfg.head_dim
+    mla = cfg.attention == "mla"
+    values = cfg.kv_latent_dim + (cfg.rope_head_dim or 0) if mla else 2 * cfg.num_kv_heads * cfg.head_dim
     return cfg.num_layers * values * itemsize
 
 
@@ -239,9 +207,8 @@ def kv_cache_bytes(cfg: ModelConfig, length: int, dtype: str | None = None) -> i
 
 
 def describe_cache_size(cfg: ModelConfig, sinks: int | None = None) -> str:
-    """The KV cache's size in words, for the model line of sample.py: bytes per token, and with
-    windows what stays bounded past W; with `sinks` (generation past the context) the rolling
-    cache's constant size."""
+    """The KV cache's size in words for sample.py: bytes per token, with windows what stays bounded past
+    W, with `sinks` (generation past the context) the rolling cache's constant size."""
     per_token = kv_cache_bytes_per_token(cfg)
     if sinks is not None:
         rolling = jax.eval_shape(lambda: init_rolling_cache(cfg, 1, sinks))  # shapes only, nothing allocated
@@ -259,8 +226,7 @@ def describe_cache_size(cfg: ModelConfig, sinks: int | None = None) -> str:
 
 
 def measured_bytes_per_token(cache: Cache) -> float:
-    """Cache bytes per token measured on the pytree: all its bytes / (B * slots), registers' included
-    (a cache without ring layers: with them, see `measured_bytes`)."""
+    """Cache bytes per token measured on a cache without rings: all its bytes / (B * slots)."""
     batch = jax.tree.leaves(cache)[0].shape[0]
     return measured_bytes(cache) / float(batch * (cache[0].registers + max_len(cache)))
 

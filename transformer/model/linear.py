@@ -1,9 +1,6 @@
-"""Linear maps y = W x + b, with W stored [out, in] as the lecture writes it (q_i = W_q h_i).
-
-Flax's nn.Dense stores the transpose, [in, out]. The choice matters for decoding: one token at a
-time, every step reads every weight once in a matrix-vector product, and XLA:CPU reads [out, in]
-weights faster there (docs/performance.md, "Weight layout"); training runs at the same speed either
-way. It is also PyTorch's layout, so Hugging Face checkpoints load without transposes.
+"""Linear maps y = W x + b, with W stored [out, in] as the lecture writes it (q_i = W_q h_i), not
+nn.Dense's [in, out]: decoding's matrix-vector products read [out, in] weights faster on XLA:CPU
+(docs/performance.md), and it is PyTorch's layout, so Hugging Face checkpoints load without transposes.
 """
 
 from __future__ import annotations
@@ -21,13 +18,8 @@ Array = jax.Array
 
 
 class Linear(nn.Module):
-    """x [..., *in_shape] -> y [..., *features]: y = W x + b over the last `in_axes` axes of x.
-
-    features: the output shape, an int or a tuple ((H, K) for per-head projections).
-    in_axes: how many trailing axes of x the map reads (2 for W_o, which reads [H, K]).
-    Parameters (float32, cast to `dtype` for the product): kernel W [*features, *in_shape],
-    bias b [*features].
-    """
+    """x [..., *in_shape] -> y [..., *features] = W x + b over the last `in_axes` axes of x (2 for W_o,
+    which reads [H, K]). W [*features, *in_shape] and b [*features] float32, cast to `dtype` per use."""
 
     features: int | tuple[int, ...]
     in_axes: int = 1
@@ -61,3 +53,11 @@ def dense_init(cfg: ModelConfig, output: bool = False) -> nn.initializers.Initia
         return nn.initializers.zeros
     std = 0.02 / math.sqrt(2 * cfg.num_layers) if output else 0.02
     return nn.initializers.normal(std)
+
+
+def dense(cfg: ModelConfig, features: int | tuple[int, ...], name: str, output: bool = False,
+          use_bias: bool | None = None) -> Linear:
+    """A projection W [*features, D_in] named `name`, with the config's bias (or `use_bias`), dtype and
+    init (`output`: a projection into the residual stream)."""
+    use_bias = cfg.use_bias if use_bias is None else use_bias
+    return Linear(features, use_bias=use_bias, dtype=cfg.dtype, kernel_init=dense_init(cfg, output), name=name)

@@ -1,6 +1,5 @@
-"""Norm: the Flax module around ops.layer_norm / ops.rms_norm, with optional gain and bias, and
-the two ways a model builds one from its config: `config_norm` (the blocks' and final norms) and
-`rms_norm_module` (qk_norm's and MLA's latent norms, always RMSNorm)."""
+"""Norm: the module around ops.layer_norm / ops.rms_norm, and the two ways a model builds one from its
+config: `config_norm` (the blocks' and final norms) and `rms_norm_module` (qk_norm's and MLA's)."""
 
 from __future__ import annotations
 
@@ -14,10 +13,8 @@ from transformer.model.points import point
 
 
 class Norm(nn.Module):
-    """Layer norm or RMSNorm over the last axis, with an optional learned gain ('scale') and bias.
-
-    kind: 'layernorm' or 'rmsnorm' (RMSNorm never has a bias). Maps [..., D] -> [..., D].
-    """
+    """Layer norm or RMSNorm (never a bias) over the last axis, [..., D] -> [..., D], with an optional
+    learned gain ('scale') and bias."""
 
     kind: str = "layernorm"
     use_scale: bool = True

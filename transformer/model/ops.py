@@ -1,11 +1,9 @@
 """Pure functions of the transformer: masks, attention, norms and positions, logit soft-capping.
+Arrays in, arrays out, so each can be called, tested and plotted on its own; the modules hold the
+parameters and call these.
 
-Nothing here holds parameters or state: every function takes arrays and returns arrays, so each
-can be called, tested and plotted on its own (the notebooks do). The Flax modules in
-`attention.py` and `decoder.py` own the parameters and call these.
-
-Axis letters (see docs/design.md): B batch, T query length, S key length, D model width, H query heads,
-G key/value heads, K head width (d_h), R = H // G query heads per key/value head.
+Axes: B batch, T query length, S key length, D model width, H query heads, G key/value heads, K head
+width (d_h), R = H // G query heads per key/value head.
 """
 
 from __future__ import annotations
@@ -20,9 +18,8 @@ Array = jax.Array
 # f(name, value) -> value: how a caller sees and edits the attention's "scores" and "pattern".
 AttentionPoint = Callable[[str, Array], Array]
 
-# A large *finite* negative logit. -inf would turn a fully masked row into 0/0 = NaN; a finite
-# value gives that row a uniform (and ignorable) distribution instead. Masks are added to float32
-# scores; `mask_value` gives the right size for a narrower dtype.
+# A large *finite* negative logit: -inf would turn a fully masked row into 0/0 = NaN, a finite value
+# gives it a uniform (ignorable) distribution; `mask_value` sizes it for a narrower dtype.
 MASK_VALUE = -1e9
 
 
@@ -32,32 +29,14 @@ def mask_value(dtype: jnp.dtype = jnp.float32) -> float:
     return lowest / 2 if lowest > MASK_VALUE else MASK_VALUE
 
 
-def causal_mask(
-    q_positions: Array,
-    k_positions: Array,
-    k_valid: Array | None = None,
-    dtype: jnp.dtype = jnp.float32,
-    window: int | Array | None = None,
-    sinks: int | None = None,
-    k_context: Array | None = None,
-) -> Array:
-    """Additive causal mask from explicit positions: key s is visible to query t iff pos_s <= pos_t,
-    and with a window W also pos_t - pos_s < W (Mistral's band: the query and the W - 1 keys before
-    it) or pos_s < sinks (kept visible: StreamingLLM's sinks, and the registers at negative positions).
-    With k_context [B, S] bool (a table's training rows, the lecture's drawing of model/table.py's
-    order) key s is visible iff it is a context key or pos_s == pos_t.
-    
-    Args:
-      q_positions: [B, T]; k_positions: [B, S] (for a cache: each slot's position).
-      k_valid: optional [B, S] bool, False for slots that hold nothing yet.
-      window: W > 0 (an int, or a traced scalar in a scanned stack), or None. sinks: None, or the
-        positions below it stay visible past the window.
-    Returns:
-      [B, 1, T, S] in `dtype`: 0 where allowed, a large finite negative value elsewhere."""
-    if k_context is None:
-        allowed = k_positions[:, None, :] <= q_positions[:, :, None]  # [B, T, S]: the causal order
-    else:  # [B, T, S]: the context keys, and each query itself
-        allowed = k_context[:, None, :] | (k_positions[:, None, :] == q_positions[:, :, None])
+def causal_mask(q_positions: Array, k_positions: Array, k_valid: Array | None = None,
+                dtype: jnp.dtype = jnp.float32, window: int | Array | None = None, sinks: int | None = None) -> Array:
+    """Additive causal mask from positions q [B, T] and k [B, S] -> [B, 1, T, S]: 0 where key s is
+    visible to query t, pos_s <= pos_t, else a large finite negative value. With a window W (an int, or
+    a traced scalar in a scanned stack) also pos_t - pos_s < W (Mistral's band) or pos_s < sinks (kept
+    visible: StreamingLLM's sinks, the registers at negative positions); k_valid [B, S]: False for
+    slots that hold nothing yet."""
+    allowed = k_positions[:, None, :] <= q_positions[:, :, None]  # [B, T, S]: the causal order
     if window is not None:
         band = q_positions[:, :, None] - k_positions[:, None, :] < window  # [B, T, S]
         allowed = allowed & (band if sinks is None else (k_positions[:, None, :] < sinks) | band)
@@ -72,7 +51,7 @@ def causal_mask(
 def attention(q: Array, k: Array, v: Array, mask: Array | None = None) -> tuple[Array, Array]:
     """The lecture's attention, softmax(q k^T / sqrt(d_h) + mask) v: q [B, T, H, K], k and v
     [B, S, H, K], mask [B, 1 or H, T, S] or None -> out [B, T, H, K], weights [B, H, T, S]. The model
-    runs `dot_product_attention`, held equal to it."""
+    runs `dot_product_attention`, tested equal to it."""
     d_h = q.shape[-1]  # K, the head width
     scores = jnp.einsum("bthk,bshk->bhts", q, k) / d_h**0.5  # [B, H, T, S]: q_t . k_s / sqrt(d_h)
     if mask is not None:  # mask [B, 1 or H, T, S]
@@ -83,45 +62,35 @@ def attention(q: Array, k: Array, v: Array, mask: Array | None = None) -> tuple[
 
 
 def dot_product_attention(
-    q: Array,
-    k: Array | Sequence[Array],
-    v: Array | Sequence[Array],
-    mask: Array | Sequence[Array] | None = None,
-    *,
-    scale: float | None = None,
-    implementation: str = "reference",
-    heads_first: Sequence[bool] | None = None,
-    sink: Array | None = None,
-    at: AttentionPoint | None = None,
+    q: Array, k: Array | Sequence[Array], v: Array | Sequence[Array], mask: Array | Sequence[Array] | None = None,
+    *, scale: float | None = None, implementation: str = "reference", heads_first: Sequence[bool] | None = None,
+    sink: Array | None = None, at: AttentionPoint | None = None,
 ) -> tuple[Array, Array | None]:
     """`attention` as the model runs it, for G <= H key/value heads in one or more segments along S:
-    
+
         dot_product_attention(q, [k_1, k_2], [v_1, v_2], [m_1, m_2])
         == attention(q, repeat(concat(k_1, k_2)), repeat(concat(v_1, v_2)), concat(m_1, m_2))
-    
-    (repeat: each key/value head R = H // G times; tests/test_ops.py holds the two equal), with
-    neither copy made: the query heads are grouped (`_group_query_heads`) rather than k and v
-    repeated; each segment (the cache, then this call's keys) is scored on its own and one softmax
-    runs over all (`_joint_softmax`), so the cache is never copied to append to it; a heads-first
-    segment [B, G, S, K], as the cache lies, is scored as it lies by multi-head attention (XLA:CPU
-    would copy a transposed cache every step). Scores and softmax in float32 (a bfloat16 softmax loses
-    too much). A sink logit per head joins every row as one more column that meets no value.
-    
-    Args:
-      q: [B, T, H, K]; k: [B, S, G, K] or a sequence of segments; v: [B, S, G, Kv] likewise.
-      mask: additive [B, 1 or H, T, S] (or one per segment), or None.
-      scale: default 1 / sqrt(K).
-      implementation: 'reference' (the einsums below), or 'xla' / 'cudnn' through
-        `jax.nn.dot_product_attention` (one segment, no sink, no weights).
-      heads_first: per segment, True for keys and values [B, G, S, K].
-      sink: optional [H] logit per query head.
-      at: optional f(name, value) -> value, given "scores" (scaled scores plus mask) then "pattern"
-        (the weights), each [B, H, T, S_total (+1)] float32; its result is used (the points
-        attn.scores and attn.pattern).
-    Returns:
-      out [B, T, H, Kv] in q's dtype; weights [B, H, T, S_total (+1 with a sink, last)] float32, or
-      None from the fused paths."""
-    ks, vs, masks, firsts = _segments(k, v, mask, heads_first)
+
+    (repeat: each key/value head R = H // G times) with neither copy made: the query heads are grouped
+    rather than k and v repeated, and each segment (the cache, then this call's keys) is scored on its
+    own before one softmax over all. A heads-first segment [B, G, S, K], as the cache lies, is scored
+    as it lies by multi-head attention (XLA:CPU would copy a transposed cache every step). Scores and
+    softmax in float32 (a bfloat16 softmax loses too much).
+
+    q [B, T, H, K]; k [B, S, G, K], v [B, S, G, Kv] (or lists of segments, with one mask each); mask
+    additive [B, 1 or H, T, S] or None; scale: default 1 / sqrt(K); implementation: 'reference' (the
+    einsums), or 'xla' / 'cudnn' through `jax.nn.dot_product_attention` (one segment, no sink, no
+    weights); sink: [H] logits, one more column per row that meets no value; at: f(name, value) ->
+    value, given "scores" (scaled, plus mask) then "pattern" [B, H, T, S_total (+1)] float32, its result
+    used. -> out [B, T, H, Kv] in q's dtype, weights [B, H, T, S_total (+1, last)] float32 (None fused)."""
+    # Only a list or tuple is a sequence of segments: a NumPy array must not be split along its batch axis.
+    ks, vs = (list(a) if isinstance(a, (list, tuple)) else [a] for a in (k, v))
+    masks = list(mask) if isinstance(mask, (list, tuple)) else [mask] * len(ks)
+    firsts = list(heads_first) if heads_first is not None else [False] * len(ks)
+    if not len(ks) == len(vs) == len(masks) == len(firsts):
+        raise ValueError(
+            f"got {len(ks)} key, {len(vs)} value, {len(masks)} mask and {len(firsts)} heads_first segments"
+        )
     b, t, h, d_h = q.shape  # [B, T, H, K]
     g = ks[0].shape[1 if firsts[0] else 2]  # G key/value heads
     if h % g:
@@ -161,30 +130,10 @@ def _per_head(at: AttentionPoint, bht: tuple[int, int, int], name: str, x: Array
     return at(name, x.reshape(*bht, -1)).reshape(x.shape)
 
 
-def _segments(
-    k: Array | Sequence[Array],
-    v: Array | Sequence[Array],
-    mask: Array | Sequence[Array] | None,
-    heads_first: Sequence[bool] | None,
-) -> tuple[list[Array], list[Array], list[Array | None], list[bool]]:
-    """Keys, values, masks and heads_first flags as lists of one entry per segment."""
-    # Only a list or tuple is a sequence of segments: a NumPy array must not be split along its batch axis.
-    ks = list(k) if isinstance(k, (list, tuple)) else [k]
-    vs = list(v) if isinstance(v, (list, tuple)) else [v]
-    masks = list(mask) if isinstance(mask, (list, tuple)) else [mask] * len(ks)
-    firsts = list(heads_first) if heads_first is not None else [False] * len(ks)
-    if not len(ks) == len(vs) == len(masks) == len(firsts):
-        raise ValueError(
-            f"got {len(ks)} key, {len(vs)} value, {len(masks)} mask and {len(firsts)} heads_first segments"
-        )
-    return ks, vs, masks, firsts
-
-
 def _group_query_heads(q: Array, masks: list[Array | None], g: int) -> tuple[Array, list[Array | None]]:
-    """q [B, T, H, K] -> [B, T, G, R, K] and masks [B, 1 or H, T, S] -> [B, 1 or G, 1 or R, T, S]:
-    query head h = g R + r meets key head g, as after repeating each key head R times. Multi-head
-    attention keeps q and the masks as they are: a size-1 R axis makes XLA:CPU transpose the scores
-    in the backward pass."""
+    """q [B, T, H, K] -> [B, T, G, R, K] and masks [B, 1 or H, T, S] -> [B, 1 or G, 1 or R, T, S]: query
+    head h = g R + r meets key head g. Multi-head attention keeps them as they are (a size-1 R axis
+    makes XLA:CPU transpose the scores in the backward pass)."""
     b, t, h, d_h = q.shape  # [B, T, H, K]
     if g == h:
         return q, masks
@@ -196,9 +145,8 @@ def _group_query_heads(q: Array, masks: list[Array | None], g: int) -> tuple[Arr
 
 
 def _segment_scores(q: Array, k: Array, mask: Array | None, scale: float, heads_first: bool) -> Array:
-    """One segment's logits q k^T * scale + mask in float32, [B, G, R, T, S] for grouped q
-    [B, T, G, R, K] and k [B, S, G, K], or [B, H, T, S] for multi-head q [B, T, H, K] and k [B, S, H, K]
-    ([B, H, S, K] heads first)."""
+    """One segment's logits q k^T * scale + mask in float32: [B, G, R, T, S] for grouped q [B, T, G, R, K]
+    and k [B, S, G, K], or [B, H, T, S] for q [B, T, H, K] and k [B, S, H, K] ([B, H, S, K] heads first)."""
     f32 = jnp.float32  # the dot products accumulate and come out in float32
     if q.ndim == 5:  # grouped queries
         scores = jnp.einsum("btgrk,bsgk->bgrts", q, k, preferred_element_type=f32)  # [B, G, R, T, S]
@@ -211,13 +159,11 @@ def _segment_scores(q: Array, k: Array, mask: Array | None, scale: float, heads_
     return scores if mask is None else scores + mask.astype(f32)
 
 
-def _joint_softmax(
-    scores: list[Array], sink: Array | None = None, at: AttentionPoint | None = None
-) -> tuple[Array, list[Array]]:
-    """One softmax over the keys of all segments, as over their concatenation. scores: per segment
-    [..., T, S_i] float32; sink: a logit per head broadcastable to [..., T, 1], one more column that
-    no value meets, or None; at: sees and edits the joint logits and weights. Returns the weights
-    [..., T, S_total (+1)] and their per-segment slices [..., T, S_i]."""
+def _joint_softmax(scores: list[Array], sink: Array | None = None, at: AttentionPoint | None = None
+                   ) -> tuple[Array, list[Array]]:
+    """One softmax over the keys of all segments, as over their concatenation: scores per segment
+    [..., T, S_i] float32, sink broadcastable to [..., T, 1] or None -> the weights [..., T, S_total
+    (+1)] and their per-segment slices [..., T, S_i]; `at` sees and edits the logits and weights."""
     columns = list(scores)
     if sink is not None:
         columns.append(jnp.broadcast_to(sink, (*scores[0].shape[:-1], 1)))  # [..., T, 1]
@@ -236,9 +182,8 @@ def _joint_softmax(
 
 
 def _weigh_values(weights: Array, v: Array, heads_first: bool) -> Array:
-    """One segment's share of the output, its weights times its values, in v's dtype: weights
-    [B, G, R, T, S] with v [B, S, G, Kv] -> [B, T, G, R, Kv]; [B, H, T, S] with v [B, S, H, Kv] (or
-    [B, H, S, Kv] heads first) -> [B, T, H, Kv]."""
+    """One segment's share of the output in v's dtype: weights [B, G, R, T, S] with v [B, S, G, Kv] ->
+    [B, T, G, R, Kv]; [B, H, T, S] with v [B, S, H, Kv] ([B, H, S, Kv] heads first) -> [B, T, H, Kv]."""
     weights = weights.astype(v.dtype)
     if weights.ndim == 5:  # grouped
         return jnp.einsum("bgrts,bsgk->btgrk", weights, v)  # [B, T, G, R, Kv]
@@ -247,9 +192,7 @@ def _weigh_values(weights: Array, v: Array, heads_first: bool) -> Array:
     return jnp.einsum("bhts,bshk->bthk", weights, v)  # [B, T, H, Kv]
 
 
-def _fused_attention(
-    q: Array, k: Array, v: Array, mask: Array | None, scale: float, implementation: str
-) -> Array:
+def _fused_attention(q: Array, k: Array, v: Array, mask: Array | None, scale: float, implementation: str) -> Array:
     """One sequence-first segment through `jax.nn.dot_product_attention` ('xla', or 'cudnn' on GPU):
     q [B, T, H, K], k [B, S, G, K], v [B, S, G, Kv], mask [B, 1 or H, T, S] or None -> [B, T, H, Kv]."""
     if implementation == "cudnn" and jax.default_backend() != "gpu":
@@ -275,17 +218,15 @@ def _fused_attention(
 
 
 def softmax_saves_output():
-    """A context in which jax.nn.softmax differentiates by dx = y * (g - sum(g * y)): the backward
-    pass keeps the output y [B, H, T, S] alone, not exp's output too. Same values."""
+    """jax.nn.softmax differentiated by dx = y * (g - sum(g * y)): the backward pass keeps the output y
+    alone, not exp's output too."""
     return jax.softmax_custom_jvp(True)
 
 
 # ----------------------------------------------------------------------------- norms and positions
 
 
-def layer_norm(
-    x: Array, scale: Array | None = None, bias: Array | None = None, eps: float = 1e-5
-) -> Array:
+def layer_norm(x: Array, scale: Array | None = None, bias: Array | None = None, eps: float = 1e-5) -> Array:
     """(x - mean) / sqrt(var + eps) over the last axis, then the optional gain and bias (the lecture's
     has neither, GPT-2's both); statistics in float32. x [..., D], scale, bias [D] -> [..., D]."""
     x32 = x.astype(jnp.float32)
@@ -300,8 +241,7 @@ def layer_norm(
 
 
 def rms_norm(x: Array, scale: Array | None = None, eps: float = 1e-5) -> Array:
-    """x / sqrt(mean(x^2) + eps) over the last axis, then an optional gain: x [..., D], scale [D] ->
-    [..., D]."""
+    """x / sqrt(mean(x^2) + eps) over the last axis, then an optional gain: x [..., D], scale [D] -> [..., D]."""
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + eps)
     if scale is not None:

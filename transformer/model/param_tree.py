@@ -3,9 +3,8 @@
     scanned     {"embed": ..., "layers": {"attn": {"q": {"kernel": [L, H, K, D]}, ...}, ...}}
     unscanned   {"embed": ..., "layers_0": {"attn": {"q": {"kernel": [H, K, D]}, ...}, ...}, ..., "layers_{L-1}": ...}
 
-`nn.scan` holds one subtree whose arrays have a leading L axis (one layer compiled, run L times); a
-Python loop holds layers_0 ... layers_{L-1}. `relayout_layers` converts any tree of parameter-shaped
-subtrees (a train state with its AdamW moments); `layout_differences` checks a tree against Decoder(cfg).
+`relayout_layers` converts any tree of parameter-shaped subtrees (a train state with its AdamW
+moments); `layout_differences` checks a tree against Decoder(cfg).
 """
 
 from __future__ import annotations
@@ -63,26 +62,17 @@ def unstack_layers(params: Mapping, num_layers: int) -> dict:
 
 
 def unrolled(params: Mapping, cfg: ModelConfig) -> tuple[Mapping, ModelConfig]:
-    """The same model with its layer stack unrolled: (params with layers_i, cfg with scan_layers off).
-
-    For decoding: a scanned stack reads each layer's weights through a dynamic slice, which XLA:CPU
-    copies every step (all the weights, twice the bytes a step must read); unrolled layers read
-    static slices made once per call.
-    """
+    """(params with layers_i, cfg with scan_layers off): for decoding, where a scanned stack's dynamic
+    slices make XLA:CPU copy every weight every step; unrolled layers read static slices."""
     if not cfg.scan_layers:
         return params, cfg
     return unstack_layers(params, cfg.num_layers), cfg.replace(scan_layers=False)
 
 
 def relayout_layers(saved: Tree, like: Tree, num_layers: int) -> Tree:
-    """`saved`'s arrays arranged as `like`, converting between the two layouts of a layer stack.
-
-    Works on any tree holding parameter-shaped subtrees (params, AdamW moments), with its
-    containers given as dicts or as the original classes: leaves are matched by the names along
-    their paths. A leaf under `layers` in `like` (shape [L, ...]) stacks the leaves at the same
-    path under layers_0 ... layers_{L-1} in `saved`; a leaf under `layers_i` takes slice [i] of
-    the leaf at the same path under `layers`.
-    """
+    """`saved`'s arrays arranged as `like` (any trees of parameter-shaped subtrees, as dicts or their
+    classes), leaves matched by the names along their paths: a leaf under `layers` [L, ...] stacks
+    layers_0 ... layers_{L-1}'s, a leaf under `layers_i` takes slice [i] of `layers`'."""
     def names(path) -> tuple[str, ...]:
         return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
@@ -102,11 +92,8 @@ def relayout_layers(saved: Tree, like: Tree, num_layers: int) -> Tree:
 
 
 def layout_differences(cfg: ModelConfig, params: Tree) -> list[str]:
-    """Where a parameter tree differs from the one Decoder(cfg) builds (names and shapes), as
-    'path: got (shape), model (shape)' lines; empty when they match. Nothing is computed.
-
-    `params` may hold arrays or anything with a .shape (jax.ShapeDtypeStruct, orbax metadata).
-    """
+    """'path: got (shape), model (shape)' where `params` (arrays, or anything with a .shape) differs
+    from the tree Decoder(cfg) builds; empty when they match. Nothing is computed."""
     model = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), example_input(cfg)))
 
     def shapes(tree) -> dict[str, tuple]:

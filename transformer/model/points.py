@@ -1,14 +1,9 @@
 """Named points of the forward pass: the activations that can be captured and edited, with shapes.
 
-The model marks each point with `point(module, name, value)`: a Flax `sow` into the collection
-"intermediates", which does nothing unless that collection is mutable, after the edit that the
-variable collection "edits" holds for that point, if any. A forward pass that captures and edits
-nothing is therefore the same program as one with no points at all (tests/test_capture.py compares
-the two). `transformer.analysis.capture` makes the collection mutable, reads the points back and
-names them; `transformer.model.edits` turns edits at named points into the "edits" collection.
-
-Names follow one scheme: the embedding and the end of the model at the top, everything in layer l
-under `blocks.{l}.` (TransformerLens's hook names, without the `hook_`):
+The model marks each with `point(module, name, value)`: the edit the collection "edits" holds for it
+(model/edits.py), then a Flax `sow` into "intermediates", a no-op unless that collection is mutable
+(analysis/capture.py). A forward pass that captures and edits nothing is the same program as one
+with no points at all. Names follow TransformerLens's hook names, without the `hook_`:
 
     embed                       [B, T, D]   token embeddings E[tokens]
     pos_embed                   [B, T, D]   learned or sinusoidal position embeddings (RoPE: none)
@@ -36,12 +31,11 @@ under `blocks.{l}.` (TransformerLens's hook names, without the `hook_`):
     final_norm.out              [B, T, D]   the final norm (pre-norm models)
     logits                      [B, T, V]   float32, after the soft-cap
 
-S is the keys a query sees: T without a cache, R register slots first, the cache's slots before this
-call's tokens, and one more column last with a sink. Capturing scores or patterns runs the reference
-attention (the fused kernels return no weights). Registers' own rows are dropped from every point:
-T counts the tokens. MLA's absorbed form (decoding from a cache) computes no per-head k and v.
-Every point can be edited but the three that are computed for a capture alone (CAPTURE_ONLY below:
-edit z or the pattern they come from) and MLA's per-head k and v (edit the latent).
+S is the keys a query sees: R register slots first, the cache's slots, this call's tokens, and one
+more column last with a sink. Capturing scores or patterns runs the reference attention. Registers'
+own rows are dropped from every point: T counts the tokens. MLA's absorbed form (decoding from a
+cache) computes no per-head k and v. Every point can be edited but CAPTURE_ONLY's (edit z or the
+pattern they come from) and MLA's per-head k and v (edit the latent).
 """
 
 from __future__ import annotations
@@ -74,10 +68,8 @@ CAPTURE_ONLY = ("attn.sink_share", "attn.register_share", "attn.head_out")
 
 
 def point(module: nn.Module, name: str, value: jax.Array) -> jax.Array:
-    """Marks `value` as the named point `name` of `module` (see the table above) and returns it,
-    edited if the "edits" collection holds an edit for it (model/edits.py: scale * value + add).
-
-    Without an edit and a capture it returns `value` itself: the forward pass is unchanged."""
+    """`value` marked as the point `name` of `module`, edited (scale * value + add) if the "edits"
+    collection holds an edit for it; without an edit, `value` itself."""
     if module.has_variable(EDITS, name):
         scale, add = module.get_variable(EDITS, name)
         value = value * scale.astype(value.dtype) + add.astype(value.dtype)

@@ -1,15 +1,11 @@
-"""Position schemes, declared once: how a token's position enters the model, and what follows from it.
-
-A scheme does one of three things (or nothing):
+"""Position schemes, declared once: how a token's position enters the model. A scheme does one of:
 
     embed       a vector added to the token's x before the first layer     learned, sinusoidal
     rotate      q and k turned by their positions inside the attention     rope
     score_bias  an additive bias on the scores, per head, from q_t - k_s   alibi
 
-`relative`: the scores depend on positions only through their differences, so shifting every position
-changes nothing and a cache may roll past the context (kv_cache.init_rolling_cache). Every other
-module reads this table (ModelConfig's choices, the key view, the decoder, the named points); a new
-scheme is one entry here.
+`relative`: the scores depend on position differences only, so a cache may roll past the context.
+Every other module reads this table; a new scheme is one entry here.
 """
 
 from __future__ import annotations
@@ -51,11 +47,6 @@ def sinusoidal_embedding(module: nn.Module, cfg, positions: Array) -> Array:
     return ops.sinusoidal_positions(positions, cfg.d_model).astype(cfg.dtype)
 
 
-def rotary(x: Array, positions: Array, cfg) -> Array:
-    """RoPE: x [B, T, N, K] with each pair of features turned by position * frequency."""
-    return ops.rope(x, positions, cfg.rope_theta)
-
-
 def alibi_slopes(num_heads: int) -> np.ndarray:
     """ALiBi's head slopes m_h [H] (Press et al. 2022): for H a power of two the geometric sequence
     m_h = 2^(-8 (h + 1) / H); otherwise the slopes of the power of two below H, then every other
@@ -77,7 +68,7 @@ def alibi_bias(cfg, q_positions: Array, k_positions: Array) -> Array:
 SCHEMES = {
     "learned": PositionScheme(relative=False, embed=learned_embedding),
     "sinusoidal": PositionScheme(relative=False, embed=sinusoidal_embedding),
-    "rope": PositionScheme(relative=True, rotate=rotary),
+    "rope": PositionScheme(relative=True, rotate=lambda x, positions, cfg: ops.rope(x, positions, cfg.rope_theta)),
     "none": PositionScheme(relative=True),
     "alibi": PositionScheme(relative=True, score_bias=alibi_bias),
 }

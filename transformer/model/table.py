@@ -12,11 +12,10 @@ look-up. Here it is the same decoder with another input and another head:
     ... the decoder's blocks, final norm ...
     logits = W_head h                                   [B, T, C]   float32, for every row
 
-No positions: a table's rows are a set (position='none'), so a row's output does not depend on
-where it lies. Training rows see one another in full (a set has no order: a causal mask would make
-a training row's representation depend on which rows happen to come before it); a test row sees
-the training rows and itself, never another test row, so its class does not depend on which other
-rows are asked with it, and a large test set can be cut into any batches (tests/test_tables.py).
+No positions: a table's rows are a set (position='none'). Training rows see one another in full (a
+causal mask would make a training row depend on which rows come before it); a test row sees the
+training rows and itself, never another test row, so its class does not depend on which rows are
+asked with it, and a large test set can be cut into any batches.
 """
 
 from __future__ import annotations
@@ -49,8 +48,7 @@ def training_rows(rows: Array) -> Array:
 
 
 def row_order(rows: Array) -> Array:
-    """[B, 1, T, T] additive: 0 where row t sees row s (s a training row, or s = t), else a large
-    negative logit. A test row then reads every training row and no other test row."""
+    """[B, 1, T, T] additive: 0 where row t sees row s (s a training row, or s = t), else a large negative logit."""
     t = rows.shape[1]
     seen = training_rows(rows)[:, None, :] | jnp.eye(t, dtype=bool)[None]  # [B, T, S]
     return jnp.where(seen, 0.0, ops.mask_value())[:, None]
@@ -62,9 +60,8 @@ def example(cfg: ModelConfig, length: int = 1) -> Array:
 
 def embed(module: nn.Module, cfg: ModelConfig, rows: Array, positions: Array | None, cache, deterministic: bool
           ) -> tuple[Array, Array, Array]:
-    """rows [B, T, F + 1] -> (x [B, T, D], positions 0..T-1 (they only tell a row from another), the
-    rows' order `row_order`). x = W_row [features, onehot(label)] + b (`row_embed`, W [D, F + C]), the
-    point embed: a test row's one-hot is zero, so its vector carries its features alone."""
+    """rows [B, T, F + 1] -> (x [B, T, D] = W_row [features, onehot(label)] + b, positions 0..T-1,
+    `row_order`). `row_embed` W [D, F + C]; a test row's one-hot is zero: its features alone."""
     if cache is not None:
         raise ValueError("a table model reads a table in one forward pass, without a KV cache; pass cache=None")
     check_rows(cfg, rows)
@@ -77,17 +74,14 @@ def embed(module: nn.Module, cfg: ModelConfig, rows: Array, positions: Array | N
 
 
 def logits(module: nn.Module, cfg: ModelConfig, h: Array, rows: Array, positions: Array, cache) -> Array:
-    """h [B, T, D] -> class logits [B, T, C] float32 (the class head `head` W [C, D], no bias): the point
-    logits."""
+    """h [B, T, D] -> class logits [B, T, C] float32 (the class head `head` W [C, D], no bias)."""
     out = Linear(cfg.num_classes, use_bias=False, dtype=cfg.dtype, name="head")(h).astype(jnp.float32)
     return point(module, "logits", nn.with_logical_constraint(out, ("batch", "length", "vocab")))
 
 
 def check_rows(cfg: ModelConfig, rows: Array) -> None:
-    """Raises a clear error for rows that are not [B, T, F + 1] with labels in {-1, 0..C-1}, when known.
-
-    Under jit the labels cannot be checked: a label >= C has a zero one-hot (its features alone) and is
-    still a training row that every row sees. Check concrete rows before a jitted call."""
+    """Raises a clear error for rows that are not [B, T, F + 1] with labels in {-1, 0..C-1}, when known
+    (under jit a label >= C has a zero one-hot and is still a training row)."""
     if rows.ndim != 3 or rows.shape[-1] != cfg.row_width:
         raise ValueError(
             f"a table model of num_features={cfg.num_features} reads rows [B, T, {cfg.row_width}] (the features, "

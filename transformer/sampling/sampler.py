@@ -2,10 +2,9 @@
 
 Two compiled stages over a ragged batch of prompts: `prefill` runs the right-padded prompts once,
 filling the KV cache and drawing each row's first token at its own last position; `decode` is a
-`lax.scan` of steps, each feeding the last tokens at their rows' positions. Shapes are rounded up to
-buckets (64, 128, 256, ...), so similar requests reuse the compiled functions. Row b draws its i-th
-new token with fold_in(fold_in(key, b), i): a row's tokens depend neither on the other rows nor on
-how decoding is cut into chunks.
+`lax.scan` of steps. Shapes are rounded up to buckets (64, 128, 256, ...), so similar requests reuse
+the compiled functions. Row b draws its i-th new token with fold_in(fold_in(key, b), i): a row's
+tokens depend neither on the other rows nor on how decoding is cut into chunks.
 
 Shapes: B batch, P padded prompt length, S cache slots, V vocabulary, N new tokens.
 """
@@ -37,19 +36,14 @@ Array = jax.Array
 SMALLEST_BUCKET = 64
 
 
-# ---------------------------------------------------------------------------------------------
-# Logit filters: pure functions on [B, V] float32 logits.
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- logit filters, [B, V] float32
 
 
 def apply_temperature(logits: Array, temperature: float) -> Array:
-    """[B, V] logits / temperature (> 0): below 1 sharpens, above 1 flattens; greedy (0) is
-    `sample_token`'s argmax."""
+    """[B, V] logits / temperature (> 0); greedy (0) is `sample_token`'s argmax."""
     if not 0 < temperature < math.inf:  # also rejects NaN
-        raise ValueError(
-            f"apply_temperature needs a finite temperature > 0, got {temperature}; "
-            "for greedy decoding call sample_token with temperature=0"
-        )
+        raise ValueError(f"apply_temperature needs a finite temperature > 0, got {temperature}; "
+                         "for greedy decoding call sample_token with temperature=0")
     return logits / temperature
 
 
@@ -86,12 +80,9 @@ def top_p_filter(logits: Array, p: float) -> Array:
 class SamplingOptions:
     """How tokens are drawn and when a row stops; hashable, so it is a static argument under jit.
 
-    temperature: 0 = greedy (argmax), otherwise the logits are divided by it.
-    top_k: keep only the k most likely tokens (None: all). top_p: nucleus mass (None: all).
-    stop_tokens: a row that draws one of these is done. pad_id: written after a row is done.
-    vocab_limit: draw only ids below it (None: every id of the head); the tokenizer's size, when the
-    model's head is larger (a vocabulary padded to a round number), so no id the tokenizer lacks is drawn.
-    """
+    temperature: 0 = greedy (argmax). top_k, top_p: None keeps every token. stop_tokens: a row that
+    draws one is done; pad_id is written after. vocab_limit: draw only ids below it (the tokenizer's
+    size, when the model's head is padded to a round number), None: every id of the head."""
 
     temperature: float = 1.0
     top_k: int | None = None
@@ -107,9 +98,7 @@ class SamplingOptions:
         if self.top_k is not None and not self.top_k >= 1:
             raise ValueError(f"top_k must be at least 1, got {self.top_k}; use None to keep every token")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ValueError(
-                f"top_p must be in (0, 1], got {self.top_p}; use None or 1.0 to keep every token"
-            )
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}; use None or 1.0 to keep every token")
         # Normalise (numpy scalars, a list of stop tokens) so that equal options hash equally.
         set_field = functools.partial(object.__setattr__, self)
         set_field("temperature", float(self.temperature))
@@ -129,13 +118,8 @@ def _whole(option: str, value: int | float) -> int:
     return int(value)
 
 
-def sample_token(
-    logits: Array,
-    key: Array,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-) -> Array:
+def sample_token(logits: Array, key: Array, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None) -> Array:
     """[B, V] float32 logits -> [B] int32 tokens: temperature (0: argmax), then top-k, then top-p, then
     a categorical draw with one key per row (`row_keys`: key, or [B] keys)."""
     SamplingOptions(temperature, top_k, top_p)  # validates the options with a clear error
@@ -159,15 +143,12 @@ def encode_prompt(cfg: ModelConfig, tokenizer: Any, prompt: str, new_tokens: int
         raise ValueError("the prompt is empty; pass --prompt with at least one character")
     if len(ids) + new_tokens > cfg.max_seq_len:
         room = ", leaving no room for new tokens" if len(ids) <= cfg.max_seq_len else ""
-        raise ValueError(
-            f"the prompt has {len(ids)} tokens but the model's context is max_seq_len={cfg.max_seq_len}"
-            f"{room}; shorten the prompt"
-        )
+        raise ValueError(f"the prompt has {len(ids)} tokens but the model's context is max_seq_len="
+                         f"{cfg.max_seq_len}{room}; shorten the prompt")
     return ids
 
 
-# Seeds jax.random.key takes as 64-bit integers; without 64-bit mode JAX keeps their low 32 bits only.
-MAX_SEED = 2**63 - 1
+MAX_SEED = 2**63 - 1  # jax.random.key takes 64-bit seeds; without 64-bit mode it keeps the low 32 bits
 
 
 def check_seed(seed: int) -> int:
@@ -212,29 +193,19 @@ def _is_stop(tokens: Array, stop_tokens: tuple[int, ...]) -> Array:
     return jnp.isin(tokens, jnp.asarray(stop_tokens, jnp.int32))
 
 
-# ---------------------------------------------------------------------------------------------
-# The decode state and the two compiled stages.
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- the two compiled stages
 
 
 @flax.struct.dataclass
 class DecodeState:
-    """The `lax.scan` carry: everything one decode step needs and updates.
+    """The `lax.scan` carry: everything one decode step needs and updates."""
 
-    cache: the KV cache, one cache per layer (model/kv_cache.py).
-    tokens: [B] int32, each row's last drawn token, fed at the next step.
-    positions: [B] int32, row b's next position (where `tokens[b]` is written).
-    keys: [B] per-row PRNG keys (see `row_keys`).
-    step: [] int32, how many new tokens each row has drawn (the same for every row).
-    done: [B] bool, the row has drawn a stop token; its later outputs are padding.
-    """
-
-    cache: Cache
-    tokens: Array
-    positions: Array
-    keys: Array
-    step: Array
-    done: Array
+    cache: Cache  # one cache per layer (model/kv_cache.py)
+    tokens: Array  # [B] int32: each row's last drawn token, fed at the next step
+    positions: Array  # [B] int32: row b's next position (where tokens[b] is written)
+    keys: Array  # [B] per-row PRNG keys (`row_keys`)
+    step: Array  # [] int32: how many new tokens each row has drawn
+    done: Array  # [B] bool: the row has drawn a stop token; its later outputs are padding
 
 
 def forward(params: dict, cfg: ModelConfig, tokens: Array, positions: Array, cache: Cache,
@@ -247,29 +218,15 @@ def forward(params: dict, cfg: ModelConfig, tokens: Array, positions: Array, cac
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "cache_len", "options", "sinks"))
-def prefill(
-    params: dict,
-    cfg: ModelConfig,
-    tokens: Array,
-    lengths: Array,
-    keys: Array,
-    cache_len: int,
-    options: SamplingOptions,
-    edits: Sequence[Edit] = (),
-    sinks: int | None = None,
-) -> DecodeState:
-    """Runs the right-padded prompts through the model, fills the cache and draws each row's first token.
-    
+def prefill(params: dict, cfg: ModelConfig, tokens: Array, lengths: Array, keys: Array, cache_len: int,
+            options: SamplingOptions, edits: Sequence[Edit] = (), sinks: int | None = None) -> DecodeState:
+    """tokens [B, P] int32, right-padded prompts of lengths [B] (n_b >= 1), keys [B], cache_len S >= P
+    -> the decode state after each row's first new token (positions [B] = lengths).
+
     Row b's prompt sits at positions 0..n_b-1, its padding at PAD_POSITION (seen by no real token,
-    written to no slot: a ring would otherwise lose the prompt's last tokens to it). Rings of several
-    sizes do not stack, so such a stack is unrolled.
-    
-    Args:
-      tokens: [B, P] int32; lengths: [B] int32, n_b >= 1; keys: [B]; cache_len: S >= P.
-      edits: edits at named points (model/edits.py), applied at every position.
-      sinks: None, or S >= 0 for a rolling cache past the context (kv_cache.init_rolling_cache).
-    Returns:
-      The decode state after the first new token (tokens [B], positions [B] = lengths)."""
+    written to no slot: a ring would otherwise lose the prompt's last tokens to it). edits: at named
+    points (model/edits.py), applied at every position. sinks: None, or S >= 0 for a rolling cache
+    past the context (kv_cache.init_rolling_cache)."""
     batch, length = tokens.shape
     steps = jnp.arange(length, dtype=jnp.int32)[None, :]  # [1, P]
     positions = jnp.where(steps < lengths[:, None], steps, PAD_POSITION)  # [B, P]: padding at PAD_POSITION
@@ -279,39 +236,28 @@ def prefill(
     logits, cache = forward(params, cfg, tokens, positions, cache, edits)
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     first = _draw(last, keys, 0, options)
-    return DecodeState(
-        cache=cache, tokens=first, positions=lengths.astype(jnp.int32), keys=keys,
-        step=jnp.ones((), jnp.int32), done=_is_stop(first, options.stop_tokens),
-    )
+    return DecodeState(cache=cache, tokens=first, positions=lengths.astype(jnp.int32), keys=keys,
+                       step=jnp.ones((), jnp.int32), done=_is_stop(first, options.stop_tokens))
 
 
-def decode_step(
-    params: dict, cfg: ModelConfig, state: DecodeState, options: SamplingOptions, edits: Sequence[Edit] = ()
-) -> tuple[DecodeState, tuple[Array, Array]]:
+def decode_step(params: dict, cfg: ModelConfig, state: DecodeState, options: SamplingOptions,
+                edits: Sequence[Edit] = ()) -> tuple[DecodeState, tuple[Array, Array]]:
     """One token per row: feed the last tokens, append their keys/values, draw the next ->
     (next state, (tokens [B] int32, pad_id for rows already done, emitted [B] bool))."""
     logits, cache = forward(params, cfg, state.tokens[:, None], state.positions[:, None], state.cache, edits)
     drawn = _draw(logits[:, 0], state.keys, state.step, options)
     emitted = ~state.done
     # A done row keeps running (the batch moves in lockstep) but its draws are never shown.
-    next_state = state.replace(
-        cache=cache,
-        tokens=drawn,
-        positions=state.positions + 1,
-        step=state.step + 1,
-        done=state.done | _is_stop(drawn, options.stop_tokens),
-    )
+    next_state = state.replace(cache=cache, tokens=drawn, positions=state.positions + 1, step=state.step + 1,
+                               done=state.done | _is_stop(drawn, options.stop_tokens))
     return next_state, (jnp.where(emitted, drawn, options.pad_id), emitted)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "num_steps", "options"))
-def decode(
-    params: dict, cfg: ModelConfig, state: DecodeState, num_steps: int, options: SamplingOptions,
-    edits: Sequence[Edit] = (),
-) -> tuple[DecodeState, Array, Array]:
+def decode(params: dict, cfg: ModelConfig, state: DecodeState, num_steps: int, options: SamplingOptions,
+           edits: Sequence[Edit] = ()) -> tuple[DecodeState, Array, Array]:
     """`num_steps` decode steps in one `lax.scan` -> (last state, tokens [B, num_steps] int32, emitted
-    [B, num_steps] bool). A scanned stack is unrolled first (`param_tree.unrolled`): a step is bound by
-    reading the weights, which a scan would copy every step."""
+    [B, num_steps] bool). The layers unrolled first: a scan would copy every weight every step."""
     params, cfg = unrolled(params, cfg)
     state, (tokens, emitted) = jax.lax.scan(
         lambda carry, _: decode_step(params, cfg, carry, options, edits), state, length=num_steps
@@ -319,17 +265,12 @@ def decode(
     return state, tokens.T, emitted.T
 
 
-# ---------------------------------------------------------------------------------------------
-# generate and generate_stream: host-side checks, padding and bucketing around the two stages.
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- host-side checks and buckets
 
 
 class GenerateOutput(NamedTuple):
-    """tokens: [B, N] int32 new tokens, pad_id after a row's stop token.
-    lengths: [B] int32 number of new tokens of each row, its stop token included."""
-
-    tokens: np.ndarray
-    lengths: np.ndarray
+    tokens: np.ndarray  # [B, N] int32 new tokens, pad_id after a row's stop token
+    lengths: np.ndarray  # [B] int32: each row's new tokens, its stop token included
 
 
 def bucket(n: int, cap: int) -> int:
@@ -340,22 +281,15 @@ def bucket(n: int, cap: int) -> int:
     return min(size, cap)
 
 
-def generate(
-    params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
-    edits: Sequence[Edit] = (), sinks: int | None = None, **sampling: Any,
-) -> GenerateOutput:
-    """Continues each prompt by up to `max_new_tokens` tokens: one prefill, then one `lax.scan`.
-    
-    Args:
-      prompts: B token-id sequences, of any lengths >= 1.
-      key: a PRNG key (row b uses fold_in(key, b)) or [B] keys.
-      max_new_tokens: N >= 1; the longest prompt + N must fit in max_seq_len, unless `sinks`.
-      edits: edits at named points (model/edits.py) applied at every position, e.g. `ablate_heads`.
-      sinks: None, or S >= 0: generate past the context at constant memory, every layer seeing the
-        first S tokens and the last max_seq_len - S (kv_cache.init_rolling_cache).
-      **sampling: `SamplingOptions`' fields.
-    Returns:
-      GenerateOutput(tokens [B, N] int32, lengths [B] int32)."""
+def generate(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
+             edits: Sequence[Edit] = (), sinks: int | None = None, **sampling: Any) -> GenerateOutput:
+    """Continues B prompts (token ids, any lengths >= 1) by up to N = `max_new_tokens` tokens: one
+    prefill, then one `lax.scan` -> GenerateOutput(tokens [B, N], lengths [B]).
+
+    key: a PRNG key (row b uses fold_in(key, b)) or [B] keys. The longest prompt + N must fit in
+    max_seq_len, unless `sinks` = S >= 0: then past the context at constant memory, every layer
+    seeing the first S tokens and the last max_seq_len - S (kv_cache.init_rolling_cache). edits: at
+    named points (model/edits.py), at every position, e.g. `ablate_heads`. sampling: SamplingOptions'."""
     options = SamplingOptions(**sampling)
     edits = list(edits)
     check_for_sampling(edits, cfg)
@@ -367,10 +301,9 @@ def generate(
     return GenerateOutput(tokens=tokens, lengths=lengths)
 
 
-def generate_stream(
-    params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
-    chunk_size: int = 16, sinks: int | None = None, **sampling: Any,
-) -> Iterator[np.ndarray]:
+def generate_stream(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array,
+                    max_new_tokens: int, chunk_size: int = 16, sinks: int | None = None,
+                    **sampling: Any) -> Iterator[np.ndarray]:
     """`generate`, yielding the new tokens as they are made: [B, 1], then [B, <= chunk_size] per
     `lax.scan`; the chunks joined equal `generate`'s tokens. Ends once every row has stopped."""
     if chunk_size < 1:
@@ -387,16 +320,8 @@ def generate_stream(
         yield np.asarray(tokens)
 
 
-def _start(
-    params: dict,
-    cfg: ModelConfig,
-    prompts: Sequence[Sequence[int]],
-    key: Array,
-    max_new_tokens: int,
-    options: SamplingOptions,
-    edits: Sequence[Edit] = (),
-    sinks: int | None = None,
-) -> DecodeState:
+def _start(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
+           options: SamplingOptions, edits: Sequence[Edit] = (), sinks: int | None = None) -> DecodeState:
     """Checks the request, right-pads the prompts to a bucketed length and runs the prefill."""
     rows = _check_prompts(cfg, prompts, max_new_tokens, rolling=sinks is not None)
     if sinks is not None:  # the rolling cache refuses learned positions and bad counts by name
@@ -413,9 +338,8 @@ def _start(
     return prefill(params, cfg, tokens, lengths, row_keys(key, len(rows)), cache_len, options, edits, sinks)
 
 
-def _check_prompts(
-    cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int, rolling: bool = False
-) -> list[np.ndarray]:
+def _check_prompts(cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                   rolling: bool = False) -> list[np.ndarray]:
     """Each prompt as a 1-D integer array, or a ValueError saying what is wrong and what to do.
     rolling: the generation may run past the context (a rolling cache), only the prompts must fit."""
     if max_new_tokens < 1:
@@ -425,31 +349,22 @@ def _check_prompts(
         raise ValueError("no prompts given; pass a list of token-id sequences")
     for b, row in enumerate(rows):
         if row.ndim != 1 or (row.size and not np.issubdtype(row.dtype, np.integer)):
-            raise ValueError(
-                f"prompt {b} must be a 1-D sequence of integer token ids, got shape {row.shape} "
-                f"and dtype {row.dtype}; pass prompts as a list of token-id lists"
-            )
+            raise ValueError(f"prompt {b} must be a 1-D sequence of integer token ids, got shape {row.shape} "
+                             f"and dtype {row.dtype}; pass prompts as a list of token-id lists")
         if row.size == 0:
-            raise ValueError(
-                f"prompt {b} is empty; generation continues a prompt, so give it at least one token "
-                "(e.g. a newline or a beginning-of-text token)"
-            )
+            raise ValueError(f"prompt {b} is empty; generation continues a prompt, so give it at least one token "
+                             "(e.g. a newline or a beginning-of-text token)")
         if row.min() < 0 or row.max() >= cfg.vocab_size:
-            raise ValueError(
-                f"prompt {b} holds token ids outside [0, {cfg.vocab_size}) (min {row.min()}, max "
-                f"{row.max()}); encode it with the model's tokenizer"
-            )
+            raise ValueError(f"prompt {b} holds token ids outside [0, {cfg.vocab_size}) (min {row.min()}, max "
+                             f"{row.max()}); encode it with the model's tokenizer")
         if rolling and len(row) > cfg.max_seq_len:
-            raise ValueError(
-                f"prompt {b} has {len(row)} tokens, past the model's context of max_seq_len={cfg.max_seq_len}: "
-                "a rolling cache continues past the context, but the prompt is read in one pass; shorten it"
-            )
+            raise ValueError(f"prompt {b} has {len(row)} tokens, past the model's context of max_seq_len="
+                             f"{cfg.max_seq_len}: a rolling cache continues past the context, but the prompt is "
+                             "read in one pass; shorten it")
         if not rolling and len(row) + max_new_tokens > cfg.max_seq_len:
-            raise ValueError(
-                f"prompt {b} has {len(row)} tokens and max_new_tokens is {max_new_tokens}: "
-                f"{len(row) + max_new_tokens} positions, past the model's context of "
-                f"max_seq_len={cfg.max_seq_len}; shorten the prompt or ask for at most "
-                f"{max(cfg.max_seq_len - len(row), 0)} new tokens, or pass sinks=S (sample.py --sinks) to "
-                "continue past the context with a rolling cache"
-            )
+            raise ValueError(f"prompt {b} has {len(row)} tokens and max_new_tokens is {max_new_tokens}: "
+                             f"{len(row) + max_new_tokens} positions, past the model's context of max_seq_len="
+                             f"{cfg.max_seq_len}; shorten the prompt or ask for at most "
+                             f"{max(cfg.max_seq_len - len(row), 0)} new tokens, or pass sinks=S (sample.py --sinks) "
+                             "to continue past the context with a rolling cache")
     return rows

@@ -1,10 +1,5 @@
-"""Text in and out of the sampler: the prompt of sample.py (--prompt or --prompt_file), samples
-printed as they are generated (sample.py), and the short sample a training run prints when it ends
-(train.py).
-
-The tokens of a stream arrive in chunks; `stream_text` turns them into printable pieces without
-cutting a multi-byte character in two.
-"""
+"""Text in and out of the sampler: sample.py's prompt and samples, printed as they are generated, and
+the short sample a training run prints when it ends."""
 
 from __future__ import annotations
 
@@ -20,12 +15,9 @@ from transformer.sampling.sampler import SamplingOptions, encode_prompt, generat
 
 
 def stream_text(tokenizer: Any, chunks: Iterable[np.ndarray]) -> Iterator[str]:
-    """The text of a stream of token chunks [1, n], as pieces to print one after the other.
-
-    Decodes all tokens so far at every chunk and yields what is new, so multi-token characters and
-    merges come out right. Trailing U+FFFD (a character whose bytes have not all arrived yet) is
-    held back until a later chunk completes it.
-    """
+    """The text of a stream of token chunks [1, n], as pieces to print one after the other: all tokens
+    so far decoded at every chunk, so merges come out right, a trailing U+FFFD (a character whose bytes
+    have not all arrived) held back until a later chunk completes it."""
     ids: list[int] = []
     shown = 0
     for chunk in chunks:
@@ -42,11 +34,9 @@ def stream_text(tokenizer: Any, chunks: Iterable[np.ndarray]) -> Iterator[str]:
 
 def print_samples(cfg: ModelConfig, params: Any, tokenizer: Any, prompt: str, num_samples: int, max_new_tokens: int,
                   seed: int, chunk_size: int, sinks: int | None = None, **sampling: Any) -> None:
-    """Prints `num_samples` continuations of the prompt, each as it is generated; sample i is row i
-    of a batch drawn with key `seed` (see seed_key). sampling: SamplingOptions' fields (temperature,
-    top_k, top_p); only ids the tokenizer has are drawn, whatever the size of the model's head.
-    sinks: None stops at the context; S >= 0 continues past it with a rolling cache keeping the
-    first S tokens (`generate`'s sinks)."""
+    """Prints `num_samples` continuations of the prompt as they are generated; sample i is row i of a
+    batch drawn with key `seed`. sampling: SamplingOptions' fields (only ids the tokenizer has are
+    drawn); sinks: None stops at the context, S >= 0 continues past it (`generate`'s sinks)."""
     ids = encode_prompt(cfg, tokenizer, prompt)
     sampling = {"vocab_limit": tokenizer.vocab_size, **sampling}  # never an id the tokenizer cannot decode
     SamplingOptions(**sampling)  # a bad option fails here, before anything is printed

@@ -160,10 +160,10 @@ def _finished_run(config, workdir: str, builder: str, task_fields: tuple[str, ..
     """(cfg, params, tokenizer, the run's saved config) of the finished run of `config` in `workdir`,
     trained there first if it holds none (a stopped run resumes), else checked to be that run
     (RUN_FIELDS + task_fields, `builder` named in the error); its provenance is printed."""
-    from transformer.run.checkpoint import Checkpointer, restore_for_inference
+    from transformer.run.checkpoint import Checkpointer, latest_step, restore_for_inference
 
     done = os.path.isdir(os.path.join(workdir, "checkpoints")) and (
-        Checkpointer(workdir, read_only=True).latest_step() or 0) >= config.train.steps
+        latest_step(workdir) or 0) >= config.train.steps
     if done:
         _check_same_run(config, workdir, builder, RUN_FIELDS + task_fields)
     else:
@@ -171,7 +171,7 @@ def _finished_run(config, workdir: str, builder: str, task_fields: tuple[str, ..
     cfg, params, tokenizer = restore_for_inference(workdir)
     ckpt = Checkpointer(workdir, read_only=True)
     provenance({"model": cfg}, run_fields(ckpt.config(), RUN_FIELDS + task_fields), model={
-        "run": _name(workdir), "from": source, "step": ckpt.latest_step(), "val_loss": _val_loss(workdir)})
+        "run": _name(workdir), "from": source, "step": latest_step(workdir), "val_loss": _val_loss(workdir)})
     return cfg, params, tokenizer, ckpt.config()
 
 
@@ -220,7 +220,7 @@ def load_tables_model():
 def load_model():
     """(cfg, params, tokenizer, workdir): NOTEBOOK_CHECKPOINT's model, else the notebooks' own one,
     trained first if its workdir holds no finished run (a stopped run resumes)."""
-    from transformer.run.checkpoint import Checkpointer, restore_for_inference
+    from transformer.run.checkpoint import Checkpointer, latest_step, restore_for_inference
 
     workdir = run_folder()
     if os.environ.get("NOTEBOOK_CHECKPOINT"):
@@ -232,7 +232,7 @@ def load_model():
     else:
         config = train_config()
         done = os.path.isdir(os.path.join(workdir, "checkpoints")) and (
-            Checkpointer(workdir, read_only=True).latest_step() or 0) >= config.train.steps
+            latest_step(workdir) or 0) >= config.train.steps
         if done:
             _check_same_run(config, workdir)
         else:
@@ -241,7 +241,7 @@ def load_model():
     ckpt = Checkpointer(workdir, read_only=True)
     source = "NOTEBOOK_CHECKPOINT" if os.environ.get("NOTEBOOK_CHECKPOINT") else OWN_MODEL
     provenance({"model": cfg}, run_fields(ckpt.config()), model={
-        "run": _name(workdir), "from": source, "step": ckpt.latest_step(), "val_loss": _val_loss(workdir)})
+        "run": _name(workdir), "from": source, "step": latest_step(workdir), "val_loss": _val_loss(workdir)})
     return cfg, params, tokenizer, workdir
 
 
@@ -513,7 +513,7 @@ def load_looking_models() -> dict:
     """{name: (cfg, params, tokenizer, workdir)} of looking_inside.ipynb's runs (`looking_configs`),
     each trained first if its folder holds no finished run (a stopped run resumes), the copying
     corpus written first; records the provenance of all three."""
-    from transformer.run.checkpoint import Checkpointer, restore_for_inference
+    from transformer.run.checkpoint import Checkpointer, latest_step, restore_for_inference
 
     from transformer.experiments.copying.copying import write_copying_corpus
 
@@ -522,7 +522,7 @@ def load_looking_models() -> dict:
     for name, config in looking_configs().items():
         workdir = os.path.join(looking_folder(), name)
         done = os.path.isdir(os.path.join(workdir, "checkpoints")) and (
-            Checkpointer(workdir, read_only=True).latest_step() or 0) >= config.train.steps
+            latest_step(workdir) or 0) >= config.train.steps
         if done:
             _check_same_run(config, workdir, "_setup.looking_configs()")
         else:
@@ -530,7 +530,7 @@ def load_looking_models() -> dict:
         models[name] = (*restore_for_inference(workdir), workdir)
         ckpt = Checkpointer(workdir, read_only=True)
         configs[name], fields[name] = models[name][0], run_fields(ckpt.config())
-        sources[name] = {"run": _name(workdir), "step": ckpt.latest_step(), "val_loss": _val_loss(workdir)}
+        sources[name] = {"run": _name(workdir), "step": latest_step(workdir), "val_loss": _val_loss(workdir)}
     provenance(configs, fields, model={"run": _name(looking_folder()), "from": "_setup.looking_configs()",
                                        "step": {k: v["step"] for k, v in sources.items()},
                                        "val_loss": None, "runs": sources})

@@ -46,12 +46,12 @@ class ByteTokenizer:
         return _known_ids(ids, self).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
     def __repr__(self) -> str:
-        return "ByteTokenizer(vocab_size=256)"
+        return f"{type(self).__name__}(vocab_size={self.vocab_size})"
 
 
 class BPETokenizer:
-    """A Hugging Face `tokenizers.Tokenizer` behind the same interface. `encode` adds no special tokens
-    (the corpus is one token stream); `decode` keeps them (what the model produced is what you read)."""
+    """A Hugging Face `tokenizers.Tokenizer`; `encode` adds no special tokens (the corpus is one token
+    stream), `decode` keeps them (what the model produced is what you read)."""
 
     def __init__(self, hf_tokenizer: tokenizers.Tokenizer):
         self.hf = hf_tokenizer
@@ -59,8 +59,7 @@ class BPETokenizer:
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
-        """A byte-level BPE of up to `vocab_size` tokens (256 bytes + merges) trained on `texts`: fewer
-        when the texts hold no more pairs to merge."""
+        """A byte-level BPE of up to `vocab_size` tokens (256 bytes + merges) trained on `texts`."""
         if vocab_size < 256:
             raise ValueError(f"vocab_size={vocab_size} is too small for a byte-level BPE: its base alphabet alone "
                              "is the 256 byte values. Use vocab_size >= 256 (e.g. 4096), or the 'bytes' tokenizer.")
@@ -97,8 +96,7 @@ class BPETokenizer:
         return hashlib.sha256(self.hf.to_str().encode()).hexdigest()
 
     def encode(self, text: str) -> list[int]:
-        """Text -> ids [N]; ValueError where the output holds the unknown token (imported tokenizers
-        that are not byte-level). What such a tokenizer drops or normalises is not detected."""
+        """Text -> ids [N]; ValueError where the output holds the unknown token (imported tokenizers)."""
         try:
             encoding = self.hf.encode(text, add_special_tokens=False)
         except TypeError:  # HF raises "TextInputSequence must be str" for lone surrogates
@@ -120,8 +118,7 @@ class BPETokenizer:
         """Ids [N] -> text (Hugging Face's decode would drop an unknown id without a word)."""
         return self.hf.decode(_known_ids(ids, self).tolist(), skip_special_tokens=False)
 
-    def __repr__(self) -> str:
-        return f"BPETokenizer(vocab_size={self.vocab_size})"
+    __repr__ = ByteTokenizer.__repr__
 
 
 Tokenizer = ByteTokenizer | BPETokenizer
@@ -147,16 +144,12 @@ def make_tokenizer(kind: str, texts: Iterable[str] = (), vocab_size: int | None 
 
 def save_tokenizer(tok: Tokenizer, directory: str | os.PathLike) -> None:
     """Writes `tok` to `directory` (the files of the module docstring), atomically."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    if isinstance(tok, ByteTokenizer):
-        kind = "bytes"
-    elif isinstance(tok, BPETokenizer):
-        kind = "bpe"
-        write_atomically(directory / HF_FILE, tok.hf.to_str(pretty=True))
-    else:
+    if not isinstance(tok, (ByteTokenizer, BPETokenizer)):
         raise TypeError(f"save_tokenizer got a {type(tok).__name__}; expected ByteTokenizer or BPETokenizer.")
-    write_atomically(directory / KIND_FILE, json.dumps({"kind": kind}) + "\n")
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    if isinstance(tok, BPETokenizer):
+        write_atomically(Path(directory) / HF_FILE, tok.hf.to_str(pretty=True))
+    write_atomically(Path(directory) / KIND_FILE, json.dumps({"kind": tokenizer_to_json(tok)["kind"]}) + "\n")
 
 
 def is_saved(directory: str | os.PathLike) -> bool:
@@ -184,9 +177,8 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
 
 def tokenizer_to_json(tok: Tokenizer | None) -> dict:
     """The tokenizer as a JSON-able dict (in each checkpoint); None: a run without text."""
-    if tok is None:
-        return {"kind": "none"}
-    return {"kind": "bytes"} if isinstance(tok, ByteTokenizer) else {"kind": "bpe", "tokenizer_json": tok.hf.to_str()}
+    return {"kind": "none"} if tok is None else {"kind": "bytes"} if isinstance(tok, ByteTokenizer) else {
+        "kind": "bpe", "tokenizer_json": tok.hf.to_str()}
 
 
 def tokenizer_from_json(obj: dict) -> Tokenizer | None:

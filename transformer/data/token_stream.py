@@ -1,10 +1,8 @@
-"""The token stream of a corpus: tokenized once, cached on disk, memory-mapped.
+"""The token stream of a corpus: its documents joined by blank lines, tokenized once into
+`cache_dir/<key>.npy` and memory-mapped (restarts skip tokenization; a corpus larger than memory
+works). The key hashes the corpus files and the tokenizer, so any edit re-tokenizes.
 
     train, val, bytes_per_token = load_corpus(path, tokenizer, cache_dir, val_fraction=0.1)
-
-The documents, joined by blank lines, are tokenized once into `cache_dir/<key>.npy` and memory-mapped,
-so restarts skip tokenization and a corpus larger than memory works. The key hashes the corpus files
-(paths and contents) and the tokenizer, so any edit re-tokenizes.
 """
 
 from __future__ import annotations
@@ -44,12 +42,13 @@ def load_corpus(path: str | os.PathLike | None, tokenizer: Tokenizer, cache_dir:
         raise ValueError(f"val_fraction={val_fraction} must be in (0, 1), e.g. 0.1 for 10% validation.")
     files, bundled, cache_dir = corpus_files(path), path is None, Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    key = _cache_key(files, bundled, tokenizer, cache_dir)
+    identity = {"version": _CACHE_VERSION, "bundled": bundled, "separator": DOCUMENT_SEPARATOR,
+                "corpus": file_digests(files, cache_dir), "tokenizer": tokenizer.fingerprint}
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]  # changes with any input
     cache = cache_dir / f"{key}.npy"
     if not cache.exists():
         _tokenize_to_file(files, bundled, tokenizer, cache)
     tokens = np.load(cache, mmap_mode="r")
-
     num_val = int(len(tokens) * val_fraction)
     if num_val < 1 or num_val >= len(tokens):
         raise ValueError(f"The corpus has {len(tokens)} tokens: val_fraction={val_fraction} leaves {num_val} for "
@@ -61,12 +60,9 @@ def load_corpus(path: str | os.PathLike | None, tokenizer: Tokenizer, cache_dir:
 
 
 def file_digests(files: list[Path], cache_dir: Path) -> list[list[str]]:
-    """[[absolute path, SHA-256 of its bytes], ...] of the corpus files, in corpus order.
-
-    Remembered in `cache_dir/file_digests.json` under each file's size, mtime, inode and ctime (set
-    on every write and never restored, unlike the mtime), so an untouched file costs a stat: a corpus
-    of many GB is read once, not at every start.
-    """
+    """[[absolute path, SHA-256 of its bytes], ...] of the corpus files, in corpus order; remembered in
+    `cache_dir/file_digests.json` under each file's size, mtime, inode and ctime (never restored), so an
+    untouched file costs a stat, not a read."""
     memo_path = cache_dir / "file_digests.json"
     try:
         memo = json.loads(memo_path.read_text())
@@ -86,13 +82,6 @@ def file_digests(files: list[Path], cache_dir: Path) -> list[list[str]]:
         cache_dir.mkdir(parents=True, exist_ok=True)
         save_json(memo_path, memo)
     return digests
-
-
-def _cache_key(files: list[Path], bundled: bool, tokenizer: Tokenizer, cache_dir: Path) -> str:
-    """A name for the token stream: changes when any input's content or the tokenizer changes."""
-    identity = {"version": _CACHE_VERSION, "bundled": bundled, "separator": DOCUMENT_SEPARATOR,
-                "corpus": file_digests(files, cache_dir), "tokenizer": tokenizer.fingerprint}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def _tokenize_to_file(files: list[Path], bundled: bool, tokenizer: Tokenizer, cache: Path) -> None:
@@ -128,8 +117,6 @@ def _cached_val_bytes(record: Path, val: np.ndarray, tokenizer: Tokenizer) -> in
         return json.loads(record.read_text())["val_bytes"]
     # In chunks to bound memory; a character cut at a chunk edge miscounts by <= 3 bytes per 1M tokens.
     chunk = 1 << 20
-    val_bytes = sum(
-        len(tokenizer.decode(val[i : i + chunk]).encode("utf-8")) for i in range(0, len(val), chunk)
-    )
+    val_bytes = sum(len(tokenizer.decode(val[i : i + chunk]).encode("utf-8")) for i in range(0, len(val), chunk))
     save_json(record, {"val_bytes": val_bytes})
     return val_bytes

@@ -43,7 +43,14 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
                          f"{', '.join(SUPPORTED)} (DeepSeek-V3 only with dense MLP layers)")
     family = _FAMILIES[arch]
     hf = {**family.DEFAULTS, **hf}
-    _check_common(hf, arch, windows=getattr(family, "SLIDING_WINDOW", False))
+    if quant := hf.get("quantization_config"):
+        method = quant.get("quant_method", "?") if isinstance(quant, Mapping) else "?"
+        raise ValueError(f"this {arch} checkpoint is quantised (quantization_config, quant_method={method!r}); "
+                         "only unquantised float32 / bfloat16 / float16 weights can be imported")
+    if not getattr(family, "SLIDING_WINDOW", False) and (hf.get("sliding_window") or hf.get("use_sliding_window")):
+        raise ValueError(f"this {arch} config uses sliding-window attention "
+                         f"(sliding_window={hf.get('sliding_window')}), which the importer of this architecture "
+                         "does not read (only MistralForCausalLM's is imported)")
     cfg, layout = family.import_config(hf)
     if cfg.mlp_dim == 0:  # ModelConfig reads it as "no MLP"; a zero-width MLP is not worth importing
         raise ValueError(f"cannot import {arch} with an MLP width of 0: this importer expects an MLP in every layer")
@@ -59,19 +66,13 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
     return cfg, params
 
 
-def to_hf(
-    cfg: ModelConfig, params: Mapping, directory: str | os.PathLike, *,
-    tokenizer: Tokenizer | None = None,
-) -> None:
+def to_hf(cfg: ModelConfig, params: Mapping, directory: str | os.PathLike, *,
+          tokenizer: Tokenizer | None = None) -> None:
     """Writes config.json and model.safetensors that `transformers` loads as the same model: learned
-    positions as GPT2LMHeadModel, RoPE as LlamaForCausalLM (MistralForCausalLM with a window). A missing
-    norm gain or bias is written as ones / zeros. What no supported family holds raises a ValueError
-    saying why, before anything is written.
-
-    `tokenizer` (the model's, at most cfg.vocab_size ids) adds the tokenizer files, so that
-    `load_tokenizer`, `sample.py --hf_dir` and `AutoTokenizer.from_pretrained` get the same ids back
-    (without special tokens).
-    """
+    positions as GPT2LMHeadModel, RoPE as LlamaForCausalLM (MistralForCausalLM with a window); a missing
+    norm gain or bias as ones / zeros. What no family holds raises a ValueError before anything is
+    written. `tokenizer` (the model's) adds the tokenizer files that `load_tokenizer` and
+    `AutoTokenizer.from_pretrained` read."""
     recipe = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in ("qk_norm", "logit_softcap") if getattr(cfg, k))
     for refused, why in (
         (cfg.attention_sink or cfg.num_registers,
@@ -106,10 +107,8 @@ def to_hf(
 
 
 def check_same_architecture(imported: ModelConfig, run: ModelConfig, *, seq_len: int | None = None) -> None:
-    """Raises ValueError if the run's config cannot train the imported model (`train.py
-    --config.init_from_hf`), naming every differing architectural field (and a train.seq_len
-    longer than the imported context) and all the --config overrides that fix them, in one go.
-    """
+    """Raises ValueError if the run's config cannot train the imported model (--config.init_from_hf),
+    naming every differing field (and a train.seq_len past the imported context) and the overrides."""
     a, b = imported.architecture(), run.architecture()
     diffs = [k for k in a if a[k] != b[k]]
     problems = [f"{k}: imported {a[k]!r}, config {b[k]!r}" for k in diffs]
@@ -121,16 +120,3 @@ def check_same_architecture(imported: ModelConfig, run: ModelConfig, *, seq_len:
     if problems:
         raise ValueError(f"the run's config does not fit the imported Hugging Face model ({'; '.join(problems)}). "
                          f"Pass these overrides to match it: {' '.join(flags)}")
-
-
-def _check_common(hf: dict, arch: str, windows: bool = False) -> None:
-    """Features of a config that no importer implements (sliding windows: all but those that say so)."""
-    if hf.get("quantization_config"):
-        quant = hf["quantization_config"]
-        method = quant.get("quant_method", "?") if isinstance(quant, Mapping) else "?"
-        raise ValueError(f"this {arch} checkpoint is quantised (quantization_config, quant_method={method!r}); "
-                         "only unquantised float32 / bfloat16 / float16 weights can be imported")
-    if not windows and (hf.get("sliding_window") or hf.get("use_sliding_window")):
-        raise ValueError(f"this {arch} config uses sliding-window attention "
-                         f"(sliding_window={hf.get('sliding_window')}), which the importer of this architecture "
-                         "does not read (only MistralForCausalLM's is imported)")

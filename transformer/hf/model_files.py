@@ -14,12 +14,9 @@ import numpy as np
 
 
 class Tensors:
-    """Named tensors read lazily, one at a time, as float32 NumPy arrays (bfloat16 and float16 widened).
-
-    Tracks which were read, so that a tensor the importer leaves unused is an error rather than a
-    silently different model. `get` also finds a name without its first component ('transformer.',
-    'model.'), as old checkpoints (the original `gpt2`) store them.
-    """
+    """Named tensors read lazily as float32 NumPy arrays; tracks which were read, so that a tensor left
+    unused is an error, not a silently different model. `get` also finds a name without its first
+    component ('transformer.', 'model.'), as old checkpoints store them."""
 
     def __init__(self, names: list[str], read: Callable[[str], np.ndarray], where: str):
         self.names = set(names)

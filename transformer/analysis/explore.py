@@ -4,12 +4,9 @@
     ex = explore(params, ["ROMEO:"], cfg=cfg, tokenizer=tok)  # or a model in memory (e.g. from_hf)
     ex.save("explorer.html")                               # or `ex` as a Jupyter cell's last line
 
-    python -m transformer.explore --workdir runs/shakespeare --prompt "ROMEO:" --out explorer.html
-
 Per prompt the page (explorer_page/, no network) shows every head's attention weights [L, H, T, S],
-first-token share and entropy, and the top-k next tokens with heads switched off, run here for the
-masks in `Exploration.masks` only (other toggles make the page say so). A sink and R registers get
-key columns in front ("sink", "reg 1" .. "reg R", position None: seen by every query).
+first-token share and entropy, and the top-k next tokens with the heads of `Exploration.masks` off.
+A sink and R registers get key columns in front ("sink", "reg 1" .. "reg R", seen by every query).
 """
 
 from __future__ import annotations
@@ -69,12 +66,10 @@ class Exploration:
 
     def mask_index(self, head_mask: np.ndarray) -> int | None:
         """The index in `masks` of `head_mask` [L, H] (1 keep, 0 off), or None if not precomputed."""
-        key = mask_key(head_mask)
-        return next((i for i, m in enumerate(self.masks) if mask_key(m) == key), None)
+        return next((i for i, m in enumerate(self.masks) if mask_key(m) == mask_key(head_mask)), None)
 
     def top_tokens(self, prompt: int, head_mask: np.ndarray | None = None) -> list[tuple[int, float]]:
-        """The top-k (token id, probability) after prompt `prompt` with `head_mask` [L, H] (default all
-        heads on); ValueError for a mask that was not precomputed."""
+        """The top-k (token id, probability) after prompt `prompt` with `head_mask` [L, H] (default all on)."""
         i = 0 if head_mask is None else self.mask_index(head_mask)
         if i is None:
             raise ValueError("that head mask was not precomputed; pass it to explore(..., extra_masks=[...])")
@@ -97,11 +92,9 @@ class Exploration:
                 "prompts": [_prompt_data(self, i) for i in range(len(self.prompts))]}
 
     def html(self) -> str:
-        """The whole page: HTML, our script, and the data as JSON."""
-        page = _asset("page.html")
-        # "<" escaped: no text of a prompt can close the <script> element holding the data.
+        """The whole page: HTML, our script, and the data as JSON ("<" escaped: no prompt closes the script)."""
         data = json.dumps(self.data(), ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
-        return page.replace("/*SCRIPT*/", _asset("explorer.js")).replace("/*DATA*/", data)
+        return _asset("page.html").replace("/*SCRIPT*/", _asset("explorer.js")).replace("/*DATA*/", data)
 
     def save(self, path: str | os.PathLike) -> str:
         """Writes the page to `path` (UTF-8) and returns the path."""
@@ -200,8 +193,7 @@ def mask_key(head_mask: np.ndarray) -> str:
 
 def _views(cfg: ModelConfig, params: Any, prompts: list, tokenizer: Any, label: Any, masks: np.ndarray,
            max_tokens: int) -> list[PromptView]:
-    """Each prompt's PromptView, all prompts in one batch right-padded to the longest (which a causal
-    model's earlier positions never see)."""
+    """Each prompt's PromptView, all in one batch right-padded to the longest (causal: unseen)."""
     encoded = [_encode(cfg, p, tokenizer, max_tokens) for p in prompts]
     lengths = np.array([len(t) for t, _ in encoded])
     batch = np.zeros((len(encoded), lengths.max()), np.int32)  # [B, T_max], padded with token 0
@@ -263,8 +255,7 @@ def _forward(cfg: ModelConfig, params: Any, tokens: jax.Array, last: jax.Array, 
 
 
 def _label(tokenizer: Any, token: int) -> str:
-    """Token `token`'s text with whitespace made visible; '#id' without a tokenizer, for an id the
-    tokenizer lacks or for a part of a character (decoded as U+FFFD)."""
+    """Token `token`'s text made visible; '#id' without a tokenizer, for an unknown id or a part of a character."""
     known = tokenizer is not None and 0 <= token < tokenizer.vocab_size
     text = tokenizer.decode([token]) if known else ""
     return f"#{token}" if not text or "\ufffd" in text else token_label(text)

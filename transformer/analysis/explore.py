@@ -127,12 +127,9 @@ def check_page_path(path: str | os.PathLike) -> None:
 def explore(params_or_workdir: Any, prompts: str | Sequence[str | Sequence[int]], *, cfg: ModelConfig | None = None,
             tokenizer: Any = None, step: int | None = None, top_k: int = 10, max_tokens: int = 96,
             extra_masks: Sequence[np.ndarray] = ()) -> Exploration:
-    """What the explorer page shows for `prompts` (a text, or a list of texts or of token id lists).
-
-    `params_or_workdir`: a run's folder (its checkpoint `step`, default the latest, with its config and
-    tokenizer), or a model's params (with `cfg`, and `tokenizer` or prompts as token ids).
-    `extra_masks`: head masks [L, H] (1 keep, 0 off) to precompute besides the standard ones.
-    """
+    """The explorer page for `prompts` (a text, or a list of texts or of token id lists) of a run's folder
+    (checkpoint `step`, default the latest) or of params (with `cfg`, and `tokenizer` or token ids);
+    `extra_masks`: head masks [L, H] (1 keep, 0 off) to precompute besides the standard ones."""
     if isinstance(params_or_workdir, (str, os.PathLike)):
         from transformer.run.checkpoint import restore_for_inference
 
@@ -157,15 +154,18 @@ def explore(params_or_workdir: Any, prompts: str | Sequence[str | Sequence[int]]
     masks, names = head_masks(cfg, extra_masks)
     label = functools.partial(_label, tokenizer)
     views = _views(cfg, params, prompts, tokenizer, label, masks, max_tokens)
-    ex = Exploration(_describe(cfg), masks, names, views, {}, min(top_k, cfg.vocab_size))
+    kind = (f"MLA (latent {cfg.kv_latent_dim})" if cfg.attention == "mla" else "MHA" if cfg.num_kv_heads == cfg.num_heads
+            else "MQA" if cfg.num_kv_heads == 1 else f"GQA ({cfg.num_kv_heads} key/value heads)")
+    shown_fields = ("num_layers", "num_heads", "d_model", "position", "vocab_size", "attention_sink", "num_registers")
+    model = {"attention": kind, **{k: getattr(cfg, k) for k in shown_fields}}
+    ex = Exploration(model, masks, names, views, {}, min(top_k, cfg.vocab_size))
     shown = {t for i in range(len(views)) for m in masks for t, _ in ex.top_tokens(i, m)}
     ex.labels.update({t: label(t) for t in sorted(shown)})
     return ex
 
 
 def head_masks(cfg: ModelConfig, extra: Sequence[np.ndarray] = ()) -> tuple[np.ndarray, list[str]]:
-    """Head masks [M, L, H] (1 keep, 0 off) and names: all heads on, each single head off, each whole
-    layer off, then `extra` (duplicates dropped)."""
+    """Head masks [M, L, H] (1 keep) and names: all on, each head off, each layer off, then new `extra` ones."""
     L, H = cfg.num_layers, cfg.num_heads
     heads_off = 1 - np.eye(L * H, dtype=np.float32).reshape(L * H, L, H)  # one head off each
     layers_off = 1 - np.repeat(np.eye(L, dtype=np.float32)[:, :, None], H, axis=2)  # one layer off each
@@ -265,15 +265,6 @@ def token_label(text: str) -> str:
     """A token's text with spaces as ␣, line breaks as ⏎, tabs as ⇥ and other control characters as \\xNN."""
     visible = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
     return "".join(visible.get(c, c if c.isprintable() else f"\\x{ord(c):02x}") for c in text)
-
-
-def _describe(cfg: ModelConfig) -> dict:
-    """The config fields the page names."""
-    kind = (f"MLA (latent {cfg.kv_latent_dim})" if cfg.attention == "mla" else "MHA" if cfg.num_kv_heads == cfg.num_heads
-            else "MQA" if cfg.num_kv_heads == 1 else f"GQA ({cfg.num_kv_heads} key/value heads)")
-    return {"num_layers": cfg.num_layers, "num_heads": cfg.num_heads, "d_model": cfg.d_model,
-            "attention": kind, "position": cfg.position, "vocab_size": cfg.vocab_size,
-            "attention_sink": cfg.attention_sink, "num_registers": cfg.num_registers}
 
 
 def _prompt_data(ex: Exploration, i: int) -> dict:

@@ -63,13 +63,9 @@ def eval_batches(tokens: np.ndarray, *, num_batches: int, batch_size: int, seq_l
 
 
 def with_start_token(batch: tuple[np.ndarray, np.ndarray], start_token: int) -> tuple[np.ndarray, np.ndarray]:
-    """The same windows begun by a fixed start token (as a BOS token begins a document; does that grow
-    a sink?), or the batch unchanged for start_token = -1.
-
-    (inputs [x_0 .. x_{T-1}], targets [y_0 .. y_{T-1}]) -> (inputs [s, x_0 .. x_{T-2}], targets [x_0, y_0 ..
-    y_{T-2}]): targets move with their inputs, so ungraded ones (IGNORED) stay ungraded, and x_0 is
-    graded where the row's first target was.
-    """
+    """(inputs [x_0 .. x_{T-1}], targets [y_0 .. y_{T-1}]) -> (inputs [s, x_0 .. x_{T-2}], targets [x_0, y_0 ..
+    y_{T-2}]): windows begun by a fixed token, as a BOS token begins a document (does it grow a sink?);
+    unchanged for start_token = -1. x_0 is graded where the row's first target was."""
     if start_token == -1:
         return batch
     inputs, targets = batch

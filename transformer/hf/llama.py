@@ -1,8 +1,5 @@
 """LlamaForCausalLM <-> ModelConfig: RoPE (no scaling), RMSNorm (gain only), SwiGLU, grouped-query
-attention, tied or untied head; attention_bias and mlp_bias equal (our use_bias covers both).
-
-Shared with DeepSeek-V3: `top_and_ignored`, `swiglu`, `check_silu` and `rope_theta`.
-"""
+attention, tied or untied head; attention_bias and mlp_bias equal (our use_bias covers both)."""
 
 from __future__ import annotations
 
@@ -62,8 +59,7 @@ def swiglu(cfg: ModelConfig, p: str, bias: bool) -> list[Tensor]:
 
 
 def top_and_ignored(cfg: ModelConfig) -> tuple[list[Tensor], list]:
-    """The embedding, final norm and head; the ignored tensors: old checkpoints' RoPE frequency
-    buffers, and the head when it is tied to the embedding."""
+    """The embedding, final norm and head; ignored: old RoPE frequency buffers and a tied head."""
     ignored = [r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"model\.rotary_emb\.inv_freq"]
     return top(cfg, "model.embed_tokens.weight", "model.norm"), ignored + (
         ["lm_head.weight"] if cfg.tie_embeddings else [])

@@ -47,8 +47,7 @@ class Tensors:
 
 
 def open_source(source: Any) -> tuple[dict, str | None, Callable[[], Tensors]]:
-    """(config dict, architecture class name, a function that opens the tensors) of a folder or a
-    model object. The name is None for a folder whose config.json lists no `architectures`."""
+    """(config dict, architecture name or None, a function opening the tensors) of a folder or a model."""
     if isinstance(source, (str, os.PathLike)):
         return _open_directory(os.fspath(source))
     if hasattr(source, "state_dict") and hasattr(source, "config"):

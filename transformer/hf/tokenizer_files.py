@@ -35,9 +35,8 @@ def write_tokenizer(cfg: ModelConfig, tokenizer: Tokenizer, directory: str | os.
 
 
 def byte_level_identity() -> tokenizers.Tokenizer:
-    """A Hugging Face tokenizer equal to ByteTokenizer: token id = byte value, 256 tokens, no merges.
-    ByteLevel turns each byte into one character by GPT-2's table (printable bytes stand for
-    themselves, the other 68 take U+0100, U+0101, ... in byte order)."""
+    """A Hugging Face tokenizer equal to ByteTokenizer (id = byte value, no merges); ByteLevel's GPT-2
+    table: printable bytes stand for themselves, the other 68 take U+0100, U+0101, ... in order."""
     printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
     others = iter(range(0x100, 0x200))
     chars = [chr(b) if b in printable else chr(next(others)) for b in range(256)]

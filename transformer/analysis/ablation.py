@@ -23,8 +23,7 @@ Head = tuple[int, int]  # (layer, head)
 
 @dataclass(frozen=True)
 class Ablation:
-    """intact: evaluate([]) [...cells]; where: bool [...cells]; top[i], drawn[i]: the top and the random
-    sets of ks[i] heads; top_cells[i] [...cells] and drawn_cells[i] [draws, ...cells]: their evaluations."""
+    """Per ks[i]: the top and random head sets top[i], drawn[i]; their cells [...cells], [draws, ...cells]."""
 
     ks: tuple[int, ...]
     intact: np.ndarray

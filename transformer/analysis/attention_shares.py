@@ -21,8 +21,7 @@ class AttentionShares:
 
 
 def shares_from_weights(cfg: ModelConfig, weights: Array) -> AttentionShares:
-    """The shares of weights [L, B, H, T, R + S (+1)] as the Decoder returns them (registers first, the
-    sink last), averaged over the batch and the query rows t >= 1."""
+    """Shares of weights [L, B, H, T, R + S (+1)] (registers first, sink last), mean over b and rows t >= 1."""
     r = cfg.num_registers
     rows = weights[:, :, :, 1:]  # [L, B, H, T - 1, columns]: rows t >= 1
     mean = lambda x: x.mean(axis=(1, 3))  # noqa: E731  [L, B, H, T - 1] -> [L, H]

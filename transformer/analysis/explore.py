@@ -4,9 +4,8 @@
     ex = explore(params, ["ROMEO:"], cfg=cfg, tokenizer=tok)  # or a model in memory (e.g. from_hf)
     ex.save("explorer.html")                               # or `ex` as a Jupyter cell's last line
 
-Per prompt the page (explorer_page/, no network) shows every head's attention weights [L, H, T, S],
-first-token share and entropy, and the top-k next tokens with the heads of `Exploration.masks` off.
-A sink and R registers get key columns in front ("sink", "reg 1" .. "reg R", seen by every query).
+Per prompt the page (no network) shows every head's attention weights [L, H, T, S] (a sink and registers
+as columns in front), first-token share and entropy, and the top-k next tokens with heads off.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from transformer.analysis.capture import attention_maps
 from transformer.analysis.patching import run_cells
 from transformer.model.edits import ablate_heads
 from transformer.analysis.attention_shares import shares_from_weights
+from transformer.data.atomic_files import write_atomically
 
 DIGITS = 4  # decimals of the attention weights and statistics the page shows
 ATTENTION_SCALE = 10**DIGITS  # the page stores a weight a as the integer round(a * ATTENTION_SCALE)
@@ -99,8 +99,7 @@ class Exploration:
     def save(self, path: str | os.PathLike) -> str:
         """Writes the page to `path` (UTF-8) and returns the path."""
         check_page_path(path)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self.html())
+        write_atomically(path, self.html())
         return os.fspath(path)
 
     def __repr__(self) -> str:
@@ -127,9 +126,8 @@ def check_page_path(path: str | os.PathLike) -> None:
 def explore(params_or_workdir: Any, prompts: str | Sequence[str | Sequence[int]], *, cfg: ModelConfig | None = None,
             tokenizer: Any = None, step: int | None = None, top_k: int = 10, max_tokens: int = 96,
             extra_masks: Sequence[np.ndarray] = ()) -> Exploration:
-    """The explorer page for `prompts` (a text, or a list of texts or of token id lists) of a run's folder
-    (checkpoint `step`, default the latest) or of params (with `cfg`, and `tokenizer` or token ids);
-    `extra_masks`: head masks [L, H] (1 keep, 0 off) to precompute besides the standard ones."""
+    """The page for `prompts` (texts or token id lists) of a run's folder (checkpoint `step`) or of params
+    (with `cfg`); `extra_masks`: head masks [L, H] (1 keep, 0 off) to precompute besides the standard ones."""
     if isinstance(params_or_workdir, (str, os.PathLike)):
         from transformer.run.checkpoint import restore_for_inference
 
@@ -211,19 +209,15 @@ def _views(cfg: ModelConfig, params: Any, prompts: list, tokenizer: Any, label: 
         measured = w if T > 1 else np.repeat(w, 2, axis=3)  # one query: its row stands in for rows t >= 1
         shares = shares_from_weights(cfg, measured)
         rows = measured[:, 0, :, 1:]  # [L, H, T - 1, columns]: queries t >= 1
-        a = w[:, 0]  # [L, H, T, R + T (+1)]
-        if sink:  # the page's order: the sink's column first, then the registers, then the tokens
-            a = np.concatenate([a[..., -1:], a[..., :-1]], axis=-1)
+        a = np.roll(w[:, 0], int(sink), axis=-1)  # [L, H, T, S] in the page's order: (sink,) registers, tokens
         token_labels = [label(int(t)) for t in tokens]
         views.append(PromptView(
             text=text, tokens=tokens.tolist(), query_labels=token_labels, key_labels=extra_labels + token_labels,
             key_positions=[None] * len(extra_labels) + list(range(T)), first_key=len(extra_labels), attention=a,
-            first_token_share=np.asarray(shares.first_token),
+            first_token_share=np.asarray(shares.first_token), next_probs=next_probs[:, b],
             entropy=-(rows * np.log(np.maximum(rows, 1e-12))).sum(-1).mean(-1),
-            next_probs=next_probs[:, b],
             register_share=np.asarray(shares.registers) if R else None,
-            sink_share=np.asarray(shares.sink) if sink else None,
-        ))
+            sink_share=np.asarray(shares.sink) if sink else None))
     return views
 
 

@@ -5,8 +5,7 @@
     where = patch_positions(params, cfg, clean, corrupted, metric)      # Patching, grid [L, T]
     where.normalised()                                       # 0: the corrupted run, 1: the clean run
 
-Each cell runs the corrupted input with one piece of the clean run put in (Wang et al. 2022; Meng et al.
-2022); `run_cells` runs all cells with one compile and one forward pass in memory.
+Each cell runs the corrupted input with one piece of the clean run put in (Wang et al. 2022).
 """
 
 from __future__ import annotations
@@ -64,8 +63,7 @@ def patch_positions(params: Any, cfg: ModelConfig, clean: Array, corrupted: Arra
 
 def run_cells(params: Any, cfg: ModelConfig, tokens: Array, cells: Array,
               cell_edits: Callable[[Array], Sequence[edits.Edit]], read: Callable[[Array], Array]) -> Array:
-    """read(logits) of the model on `tokens` with each cell's edits, cell_edits(cells[n]), for the cells
-    [N, ...] -> [N, ...]: mapped with `jax.lax.map`, so one compile and one forward pass in memory."""
+    """read(logits) with cell_edits(cells[n]) for cells [N, ...] -> [N, ...]: `jax.lax.map`, one compile."""
     return jax.lax.map(lambda cell: read(edits.run(params, cfg, tokens, list(cell_edits(cell)))[0]), cells)
 
 

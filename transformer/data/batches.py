@@ -1,9 +1,7 @@
 """Training and validation batches: windows of a token array [N], chosen by (seed, step).
 
-`batch_at` is training batch `step` as a pure function of (seed, step), so a resumed run sees the
-batches an unbroken run would and each host reads only its own rows; `eval_batches` gives fixed
-validation batches. Batches are (inputs, targets), int32 [B, T], targets[:, t] == inputs[:, t + 1];
-a target of IGNORED is not graded (the needle task grades only each document's answer).
+A pure function of (seed, step), so a resumed run sees the batches an unbroken run would. Batches are
+(inputs, targets) int32 [B, T], targets[:, t] == inputs[:, t + 1]; a target of IGNORED is not graded.
 """
 
 from __future__ import annotations
@@ -45,8 +43,7 @@ def _last_start(tokens: np.ndarray, seq_len: int) -> int:
 
 def batch_at(tokens: np.ndarray, *, seed: int, step: int, batch_size: int, seq_len: int, host_index: int = 0,
              host_count: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Training batch `step`: random windows of `tokens` [N], chosen by (seed, step) only; this host's
-    rows, (inputs, targets) int32 [batch_size // host_count, T]."""
+    """Training batch `step` of random windows of `tokens` [N]: this host's rows [batch_size // hosts, T]."""
     last_start, rows = _last_start(tokens, seq_len), host_rows(batch_size, host_index, host_count)
     # Every host draws the whole global batch's offsets (cheap), so all agree on who reads what.
     starts = np.random.default_rng([seed, step]).integers(0, last_start, size=batch_size, endpoint=True)
@@ -55,17 +52,15 @@ def batch_at(tokens: np.ndarray, *, seed: int, step: int, batch_size: int, seq_l
 
 def eval_batches(tokens: np.ndarray, *, num_batches: int, batch_size: int, seq_len: int, host_index: int = 0,
                  host_count: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
-    """`num_batches` fixed validation batches whose windows start evenly spaced from the first to the
-    last possible start; this host's rows of each, as in `batch_at`."""
+    """`num_batches` fixed validation batches of evenly spaced windows; this host's rows of each."""
     last_start, rows = _last_start(tokens, seq_len), host_rows(batch_size, host_index, host_count)
     starts = np.linspace(0, last_start, num_batches * batch_size).round().astype(np.int64)
     return [_windows(tokens, batch_starts[rows], seq_len) for batch_starts in starts.reshape(num_batches, -1)]
 
 
 def with_start_token(batch: tuple[np.ndarray, np.ndarray], start_token: int) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs [x_0 .. x_{T-1}], targets [y_0 .. y_{T-1}]) -> (inputs [s, x_0 .. x_{T-2}], targets [x_0, y_0 ..
-    y_{T-2}]): windows begun by a fixed token, as a BOS token begins a document (does it grow a sink?);
-    unchanged for start_token = -1. x_0 is graded where the row's first target was."""
+    """(inputs [x_0 .. x_{T-1}], targets [y_0 ..]) -> (inputs [s, x_0 .. x_{T-2}], targets [x_0, y_0 .. y_{T-2}]):
+    windows begun by a fixed token as a BOS token begins a document (a sink?); unchanged for -1."""
     if start_token == -1:
         return batch
     inputs, targets = batch

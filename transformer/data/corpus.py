@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 
 TEXT_SNIFF_BYTES = 8192  # a NUL byte among a file's first bytes marks it binary
-SKIPPED_DIRS = ("__pycache__",)  # besides hidden folders (.git, .venv, ...)
 
 
 def _plays_dir() -> Path:
@@ -94,7 +93,7 @@ def _folder_files(folder: Path) -> tuple[list[Path], list[Path]]:
     """(text files, skipped files) under `folder`, each sorted by path (see `corpus_files`)."""
     files = []
     for root, dirs, names in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in SKIPPED_DIRS]  # not entered
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]  # not entered
         files += [Path(root) / n for n in names if not n.startswith(".")]
     text, skipped = [], []
     for f in sorted(files):

@@ -16,8 +16,7 @@ T = TypeVar("T")
 
 
 class Prefetcher(Generic[T]):
-    """Yields fn(start_step), fn(start_step + 1), ... computed by a daemon thread up to `depth` ahead; fn's
-    exception is raised by `next()` in the consumer's thread; `close()` (or the `with`'s end) stops it."""
+    """fn(start_step), fn(start_step + 1), ... computed `depth` ahead by a thread; fn's error raises in next()."""
 
     def __init__(self, fn: Callable[[int], T], start_step: int, depth: int = 2):
         if depth < 1:

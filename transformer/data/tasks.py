@@ -1,9 +1,5 @@
-"""A data task: what a training run's batches are; the experiments' table (experiments/catalog.py)
-builds the one `config.data.task` names.
-
-`batch_at(tokens, seed=, step=, batch_size=, seq_len=, host_index=, host_count=)` gives training batch
-`step`, `eval_batches(tokens, num_batches=, batch_size=, seq_len=, host_index=, host_count=)` the fixed
-validation batches, both as (inputs, targets) [B / hosts, T] (see batches.py). A task with text=False
+"""A data task: a run's two batch functions, with the arguments and (inputs, targets) [B / hosts, T] of
+batches.py's; experiments/catalog.py builds the one `config.data.task` names. A task with text=False
 makes its own batches from tokens=None: the run makes no tokenizer, corpus, bits per byte or sample.
 """
 

@@ -35,9 +35,8 @@ class TokenCorpus(NamedTuple):
 
 def load_corpus(path: str | os.PathLike | None, tokenizer: Tokenizer, cache_dir: str | os.PathLike,
                 val_fraction: float = 0.1) -> TokenCorpus:
-    """The corpus at `path` (see `corpus_files`), tokenized (cached), split into its head and its last
-    `val_fraction`. Each document is encoded on its own, the separator's tokens in between: for BPE
-    no token spans two documents."""
+    """The corpus at `path` tokenized (cached), split into its head and its last `val_fraction`; each
+    document is encoded on its own, so no BPE token spans two."""
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction={val_fraction} must be in (0, 1), e.g. 0.1 for 10% validation.")
     files, bundled, cache_dir = corpus_files(path), path is None, Path(cache_dir)
@@ -60,9 +59,7 @@ def load_corpus(path: str | os.PathLike | None, tokenizer: Tokenizer, cache_dir:
 
 
 def file_digests(files: list[Path], cache_dir: Path) -> list[list[str]]:
-    """[[absolute path, SHA-256 of its bytes], ...] of the corpus files, in corpus order; remembered in
-    `cache_dir/file_digests.json` under each file's size, mtime, inode and ctime (never restored), so an
-    untouched file costs a stat, not a read."""
+    """[[absolute path, SHA-256], ...] of `files`, memoised by stat in `cache_dir/file_digests.json` (no re-read)."""
     memo_path = cache_dir / "file_digests.json"
     try:
         memo = json.loads(memo_path.read_text())
@@ -85,8 +82,7 @@ def file_digests(files: list[Path], cache_dir: Path) -> list[list[str]]:
 
 
 def _tokenize_to_file(files: list[Path], bundled: bool, tokenizer: Tokenizer, cache: Path) -> None:
-    """Encodes the documents one at a time into `cache` (.npy), atomically. Plain writes, not a memory
-    map (whose writes to a full disk end the process with SIGBUS): a full disk raises OSError naming `cache`."""
+    """Encodes the documents into `cache` (.npy) atomically, by plain writes (a full disk: OSError, not SIGBUS)."""
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.int32)  # halves disk and page cache
     separator = tokenizer.encode_array(DOCUMENT_SEPARATOR).astype(dtype)
     raw_fd, raw = tempfile.mkstemp(dir=cache.parent, prefix=".tokens.", suffix=".bin")

@@ -120,8 +120,7 @@ Tokenizer = ByteTokenizer | BPETokenizer
 
 
 def make_tokenizer(kind: str, texts: Iterable[str] = (), vocab_size: int | None = None) -> Tokenizer:
-    """A tokenizer of `kind`: 'bytes', or 'bpe' trained on `texts` to exactly `vocab_size` (a model
-    sized for more ids than the texts give would hold ids no text encodes to)."""
+    """A tokenizer of `kind`: 'bytes', or 'bpe' trained on `texts` to exactly `vocab_size` (no unused ids)."""
     if kind == "bytes":
         return ByteTokenizer()
     if kind == "bpe":

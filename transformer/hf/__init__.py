@@ -4,8 +4,7 @@
     cfg, params = from_hf(hf_model)                # or a `transformers` model object in memory
     to_hf(cfg, params, "out/", tokenizer=tok)      # AutoModelForCausalLM.from_pretrained("out/")
 
-A folder is read with `safetensors` and NumPy only; nothing is downloaded. What the model does not
-implement (rope scaling, MoE, quantised weights, unused tensors, ...) raises a ValueError naming it.
+Nothing is downloaded; what the model does not implement (rope scaling, MoE, ...) raises a ValueError.
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ MODEL_TYPES = {family.MODEL_TYPE: family.ARCH for family in _FAMILIES.values()}
 
 
 def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[ModelConfig, dict]:
-    """(cfg, float32 params) of a Hugging Face causal LM, from a folder or a `transformers` model object;
-    `scan_layers`: layer leaves with a leading L axis, or layers_0 ... layers_{L-1}."""
+    """(cfg, float32 params) of a Hugging Face causal LM (a folder or a model object); `scan_layers`: [L, ...]."""
     hf, arch, open_tensors = model_files.open_source(source)
     arch = str(arch or MODEL_TYPES.get(hf.get("model_type"), hf.get("model_type")))
     if arch not in SUPPORTED:
@@ -64,9 +62,8 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
 
 def to_hf(cfg: ModelConfig, params: Mapping, directory: str | os.PathLike, *,
           tokenizer: Tokenizer | None = None) -> None:
-    """Writes config.json and model.safetensors that `transformers` loads as the same model (GPT2LMHeadModel,
-    LlamaForCausalLM or MistralForCausalLM); ValueError before any write for what none holds.
-    `tokenizer` (the model's) adds the tokenizer files."""
+    """Writes config.json and model.safetensors that `transformers` loads as the same model, and the files of
+    `tokenizer` (the model's); ValueError, before any write, for what no supported family holds."""
     recipe = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in ("qk_norm", "logit_softcap") if getattr(cfg, k))
     for refused, why in (
         (cfg.attention_sink or cfg.num_registers,
@@ -101,8 +98,7 @@ def to_hf(cfg: ModelConfig, params: Mapping, directory: str | os.PathLike, *,
 
 
 def check_same_architecture(imported: ModelConfig, run: ModelConfig, *, seq_len: int | None = None) -> None:
-    """Raises ValueError if the run's config cannot train the imported model (--config.init_from_hf),
-    naming every differing field (and a train.seq_len past the imported context) and the overrides."""
+    """ValueError naming every field (and a seq_len) where `run` cannot train `imported`, with the fixes."""
     a, b = imported.architecture(), run.architecture()
     diffs = [k for k in a if a[k] != b[k]]
     problems = [f"{k}: imported {a[k]!r}, config {b[k]!r}" for k in diffs]

@@ -71,8 +71,7 @@ def check_silu(hf: dict, name: str) -> None:
 
 
 def rope_theta(hf: dict, name: str) -> float:
-    """rope_theta from `rope_parameters` (transformers 5) or the top level (transformers 4); any rope
-    scaling raises a ValueError naming it (the model implements plain RoPE only)."""
+    """rope_theta from `rope_parameters` (transformers 5) or the top level (4); rope scaling raises."""
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     if not isinstance(rope, Mapping) or (rope and all(isinstance(v, Mapping) for v in rope.values())):
         raise ValueError(f"{name} with per-layer-type rope parameters {rope!r} is not supported")

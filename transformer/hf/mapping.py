@@ -19,9 +19,8 @@ from transformer.model.config import ModelConfig
 
 @dataclasses.dataclass(frozen=True)
 class Tensor:
-    """One stored tensor `name` [*shape] holding `parts` {our path: our shape} (or one path of the stored
-    shape) along its first axis. transposed: stored [in, out]. fill: what `to_hf` writes for a param
-    the model lacks (gain 1, bias 0). rows: read as stored[rows] before the split (import only)."""
+    """Stored tensor `name` [*shape] holding `parts` {our path: our shape} along axis 0; transposed: stored
+    [in, out]; fill: what `to_hf` writes for a missing param; rows: read as stored[rows] (import only)."""
 
     name: str
     shape: tuple[int, ...]

@@ -12,11 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from transformer.data.atomic_files import save_json
+
 
 class Tensors:
-    """Named tensors read lazily as float32 NumPy arrays; tracks which were read, so that a tensor left
-    unused is an error, not a silently different model. `get` also finds a name without its first
-    component ('transformer.', 'model.'), as old checkpoints store them."""
+    """Named tensors read lazily as float32 NumPy arrays; one left unused is an error, not a different model.
+    `get` also finds a name without its first component ('model.'), as old checkpoints store them."""
 
     def __init__(self, names: list[str], read: Callable[[str], np.ndarray], where: str):
         self.names = set(names)
@@ -124,5 +125,4 @@ def write_model(directory: str | os.PathLike, hf_config: dict, tensors: dict[str
     os.makedirs(directory, exist_ok=True)
     tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
     save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(hf_config, f, indent=2)
+    save_json(os.path.join(directory, "config.json"), hf_config)

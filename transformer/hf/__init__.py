@@ -65,16 +65,14 @@ def to_hf(cfg: ModelConfig, params: Mapping, directory: str | os.PathLike, *,
     """Writes config.json and model.safetensors that `transformers` loads as the same model, and the files of
     `tokenizer` (the model's); ValueError, before any write, for what no supported family holds."""
     recipe = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in ("qk_norm", "logit_softcap") if getattr(cfg, k))
+    nowhere = "so no supported Hugging Face architecture can hold this model"
     for refused, why in (
         (cfg.attention_sink or cfg.num_registers,
          f"attention_sink={cfg.attention_sink}, num_registers={cfg.num_registers}: neither GPT-2 nor Llama has a "
-         "sink logit or register tokens, so no supported Hugging Face architecture can hold this model; train it "
-         "with attention_sink=False and num_registers=0 to export"),
-        (recipe, f"{recipe}: neither GPT-2 nor Llama normalises queries and keys or soft-caps its logits, so no "
-         "supported Hugging Face architecture can hold this model; train it with qk_norm=False and "
-         "logit_softcap=0 to export"),
-        (cfg.mlp_dim == 0, "mlp_dim=0 (attention-only blocks): GPT-2 and Llama have an MLP in every layer, so no "
-         "supported Hugging Face architecture can hold this model"),
+         f"sink logit or register tokens, {nowhere}; train it with attention_sink=False and num_registers=0 to export"),
+        (recipe, f"{recipe}: neither GPT-2 nor Llama normalises queries and keys or soft-caps its logits, {nowhere}; "
+         "train it with qk_norm=False and logit_softcap=0 to export"),
+        (cfg.mlp_dim == 0, f"mlp_dim=0 (attention-only blocks): GPT-2 and Llama have an MLP in every layer, {nowhere}"),
         (cfg.attention_window and cfg.position != "rope",
          f"attention_window={cfg.attention_window} with position={cfg.position!r}: GPT-2 has no sliding window, "
          "and Mistral (the supported architecture with one) has RoPE"),

@@ -3,13 +3,10 @@
     evaluate = lambda heads: accuracy with `heads` removed      # [(layer, head)] -> float [...cells]
     result = top_k_against_random(evaluate, scores, ks=range(1, 9), draws=20, rng=np.random.default_rng(0))
     result.table()                 # per k: top-k accuracy, the random draws' mean and spread, p-value
-    result.median_draw(k)          # the random draw whose accuracy is the median, for the slide's grids
+    result.median_draw(k)          # the random draw whose accuracy is the median
 
-For each k the top k heads of scores [L, H] are removed together and, against them, `draws` sets of k
-heads outside that top k. The empirical p-value is the fraction of random draws at least as harmful
-(accuracy at most the top-k's): with D draws it is 0 or at least 1 / D, so 0 says "fewer than 1 in
-D", not "impossible". Accuracy is the mean over the cells `where` counts (the cells where the intact
-model succeeds: a head cannot look harmless for breaking what already fails).
+The p-value is the fraction of the random sets (outside the top k) at least as harmful; accuracy counts
+the cells `where` the intact model succeeds (a head cannot look harmless for breaking what fails).
 """
 
 from __future__ import annotations
@@ -26,9 +23,7 @@ Head = tuple[int, int]  # (layer, head)
 
 @dataclass(frozen=True)
 class Ablation:
-    """intact: evaluate([]) [...cells]; where: bool [...cells]; top[i]: the top ks[i] heads, top_cells[i]
-    their removal's accuracy [...cells]; drawn[i]: the random draws of ks[i] heads, drawn_cells[i]
-    [draws, ...cells]."""
+    """Per ks[i]: the top and random head sets top[i], drawn[i]; their cells [...cells], [draws, ...cells]."""
 
     ks: tuple[int, ...]
     intact: np.ndarray
@@ -63,8 +58,7 @@ class Ablation:
         return int(np.argsort(accuracy, kind="stable")[(len(accuracy) - 1) // 2])
 
     def table(self) -> list[dict]:
-        """One row per k: k, top (accuracy with the top-k removed), random_mean, random_std (ddof 1),
-        random_min, random_max, draws and p."""
+        """One row per k: k, top, random_mean, random_std (ddof 1), random_min, random_max, draws, p."""
         rows, top, p = [], self.top_accuracy(), self.p_values()
         for i, k in enumerate(self.ks):
             drawn = self.random_accuracy(i)
@@ -90,8 +84,7 @@ def ranked_heads(scores: np.ndarray) -> list[Head]:
 
 
 def random_subsets(pool: Sequence[Head], k: int, draws: int, rng: np.random.Generator) -> list[tuple[Head, ...]]:
-    """`draws` distinct k-subsets of `pool`, uniformly without repeats, each sorted; every k-subset
-    (in order) when there are no more than `draws`."""
+    """`draws` distinct sorted k-subsets of `pool`, uniformly; all of them when there are no more."""
     if not 1 <= k <= len(pool):
         raise ValueError(f"cannot draw {k} heads from a pool of {len(pool)}; lower k")
     if math.comb(len(pool), k) <= draws:

@@ -1,6 +1,4 @@
-"""Attention shares: how much of each head's attention goes to the first token, the registers and
-the sink column. Measured by the explorer (explore.py) and by the sinks experiment
-(transformer/experiments/sinks)."""
+"""How much of each head's attention goes to the first token, the registers and the sink column."""
 
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ Array = jax.Array
 
 @flax.struct.dataclass  # a pytree: a jitted function may return it
 class AttentionShares:
-    """Mean attention share per layer and head, [L, H] each (zeros for an option that is off):
-    on the first real token, on all the registers together, on the sink column."""
+    """Mean share per layer and head [L, H] on the first token, the registers, the sink (zeros when off)."""
 
     first_token: Array
     registers: Array
@@ -24,11 +21,7 @@ class AttentionShares:
 
 
 def shares_from_weights(cfg: ModelConfig, weights: Array) -> AttentionShares:
-    """The shares of attention weights as the Decoder returns them (jit-friendly).
-
-    weights: [L, B, H, T, R + S (+1)]: R register columns first, the sink's column last (see
-    Decoder). Averaged over the batch and the query rows t >= 1.
-    """
+    """Shares of weights [L, B, H, T, R + S (+1)] (registers first, sink last), mean over b and rows t >= 1."""
     r = cfg.num_registers
     rows = weights[:, :, :, 1:]  # [L, B, H, T - 1, columns]: rows t >= 1
     mean = lambda x: x.mean(axis=(1, 3))  # noqa: E731  [L, B, H, T - 1] -> [L, H]

@@ -4,12 +4,8 @@
     ex = explore(params, ["ROMEO:"], cfg=cfg, tokenizer=tok)  # or a model in memory (e.g. from_hf)
     ex.save("explorer.html")                               # or `ex` as a Jupyter cell's last line
 
-    python -m transformer.explore --workdir runs/shakespeare --prompt "ROMEO:" --out explorer.html
-
-Per prompt the page (explorer_page/, no network) shows every head's attention weights [L, H, T, S],
-first-token share and entropy, and the top-k next tokens with heads switched off, run here for the
-masks in `Exploration.masks` only (other toggles make the page say so). A sink and R registers get
-key columns in front ("sink", "reg 1" .. "reg R", position None: seen by every query).
+Per prompt the page (no network) shows every head's attention weights [L, H, T, S] (a sink and registers
+as columns in front), first-token share and entropy, and the top-k next tokens with heads off.
 """
 
 from __future__ import annotations
@@ -32,6 +28,7 @@ from transformer.analysis.capture import attention_maps
 from transformer.analysis.patching import run_cells
 from transformer.model.edits import ablate_heads
 from transformer.analysis.attention_shares import shares_from_weights
+from transformer.data.atomic_files import write_atomically
 
 DIGITS = 4  # decimals of the attention weights and statistics the page shows
 ATTENTION_SCALE = 10**DIGITS  # the page stores a weight a as the integer round(a * ATTENTION_SCALE)
@@ -69,12 +66,10 @@ class Exploration:
 
     def mask_index(self, head_mask: np.ndarray) -> int | None:
         """The index in `masks` of `head_mask` [L, H] (1 keep, 0 off), or None if not precomputed."""
-        key = mask_key(head_mask)
-        return next((i for i, m in enumerate(self.masks) if mask_key(m) == key), None)
+        return next((i for i, m in enumerate(self.masks) if mask_key(m) == mask_key(head_mask)), None)
 
     def top_tokens(self, prompt: int, head_mask: np.ndarray | None = None) -> list[tuple[int, float]]:
-        """The top-k (token id, probability) after prompt `prompt` with `head_mask` [L, H] (default all
-        heads on); ValueError for a mask that was not precomputed."""
+        """The top-k (token id, probability) after prompt `prompt` with `head_mask` [L, H] (default all on)."""
         i = 0 if head_mask is None else self.mask_index(head_mask)
         if i is None:
             raise ValueError("that head mask was not precomputed; pass it to explore(..., extra_masks=[...])")
@@ -97,17 +92,14 @@ class Exploration:
                 "prompts": [_prompt_data(self, i) for i in range(len(self.prompts))]}
 
     def html(self) -> str:
-        """The whole page: HTML, our script, and the data as JSON."""
-        page = _asset("page.html")
-        # "<" escaped: no text of a prompt can close the <script> element holding the data.
+        """The whole page: HTML, our script, and the data as JSON ("<" escaped: no prompt closes the script)."""
         data = json.dumps(self.data(), ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
-        return page.replace("/*SCRIPT*/", _asset("explorer.js")).replace("/*DATA*/", data)
+        return _asset("page.html").replace("/*SCRIPT*/", _asset("explorer.js")).replace("/*DATA*/", data)
 
     def save(self, path: str | os.PathLike) -> str:
         """Writes the page to `path` (UTF-8) and returns the path."""
         check_page_path(path)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self.html())
+        write_atomically(path, self.html())
         return os.fspath(path)
 
     def __repr__(self) -> str:
@@ -134,12 +126,8 @@ def check_page_path(path: str | os.PathLike) -> None:
 def explore(params_or_workdir: Any, prompts: str | Sequence[str | Sequence[int]], *, cfg: ModelConfig | None = None,
             tokenizer: Any = None, step: int | None = None, top_k: int = 10, max_tokens: int = 96,
             extra_masks: Sequence[np.ndarray] = ()) -> Exploration:
-    """What the explorer page shows for `prompts` (a text, or a list of texts or of token id lists).
-
-    `params_or_workdir`: a run's folder (its checkpoint `step`, default the latest, with its config and
-    tokenizer), or a model's params (with `cfg`, and `tokenizer` or prompts as token ids).
-    `extra_masks`: head masks [L, H] (1 keep, 0 off) to precompute besides the standard ones.
-    """
+    """The page for `prompts` (texts or token id lists) of a run's folder (checkpoint `step`) or of params
+    (with `cfg`); `extra_masks`: head masks [L, H] (1 keep, 0 off) to precompute besides the standard ones."""
     if isinstance(params_or_workdir, (str, os.PathLike)):
         from transformer.run.checkpoint import restore_for_inference
 
@@ -164,15 +152,18 @@ def explore(params_or_workdir: Any, prompts: str | Sequence[str | Sequence[int]]
     masks, names = head_masks(cfg, extra_masks)
     label = functools.partial(_label, tokenizer)
     views = _views(cfg, params, prompts, tokenizer, label, masks, max_tokens)
-    ex = Exploration(_describe(cfg), masks, names, views, {}, min(top_k, cfg.vocab_size))
+    kind = (f"MLA (latent {cfg.kv_latent_dim})" if cfg.attention == "mla" else "MHA" if cfg.num_kv_heads == cfg.num_heads
+            else "MQA" if cfg.num_kv_heads == 1 else f"GQA ({cfg.num_kv_heads} key/value heads)")
+    shown_fields = ("num_layers", "num_heads", "d_model", "position", "vocab_size", "attention_sink", "num_registers")
+    model = {"attention": kind, **{k: getattr(cfg, k) for k in shown_fields}}
+    ex = Exploration(model, masks, names, views, {}, min(top_k, cfg.vocab_size))
     shown = {t for i in range(len(views)) for m in masks for t, _ in ex.top_tokens(i, m)}
     ex.labels.update({t: label(t) for t in sorted(shown)})
     return ex
 
 
 def head_masks(cfg: ModelConfig, extra: Sequence[np.ndarray] = ()) -> tuple[np.ndarray, list[str]]:
-    """Head masks [M, L, H] (1 keep, 0 off) and names: all heads on, each single head off, each whole
-    layer off, then `extra` (duplicates dropped)."""
+    """Head masks [M, L, H] (1 keep) and names: all on, each head off, each layer off, then new `extra` ones."""
     L, H = cfg.num_layers, cfg.num_heads
     heads_off = 1 - np.eye(L * H, dtype=np.float32).reshape(L * H, L, H)  # one head off each
     layers_off = 1 - np.repeat(np.eye(L, dtype=np.float32)[:, :, None], H, axis=2)  # one layer off each
@@ -200,8 +191,7 @@ def mask_key(head_mask: np.ndarray) -> str:
 
 def _views(cfg: ModelConfig, params: Any, prompts: list, tokenizer: Any, label: Any, masks: np.ndarray,
            max_tokens: int) -> list[PromptView]:
-    """Each prompt's PromptView, all prompts in one batch right-padded to the longest (which a causal
-    model's earlier positions never see)."""
+    """Each prompt's PromptView, all in one batch right-padded to the longest (causal: unseen)."""
     encoded = [_encode(cfg, p, tokenizer, max_tokens) for p in prompts]
     lengths = np.array([len(t) for t, _ in encoded])
     batch = np.zeros((len(encoded), lengths.max()), np.int32)  # [B, T_max], padded with token 0
@@ -219,19 +209,15 @@ def _views(cfg: ModelConfig, params: Any, prompts: list, tokenizer: Any, label: 
         measured = w if T > 1 else np.repeat(w, 2, axis=3)  # one query: its row stands in for rows t >= 1
         shares = shares_from_weights(cfg, measured)
         rows = measured[:, 0, :, 1:]  # [L, H, T - 1, columns]: queries t >= 1
-        a = w[:, 0]  # [L, H, T, R + T (+1)]
-        if sink:  # the page's order: the sink's column first, then the registers, then the tokens
-            a = np.concatenate([a[..., -1:], a[..., :-1]], axis=-1)
+        a = np.roll(w[:, 0], int(sink), axis=-1)  # [L, H, T, S] in the page's order: (sink,) registers, tokens
         token_labels = [label(int(t)) for t in tokens]
         views.append(PromptView(
             text=text, tokens=tokens.tolist(), query_labels=token_labels, key_labels=extra_labels + token_labels,
             key_positions=[None] * len(extra_labels) + list(range(T)), first_key=len(extra_labels), attention=a,
-            first_token_share=np.asarray(shares.first_token),
+            first_token_share=np.asarray(shares.first_token), next_probs=next_probs[:, b],
             entropy=-(rows * np.log(np.maximum(rows, 1e-12))).sum(-1).mean(-1),
-            next_probs=next_probs[:, b],
             register_share=np.asarray(shares.registers) if R else None,
-            sink_share=np.asarray(shares.sink) if sink else None,
-        ))
+            sink_share=np.asarray(shares.sink) if sink else None))
     return views
 
 
@@ -263,8 +249,7 @@ def _forward(cfg: ModelConfig, params: Any, tokens: jax.Array, last: jax.Array, 
 
 
 def _label(tokenizer: Any, token: int) -> str:
-    """Token `token`'s text with whitespace made visible; '#id' without a tokenizer, for an id the
-    tokenizer lacks or for a part of a character (decoded as U+FFFD)."""
+    """Token `token`'s text made visible; '#id' without a tokenizer, for an unknown id or a part of a character."""
     known = tokenizer is not None and 0 <= token < tokenizer.vocab_size
     text = tokenizer.decode([token]) if known else ""
     return f"#{token}" if not text or "\ufffd" in text else token_label(text)
@@ -274,15 +259,6 @@ def token_label(text: str) -> str:
     """A token's text with spaces as ␣, line breaks as ⏎, tabs as ⇥ and other control characters as \\xNN."""
     visible = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"}
     return "".join(visible.get(c, c if c.isprintable() else f"\\x{ord(c):02x}") for c in text)
-
-
-def _describe(cfg: ModelConfig) -> dict:
-    """The config fields the page names."""
-    kind = (f"MLA (latent {cfg.kv_latent_dim})" if cfg.attention == "mla" else "MHA" if cfg.num_kv_heads == cfg.num_heads
-            else "MQA" if cfg.num_kv_heads == 1 else f"GQA ({cfg.num_kv_heads} key/value heads)")
-    return {"num_layers": cfg.num_layers, "num_heads": cfg.num_heads, "d_model": cfg.d_model,
-            "attention": kind, "position": cfg.position, "vocab_size": cfg.vocab_size,
-            "attention_sink": cfg.attention_sink, "num_registers": cfg.num_registers}
 
 
 def _prompt_data(ex: Exploration, i: int) -> dict:

@@ -3,14 +3,8 @@
     lens = logit_lens(params, cfg, tokens)                  # [L + 1, B, T, V]: after the embedding, each layer
     dla = direct_logit_attribution(params, cfg, tokens, targets)   # each head's and MLP's share of a logit
 
-The head is the model's: the final norm (pre-norm models), the unembedding and the soft-cap.
-Direct logit attribution splits a pre-norm model's final residual stream into what wrote it,
-
-    x_final = embed (+ pos_embed) + sum over layers l of (sum over heads h of head_out[l, h] + b_o[l] + mlp.out[l])
-
-and reads each part through the head linearised (nostalgebraist 2020; Elhage et al. 2021): the final
-norm's 1 / rms (RMSNorm) or 1 / std (layer norm, each part's mean removed) frozen at its value on
-this input, no soft-cap. The parts then add up exactly to the target's logit before the soft-cap.
+Attribution reads each part of x_final = embed + sum_l (sum_h head_out[l, h] + b_o[l] + mlp.out[l])
+through the head with the final norm's scale frozen and no soft-cap, so the parts add up to the logit.
 """
 
 from __future__ import annotations
@@ -45,8 +39,7 @@ def head(params: Any, cfg: ModelConfig, x: Array) -> Array:
 
 
 def logit_lens(params: Any, cfg: ModelConfig, tokens: Array, edits: list[Edit] = ()) -> Array:
-    """The model's head applied to the residual stream entering layer 0 and leaving each layer:
-    [L + 1, B, T, V] float32 logits; the last equals the model's logits."""
+    """The head on the residual stream entering layer 0 and leaving each layer: [L + 1, B, T, V] float32."""
     names = ["blocks.0.resid_pre", "blocks.*.resid_post"]
     _, _, got = capture(params, cfg, tokens, names, edits=edits)
     streams = jnp.concatenate([got[names[0]][None], got[names[1]]])  # [L + 1, B, T, D]
@@ -56,8 +49,7 @@ def logit_lens(params: Any, cfg: ModelConfig, tokens: Array, edits: list[Edit] =
 @flax.struct.dataclass
 class Attribution:
     """Each part's direct contribution to a logit (or a logit difference), float32: embed [B, T] (with
-    the position embedding), heads [L, H, B, T], attn_bias [L, B, T] (W_o's bias), mlp [L, B, T],
-    norm_bias [B, T] (the final norm's bias); logit [B, T], before the soft-cap, is their sum."""
+    positions), heads [L, H, B, T], attn_bias [L, B, T], mlp [L, B, T], norm_bias [B, T]; logit [B, T]."""
 
     embed: Array
     heads: Array
@@ -73,8 +65,7 @@ class Attribution:
 
 def direct_logit_attribution(params: Any, cfg: ModelConfig, tokens: Array, targets: Array,
                              against: Array | None = None) -> Attribution:
-    """Direct logit attribution of the logit of `targets` [B, T] (with `against` [B, T]: of the logit
-    difference targets - against) at each position of `tokens` [B, T]. Pre-norm models only."""
+    """Attribution of logit[targets] (- logit[against]) [B, T] at each position of `tokens` [B, T] (pre-norm)."""
     if not cfg.prenorm:
         raise ValueError("direct logit attribution needs a pre-norm model: a post-norm model normalises the "
                          "residual stream inside each layer, so its output is no sum of the heads' and MLPs' parts")
@@ -88,17 +79,12 @@ def direct_logit_attribution(params: Any, cfg: ModelConfig, tokens: Array, targe
     x = got[last].astype(jnp.float32)  # [B, T, D]: the final residual stream
     norm = params.get("final_norm", {})
     scale = norm.get("scale", jnp.ones(cfg.d_model)).astype(jnp.float32)
-    layer_norm = cfg.norm == "layernorm"
-    if layer_norm:
-        inverse = jax.lax.rsqrt(x.var(-1, keepdims=True) + cfg.norm_eps)  # [B, T, 1], frozen
-    else:
-        inverse = jax.lax.rsqrt(jnp.square(x).mean(-1, keepdims=True) + cfg.norm_eps)
+    # A layer norm removes each part's mean; RMSNorm does not.
+    centre = (lambda v: v - v.mean(-1, keepdims=True)) if cfg.norm == "layernorm" else (lambda v: v)
+    inverse = jax.lax.rsqrt(jnp.square(centre(x)).mean(-1, keepdims=True) + cfg.norm_eps)  # [B, T, 1], frozen
 
     def read(part: Array) -> Array:  # [..., B, T, D] -> [..., B, T]: through the frozen norm and W_U
-        part = part.astype(jnp.float32)
-        if layer_norm:
-            part = part - part.mean(-1, keepdims=True)
-        return jnp.einsum("...btd,btd->...bt", part * inverse * scale, direction)
+        return jnp.einsum("...btd,btd->...bt", centre(part.astype(jnp.float32)) * inverse * scale, direction)
 
     heads = read(jnp.moveaxis(got["blocks.*.attn.head_out"], 3, 1))  # [L, B, T, H, D] -> [L, H, B, T]
     embed = read(got["embed"] + got.get("pos_embed", 0.0))

@@ -5,10 +5,7 @@
     where = patch_positions(params, cfg, clean, corrupted, metric)      # Patching, grid [L, T]
     where.normalised()                                       # 0: the corrupted run, 1: the clean run
 
-Each cell runs the corrupted input with one piece of the clean run's activations put in: a head's
-output z at every position (Wang et al. 2022, "denoising"), or the residual stream entering a layer
-at one position (Meng et al. 2022). The cells are edits run by `run_cells`, which the explorer's
-head ablations share: one compile for the whole grid, one forward pass in memory.
+Each cell runs the corrupted input with one piece of the clean run put in (Wang et al. 2022).
 """
 
 from __future__ import annotations
@@ -43,8 +40,7 @@ class Patching:
 
 
 def logit_difference(correct: Array, wrong: Array, position: int = -1) -> Metric:
-    """The metric mean over rows b of logits[b, position, correct[b]] - logits[b, position, wrong[b]]
-    (correct, wrong: [B] token ids)."""
+    """The metric mean_b logits[b, position, correct[b]] - logits[b, position, wrong[b]] (correct, wrong: [B])."""
     rows = jnp.arange(len(correct))
 
     def metric(logits: Array) -> Array:
@@ -55,22 +51,19 @@ def logit_difference(correct: Array, wrong: Array, position: int = -1) -> Metric
 
 
 def patch_heads(params: Any, cfg: ModelConfig, clean: Array, corrupted: Array, metric: Metric) -> Patching:
-    """The metric on `corrupted` [B, T] with head h of layer l patched from `clean` [B, T] (its z,
-    at every position): grid [L, H]."""
+    """The metric on `corrupted` [B, T] with head (l, h)'s z patched from `clean` [B, T]: grid [L, H]."""
     return _patch(params, cfg, clean, corrupted, metric, "blocks.*.attn.z", axes=(0, 3))  # z: [L, B, T, H, Kv]
 
 
 def patch_positions(params: Any, cfg: ModelConfig, clean: Array, corrupted: Array, metric: Metric,
                     point: str = "resid_pre") -> Patching:
-    """The metric on `corrupted` with layer l's `point` (a [B, T, D] point: resid_pre, resid_mid,
-    attn.out, mlp.out, ...) at position t patched from `clean`: grid [L, T]."""
+    """The metric with layer l's [B, T, D] `point` (resid_pre, attn.out, ...) at t from `clean`: grid [L, T]."""
     return _patch(params, cfg, clean, corrupted, metric, f"blocks.*.{point}", axes=(0, 2))  # [L, B, T, ...]
 
 
 def run_cells(params: Any, cfg: ModelConfig, tokens: Array, cells: Array,
               cell_edits: Callable[[Array], Sequence[edits.Edit]], read: Callable[[Array], Array]) -> Array:
-    """read(logits) of the model on `tokens` with each cell's edits, cell_edits(cells[n]), for the cells
-    [N, ...] -> [N, ...]: mapped with `jax.lax.map`, so one compile and one forward pass in memory."""
+    """read(logits) with cell_edits(cells[n]) for cells [N, ...] -> [N, ...]: `jax.lax.map`, one compile."""
     return jax.lax.map(lambda cell: read(edits.run(params, cfg, tokens, list(cell_edits(cell)))[0]), cells)
 
 

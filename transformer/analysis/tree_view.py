@@ -1,10 +1,6 @@
-"""Pytrees you can open: parameters, optimizer state or a KV cache as a foldable treescope tree.
-
-    show_tree(params, "parameters")          # in Jupyter: the tree, one line per array
-
-Every array becomes one line, `float32[4, 128, 512]  262,144 = 1.0 MiB  cpu:0` (a sharded array names
-its PartitionSpec and mesh), under a header with the totals; the tree keeps its structure, so the
-parts fold. treescope (the `notebooks` extra) is imported only when a view is rendered.
+"""Pytrees you can open: `show_tree(params, "parameters")` shows every array as one foldable line,
+`float32[4, 128, 512]  262,144 = 1.0 MiB  cpu:0` (sharded: its PartitionSpec and mesh), under the totals.
+treescope (the `notebooks` extra) is imported only when a view is rendered.
 """
 
 from __future__ import annotations
@@ -72,7 +68,6 @@ def human_bytes(n: int) -> str:
         if n < 1024 or unit == "GiB":
             return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    raise AssertionError("unreachable")
 
 
 @dataclasses.dataclass(repr=False)

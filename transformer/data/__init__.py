@@ -1,2 +1,1 @@
-"""The data: the bundled corpus, tokenizers, the token stream on disk, batches, the prefetcher, and
-the DataTask a run trains on (tasks.py). Imports nothing else of the package (not even the model)."""
+"""The data: corpus, tokenizers, token stream, batches, prefetcher, data tasks; imports no other package."""

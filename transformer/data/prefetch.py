@@ -1,5 +1,4 @@
 """Data loading overlapped with training: a background thread computes the next batches.
-
     with Prefetcher(lambda step: batch_at(tokens, seed=0, step=step, ...), start_step) as batches:
         for inputs, targets in batches:   # batch n + 1 is being read while step n trains
             ...
@@ -17,9 +16,7 @@ T = TypeVar("T")
 
 
 class Prefetcher(Generic[T]):
-    """Yields fn(start_step), fn(start_step + 1), ... computed by a daemon thread up to `depth` ahead.
-    An exception of fn is raised again by `next()` in the consumer's thread; `close()` (or the `with`
-    block's end) stops the thread."""
+    """fn(start_step), fn(start_step + 1), ... computed `depth` ahead by a thread; fn's error raises in next()."""
 
     def __init__(self, fn: Callable[[int], T], start_step: int, depth: int = 2):
         if depth < 1:

@@ -1,15 +1,6 @@
-"""A data task: what a training run's batches are. The experiments' table
-(transformer/experiments/catalog.py) builds the one `config.data.task` names; the loop knows none.
-
-A task turns a token stream into batches: `batch_at(tokens, seed=, step=, batch_size=, seq_len=,
-host_index=, host_count=)` gives training batch `step` and `eval_batches(tokens, num_batches=,
-batch_size=, seq_len=, host_index=, host_count=)` the fixed validation batches, both as
-(inputs, targets) int32 [B / hosts, T] (see batches.py).
-
-A task says whether it reads text (`DataTask.text`). A text task's batches come from the corpus's
-token stream, and the run makes a tokenizer, loads the corpus, reports bits per byte and prints a
-text sample. A task with text=False makes its own batches (the tables: float rows [B, T, F + 1] and
-targets [B, T]); the run skips all four, and `batch_at` / `eval_batches` get tokens=None.
+"""A data task: a run's two batch functions, with the arguments and (inputs, targets) [B / hosts, T] of
+batches.py's; experiments/catalog.py builds the one `config.data.task` names. A task with text=False
+makes its own batches from tokens=None: the run makes no tokenizer, corpus, bits per byte or sample.
 """
 
 from __future__ import annotations

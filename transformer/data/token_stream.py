@@ -1,10 +1,8 @@
-"""The token stream of a corpus: tokenized once, cached on disk, memory-mapped.
+"""The token stream of a corpus: its documents joined by blank lines, tokenized once into
+`cache_dir/<key>.npy` and memory-mapped (restarts skip tokenization; a corpus larger than memory
+works). The key hashes the corpus files and the tokenizer, so any edit re-tokenizes.
 
     train, val, bytes_per_token = load_corpus(path, tokenizer, cache_dir, val_fraction=0.1)
-
-The documents, joined by blank lines, are tokenized once into `cache_dir/<key>.npy` and memory-mapped,
-so restarts skip tokenization and a corpus larger than memory works. The key hashes the corpus files
-(paths and contents) and the tokenizer, so any edit re-tokenizes.
 """
 
 from __future__ import annotations
@@ -37,19 +35,19 @@ class TokenCorpus(NamedTuple):
 
 def load_corpus(path: str | os.PathLike | None, tokenizer: Tokenizer, cache_dir: str | os.PathLike,
                 val_fraction: float = 0.1) -> TokenCorpus:
-    """The corpus at `path` (see `corpus_files`), tokenized (cached), split into its head and its last
-    `val_fraction`. Each document is encoded on its own, the separator's tokens in between: for BPE
-    no token spans two documents."""
+    """The corpus at `path` tokenized (cached), split into its head and its last `val_fraction`; each
+    document is encoded on its own, so no BPE token spans two."""
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction={val_fraction} must be in (0, 1), e.g. 0.1 for 10% validation.")
     files, bundled, cache_dir = corpus_files(path), path is None, Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    key = _cache_key(files, bundled, tokenizer, cache_dir)
+    identity = {"version": _CACHE_VERSION, "bundled": bundled, "separator": DOCUMENT_SEPARATOR,
+                "corpus": file_digests(files, cache_dir), "tokenizer": tokenizer.fingerprint}
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]  # changes with any input
     cache = cache_dir / f"{key}.npy"
     if not cache.exists():
         _tokenize_to_file(files, bundled, tokenizer, cache)
     tokens = np.load(cache, mmap_mode="r")
-
     num_val = int(len(tokens) * val_fraction)
     if num_val < 1 or num_val >= len(tokens):
         raise ValueError(f"The corpus has {len(tokens)} tokens: val_fraction={val_fraction} leaves {num_val} for "
@@ -61,12 +59,7 @@ def load_corpus(path: str | os.PathLike | None, tokenizer: Tokenizer, cache_dir:
 
 
 def file_digests(files: list[Path], cache_dir: Path) -> list[list[str]]:
-    """[[absolute path, SHA-256 of its bytes], ...] of the corpus files, in corpus order.
-
-    Remembered in `cache_dir/file_digests.json` under each file's size, mtime, inode and ctime (set
-    on every write and never restored, unlike the mtime), so an untouched file costs a stat: a corpus
-    of many GB is read once, not at every start.
-    """
+    """[[absolute path, SHA-256], ...] of `files`, memoised by stat in `cache_dir/file_digests.json` (no re-read)."""
     memo_path = cache_dir / "file_digests.json"
     try:
         memo = json.loads(memo_path.read_text())
@@ -88,16 +81,8 @@ def file_digests(files: list[Path], cache_dir: Path) -> list[list[str]]:
     return digests
 
 
-def _cache_key(files: list[Path], bundled: bool, tokenizer: Tokenizer, cache_dir: Path) -> str:
-    """A name for the token stream: changes when any input's content or the tokenizer changes."""
-    identity = {"version": _CACHE_VERSION, "bundled": bundled, "separator": DOCUMENT_SEPARATOR,
-                "corpus": file_digests(files, cache_dir), "tokenizer": tokenizer.fingerprint}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
-
-
 def _tokenize_to_file(files: list[Path], bundled: bool, tokenizer: Tokenizer, cache: Path) -> None:
-    """Encodes the documents one at a time into `cache` (.npy), atomically. Plain writes, not a memory
-    map (whose writes to a full disk end the process with SIGBUS): a full disk raises OSError naming `cache`."""
+    """Encodes the documents into `cache` (.npy) atomically, by plain writes (a full disk: OSError, not SIGBUS)."""
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.int32)  # halves disk and page cache
     separator = tokenizer.encode_array(DOCUMENT_SEPARATOR).astype(dtype)
     raw_fd, raw = tempfile.mkstemp(dir=cache.parent, prefix=".tokens.", suffix=".bin")
@@ -128,8 +113,6 @@ def _cached_val_bytes(record: Path, val: np.ndarray, tokenizer: Tokenizer) -> in
         return json.loads(record.read_text())["val_bytes"]
     # In chunks to bound memory; a character cut at a chunk edge miscounts by <= 3 bytes per 1M tokens.
     chunk = 1 << 20
-    val_bytes = sum(
-        len(tokenizer.decode(val[i : i + chunk]).encode("utf-8")) for i in range(0, len(val), chunk)
-    )
+    val_bytes = sum(len(tokenizer.decode(val[i : i + chunk]).encode("utf-8")) for i in range(0, len(val), chunk))
     save_json(record, {"val_bytes": val_bytes})
     return val_bytes

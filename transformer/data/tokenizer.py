@@ -1,10 +1,6 @@
-"""Tokenizers: text <-> token ids [N], by UTF-8 bytes (`ByteTokenizer`, vocabulary 256) or a byte-level
-BPE trained here or any Hugging Face tokenizer.json (`BPETokenizer`). Saved as JSON only (no pickle):
-
-    directory/tokenizer_kind.json   {"kind": "bytes"} or {"kind": "bpe"}, written last
-    directory/tokenizer.json        the Hugging Face tokenizer (BPE only)
-
-A directory holding only a Hugging Face tokenizer.json (a downloaded model) loads as BPE.
+"""Tokenizers: text <-> token ids [N], by UTF-8 bytes (`ByteTokenizer`) or a byte-level BPE trained here
+or any Hugging Face tokenizer.json (`BPETokenizer`). Saved as JSON, no pickle: tokenizer.json (BPE
+only) and, last, tokenizer_kind.json; a folder holding only a tokenizer.json loads as BPE.
 """
 
 from __future__ import annotations
@@ -46,12 +42,11 @@ class ByteTokenizer:
         return _known_ids(ids, self).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
     def __repr__(self) -> str:
-        return "ByteTokenizer(vocab_size=256)"
+        return f"{type(self).__name__}(vocab_size={self.vocab_size})"
 
 
 class BPETokenizer:
-    """A Hugging Face `tokenizers.Tokenizer` behind the same interface. `encode` adds no special tokens
-    (the corpus is one token stream); `decode` keeps them (what the model produced is what you read)."""
+    """A Hugging Face `tokenizers.Tokenizer`; `encode` adds no special tokens, `decode` keeps them."""
 
     def __init__(self, hf_tokenizer: tokenizers.Tokenizer):
         self.hf = hf_tokenizer
@@ -59,8 +54,7 @@ class BPETokenizer:
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
-        """A byte-level BPE of up to `vocab_size` tokens (256 bytes + merges) trained on `texts`: fewer
-        when the texts hold no more pairs to merge."""
+        """A byte-level BPE of up to `vocab_size` tokens (256 bytes + merges) trained on `texts`."""
         if vocab_size < 256:
             raise ValueError(f"vocab_size={vocab_size} is too small for a byte-level BPE: its base alphabet alone "
                              "is the 256 byte values. Use vocab_size >= 256 (e.g. 4096), or the 'bytes' tokenizer.")
@@ -97,8 +91,7 @@ class BPETokenizer:
         return hashlib.sha256(self.hf.to_str().encode()).hexdigest()
 
     def encode(self, text: str) -> list[int]:
-        """Text -> ids [N]; ValueError where the output holds the unknown token (imported tokenizers
-        that are not byte-level). What such a tokenizer drops or normalises is not detected."""
+        """Text -> ids [N]; ValueError where the output holds the unknown token (imported tokenizers)."""
         try:
             encoding = self.hf.encode(text, add_special_tokens=False)
         except TypeError:  # HF raises "TextInputSequence must be str" for lone surrogates
@@ -120,16 +113,14 @@ class BPETokenizer:
         """Ids [N] -> text (Hugging Face's decode would drop an unknown id without a word)."""
         return self.hf.decode(_known_ids(ids, self).tolist(), skip_special_tokens=False)
 
-    def __repr__(self) -> str:
-        return f"BPETokenizer(vocab_size={self.vocab_size})"
+    __repr__ = ByteTokenizer.__repr__
 
 
 Tokenizer = ByteTokenizer | BPETokenizer
 
 
 def make_tokenizer(kind: str, texts: Iterable[str] = (), vocab_size: int | None = None) -> Tokenizer:
-    """A tokenizer of `kind`: 'bytes', or 'bpe' trained on `texts` to exactly `vocab_size` (a model
-    sized for more ids than the texts give would hold ids no text encodes to)."""
+    """A tokenizer of `kind`: 'bytes', or 'bpe' trained on `texts` to exactly `vocab_size` (no unused ids)."""
     if kind == "bytes":
         return ByteTokenizer()
     if kind == "bpe":
@@ -147,16 +138,12 @@ def make_tokenizer(kind: str, texts: Iterable[str] = (), vocab_size: int | None 
 
 def save_tokenizer(tok: Tokenizer, directory: str | os.PathLike) -> None:
     """Writes `tok` to `directory` (the files of the module docstring), atomically."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    if isinstance(tok, ByteTokenizer):
-        kind = "bytes"
-    elif isinstance(tok, BPETokenizer):
-        kind = "bpe"
-        write_atomically(directory / HF_FILE, tok.hf.to_str(pretty=True))
-    else:
+    if not isinstance(tok, (ByteTokenizer, BPETokenizer)):
         raise TypeError(f"save_tokenizer got a {type(tok).__name__}; expected ByteTokenizer or BPETokenizer.")
-    write_atomically(directory / KIND_FILE, json.dumps({"kind": kind}) + "\n")
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    if isinstance(tok, BPETokenizer):
+        write_atomically(Path(directory) / HF_FILE, tok.hf.to_str(pretty=True))
+    write_atomically(Path(directory) / KIND_FILE, json.dumps({"kind": tokenizer_to_json(tok)["kind"]}) + "\n")
 
 
 def is_saved(directory: str | os.PathLike) -> bool:
@@ -166,15 +153,10 @@ def is_saved(directory: str | os.PathLike) -> bool:
 
 def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     """Reads a tokenizer written by `save_tokenizer`, or a folder holding an HF tokenizer.json."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"No tokenizer directory at {directory}. Pass the directory that save_tokenizer "
-                                f"wrote (it holds {KIND_FILE}) or one holding a Hugging Face {HF_FILE}.")
-    kind_file, hf_file = directory / KIND_FILE, directory / HF_FILE
+    kind_file, hf_file = Path(directory) / KIND_FILE, Path(directory) / HF_FILE
     if not kind_file.is_file() and not hf_file.is_file():
-        raise FileNotFoundError(f"{directory} holds neither {KIND_FILE} nor {HF_FILE}. Save a tokenizer there with "
-                                "save_tokenizer, or point at the directory of a Hugging Face model's "
-                                "tokenizer.json.")
+        raise FileNotFoundError(f"{directory} is no folder holding {KIND_FILE} or {HF_FILE}. Pass the folder that "
+                                "save_tokenizer wrote, or the folder of a Hugging Face model's tokenizer.json.")
     # Without a kind file: a Hugging Face model's folder.
     kind = json.loads(kind_file.read_text()).get("kind") if kind_file.is_file() else "bpe"
     if kind not in KINDS:
@@ -184,9 +166,8 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
 
 def tokenizer_to_json(tok: Tokenizer | None) -> dict:
     """The tokenizer as a JSON-able dict (in each checkpoint); None: a run without text."""
-    if tok is None:
-        return {"kind": "none"}
-    return {"kind": "bytes"} if isinstance(tok, ByteTokenizer) else {"kind": "bpe", "tokenizer_json": tok.hf.to_str()}
+    return {"kind": "none"} if tok is None else {"kind": "bytes"} if isinstance(tok, ByteTokenizer) else {
+        "kind": "bpe", "tokenizer_json": tok.hf.to_str()}
 
 
 def tokenizer_from_json(obj: dict) -> Tokenizer | None:

@@ -1,13 +1,10 @@
-"""Hugging Face checkpoints: import GPT-2, Llama, Mistral and dense DeepSeek-V3 models; export GPT-2 /
-Llama / Mistral.
+"""Hugging Face checkpoints: import GPT-2, Llama, Mistral and dense DeepSeek-V3; export all but DeepSeek.
 
     cfg, params = from_hf("path/to/gpt2")          # a local folder: config.json + *.safetensors
     cfg, params = from_hf(hf_model)                # or a `transformers` model object in memory
     to_hf(cfg, params, "out/", tokenizer=tok)      # AutoModelForCausalLM.from_pretrained("out/")
 
-A folder is read with `safetensors` and NumPy only, shard by shard; nothing is downloaded. Anything
-the model code does not implement (rope scaling, MoE layers, quantised weights, unused tensors, ...)
-raises a ValueError naming it rather than giving a silently different model.
+Nothing is downloaded; what the model does not implement (rope scaling, MoE, ...) raises a ValueError.
 """
 
 from __future__ import annotations
@@ -32,10 +29,7 @@ MODEL_TYPES = {family.MODEL_TYPE: family.ARCH for family in _FAMILIES.values()}
 
 
 def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[ModelConfig, dict]:
-    """(cfg, params) of a Hugging Face causal LM: `Decoder(cfg).apply({"params": params}, tokens)` gives
-    its logits. `source`: a folder (config.json, model.safetensors or the shards its index lists) or a
-    `transformers` model object. `scan_layers`: layer leaves with a leading L axis, or layers_0 ...
-    layers_{L-1}. Parameters are float32."""
+    """(cfg, float32 params) of a Hugging Face causal LM (a folder or a model object); `scan_layers`: [L, ...]."""
     hf, arch, open_tensors = model_files.open_source(source)
     arch = str(arch or MODEL_TYPES.get(hf.get("model_type"), hf.get("model_type")))
     if arch not in SUPPORTED:
@@ -43,7 +37,14 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
                          f"{', '.join(SUPPORTED)} (DeepSeek-V3 only with dense MLP layers)")
     family = _FAMILIES[arch]
     hf = {**family.DEFAULTS, **hf}
-    _check_common(hf, arch, windows=getattr(family, "SLIDING_WINDOW", False))
+    if quant := hf.get("quantization_config"):
+        method = quant.get("quant_method", "?") if isinstance(quant, Mapping) else "?"
+        raise ValueError(f"this {arch} checkpoint is quantised (quantization_config, quant_method={method!r}); "
+                         "only unquantised float32 / bfloat16 / float16 weights can be imported")
+    if family is not mistral and (hf.get("sliding_window") or hf.get("use_sliding_window")):
+        raise ValueError(f"this {arch} config uses sliding-window attention "
+                         f"(sliding_window={hf.get('sliding_window')}), which the importer of this architecture "
+                         "does not read (only MistralForCausalLM's is imported)")
     cfg, layout = family.import_config(hf)
     if cfg.mlp_dim == 0:  # ModelConfig reads it as "no MLP"; a zero-width MLP is not worth importing
         raise ValueError(f"cannot import {arch} with an MLP width of 0: this importer expects an MLP in every layer")
@@ -59,30 +60,19 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
     return cfg, params
 
 
-def to_hf(
-    cfg: ModelConfig, params: Mapping, directory: str | os.PathLike, *,
-    tokenizer: Tokenizer | None = None,
-) -> None:
-    """Writes config.json and model.safetensors that `transformers` loads as the same model: learned
-    positions as GPT2LMHeadModel, RoPE as LlamaForCausalLM (MistralForCausalLM with a window). A missing
-    norm gain or bias is written as ones / zeros. What no supported family holds raises a ValueError
-    saying why, before anything is written.
-
-    `tokenizer` (the model's, at most cfg.vocab_size ids) adds the tokenizer files, so that
-    `load_tokenizer`, `sample.py --hf_dir` and `AutoTokenizer.from_pretrained` get the same ids back
-    (without special tokens).
-    """
+def to_hf(cfg: ModelConfig, params: Mapping, directory: str | os.PathLike, *,
+          tokenizer: Tokenizer | None = None) -> None:
+    """Writes config.json and model.safetensors that `transformers` loads as the same model, and the files of
+    `tokenizer` (the model's); ValueError, before any write, for what no supported family holds."""
     recipe = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in ("qk_norm", "logit_softcap") if getattr(cfg, k))
+    nowhere = "so no supported Hugging Face architecture can hold this model"
     for refused, why in (
         (cfg.attention_sink or cfg.num_registers,
          f"attention_sink={cfg.attention_sink}, num_registers={cfg.num_registers}: neither GPT-2 nor Llama has a "
-         "sink logit or register tokens, so no supported Hugging Face architecture can hold this model; train it "
-         "with attention_sink=False and num_registers=0 to export"),
-        (recipe, f"{recipe}: neither GPT-2 nor Llama normalises queries and keys or soft-caps its logits, so no "
-         "supported Hugging Face architecture can hold this model; train it with qk_norm=False and "
-         "logit_softcap=0 to export"),
-        (cfg.mlp_dim == 0, "mlp_dim=0 (attention-only blocks): GPT-2 and Llama have an MLP in every layer, so no "
-         "supported Hugging Face architecture can hold this model"),
+         f"sink logit or register tokens, {nowhere}; train it with attention_sink=False and num_registers=0 to export"),
+        (recipe, f"{recipe}: neither GPT-2 nor Llama normalises queries and keys or soft-caps its logits, {nowhere}; "
+         "train it with qk_norm=False and logit_softcap=0 to export"),
+        (cfg.mlp_dim == 0, f"mlp_dim=0 (attention-only blocks): GPT-2 and Llama have an MLP in every layer, {nowhere}"),
         (cfg.attention_window and cfg.position != "rope",
          f"attention_window={cfg.attention_window} with position={cfg.position!r}: GPT-2 has no sliding window, "
          "and Mistral (the supported architecture with one) has RoPE"),
@@ -106,10 +96,7 @@ def to_hf(
 
 
 def check_same_architecture(imported: ModelConfig, run: ModelConfig, *, seq_len: int | None = None) -> None:
-    """Raises ValueError if the run's config cannot train the imported model (`train.py
-    --config.init_from_hf`), naming every differing architectural field (and a train.seq_len
-    longer than the imported context) and all the --config overrides that fix them, in one go.
-    """
+    """ValueError naming every field (and a seq_len) where `run` cannot train `imported`, with the fixes."""
     a, b = imported.architecture(), run.architecture()
     diffs = [k for k in a if a[k] != b[k]]
     problems = [f"{k}: imported {a[k]!r}, config {b[k]!r}" for k in diffs]
@@ -121,16 +108,3 @@ def check_same_architecture(imported: ModelConfig, run: ModelConfig, *, seq_len:
     if problems:
         raise ValueError(f"the run's config does not fit the imported Hugging Face model ({'; '.join(problems)}). "
                          f"Pass these overrides to match it: {' '.join(flags)}")
-
-
-def _check_common(hf: dict, arch: str, windows: bool = False) -> None:
-    """Features of a config that no importer implements (sliding windows: all but those that say so)."""
-    if hf.get("quantization_config"):
-        quant = hf["quantization_config"]
-        method = quant.get("quant_method", "?") if isinstance(quant, Mapping) else "?"
-        raise ValueError(f"this {arch} checkpoint is quantised (quantization_config, quant_method={method!r}); "
-                         "only unquantised float32 / bfloat16 / float16 weights can be imported")
-    if not windows and (hf.get("sliding_window") or hf.get("use_sliding_window")):
-        raise ValueError(f"this {arch} config uses sliding-window attention "
-                         f"(sliding_window={hf.get('sliding_window')}), which the importer of this architecture "
-                         "does not read (only MistralForCausalLM's is imported)")

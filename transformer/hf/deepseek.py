@@ -1,12 +1,6 @@
-"""DeepseekV3ForCausalLM -> ModelConfig (import only): multi-head latent attention with decoupled RoPE,
-when every MLP layer is dense. q_lora_rank -> q_latent_dim (0: a plain q_proj), kv_lora_rank ->
-kv_latent_dim, qk_nope_head_dim -> head_dim, qk_rope_head_dim -> rope_head_dim; kv_b_proj splits
-into k_up and v_up; the rest is named as Llama's.
-
-With `rope_interleave` (the default) Hugging Face rotates interleaved pairs (x0, x1), (x2, x3), ...;
-our `ops.rope` rotates half-split pairs (x_i, x_{i + Kr/2}). The import therefore reorders the rotary
-rows of the queries (per head) and of the rotary key to (x0, x2, ..., x1, x3, ...): the scores are
-then exactly Hugging Face's.
+"""DeepseekV3ForCausalLM -> ModelConfig (import only, every MLP layer dense): multi-head latent attention;
+kv_b_proj splits into k_up and v_up. With `rope_interleave` Hugging Face rotates pairs (x0, x1), ...,
+our `ops.rope` pairs (x_i, x_{i + Kr/2}): the import reorders the rotary rows to (x0, x2, ..., x1, x3, ...).
 """
 
 from __future__ import annotations
@@ -28,14 +22,11 @@ DEFAULTS = dict(
     rope_interleave=True, attention_bias=False,
 )
 
-# The eps Hugging Face's DeepseekV3RMSNorm uses for the latent norms (q_a_layernorm,
-# kv_a_layernorm): fixed, not config.rms_norm_eps. Our LatentAttention uses norm_eps for them.
-LATENT_NORM_EPS = 1e-6
+LATENT_NORM_EPS = 1e-6  # fixed in Hugging Face's latent norms; ours use norm_eps
 
 
 def import_config(hf: dict) -> tuple[ModelConfig, Layout]:
-    """Refuses what ModelConfig cannot express: MoE layers, DeepSeek's biases, a latent-norm eps other
-    than LATENT_NORM_EPS, no rotary part, an MLP other than SwiGLU."""
+    """Refuses what ModelConfig cannot express (MoE, DeepSeek's biases, another latent-norm eps, ...)."""
     llama.check_silu(hf, "DeepSeek-V3")
     dense, num_layers = hf["first_k_dense_replace"], hf["num_hidden_layers"]
     if dense is None or dense < num_layers:

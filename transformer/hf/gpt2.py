@@ -17,8 +17,7 @@ ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu"
 
 
 def import_config(hf: dict) -> tuple[ModelConfig, Layout]:
-    """Refuses the GPT-2 variants the model does not compute: other attention scalings, cross-attention,
-    an activation missing from ACTIVATIONS."""
+    """Refuses the GPT-2 variants the model does not compute (attention scalings, cross-attention, ...)."""
     for key, want in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                       ("add_cross_attention", False)):
         if bool(hf[key]) != want:

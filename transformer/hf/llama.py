@@ -1,8 +1,5 @@
 """LlamaForCausalLM <-> ModelConfig: RoPE (no scaling), RMSNorm (gain only), SwiGLU, grouped-query
-attention, tied or untied head; attention_bias and mlp_bias equal (our use_bias covers both).
-
-Shared with DeepSeek-V3: `top_and_ignored`, `swiglu`, `check_silu` and `rope_theta`.
-"""
+attention, tied or untied head; attention_bias and mlp_bias equal (our use_bias covers both)."""
 
 from __future__ import annotations
 
@@ -62,8 +59,7 @@ def swiglu(cfg: ModelConfig, p: str, bias: bool) -> list[Tensor]:
 
 
 def top_and_ignored(cfg: ModelConfig) -> tuple[list[Tensor], list]:
-    """The embedding, final norm and head; the ignored tensors: old checkpoints' RoPE frequency
-    buffers, and the head when it is tied to the embedding."""
+    """The embedding, final norm and head; ignored: old RoPE frequency buffers and a tied head."""
     ignored = [r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"model\.rotary_emb\.inv_freq"]
     return top(cfg, "model.embed_tokens.weight", "model.norm"), ignored + (
         ["lm_head.weight"] if cfg.tie_embeddings else [])
@@ -75,8 +71,7 @@ def check_silu(hf: dict, name: str) -> None:
 
 
 def rope_theta(hf: dict, name: str) -> float:
-    """rope_theta from `rope_parameters` (transformers 5) or the top level (transformers 4); any rope
-    scaling raises a ValueError naming it (the model implements plain RoPE only)."""
+    """rope_theta from `rope_parameters` (transformers 5) or the top level (4); rope scaling raises."""
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     if not isinstance(rope, Mapping) or (rope and all(isinstance(v, Mapping) for v in rope.values())):
         raise ValueError(f"{name} with per-layer-type rope parameters {rope!r} is not supported")

@@ -1,10 +1,7 @@
-"""The tensor mapping every family shares: one table of Hugging Face tensors per model, read by `from_hf`
-and written by `to_hf`, so that import and export cannot disagree.
-
-A family module (gpt2, llama, mistral, deepseek) defines ARCH, MODEL_TYPE (its transformers class and
-config.json model_type), DEFAULTS (transformers' defaults for the keys it reads, which a config.json
-may omit), `import_config(hf) -> (ModelConfig, Layout)` and, all but DeepSeek, `layout(cfg)` and
-`export(cfg) -> its config.json fields`.
+"""One table of Hugging Face tensors per model, read by `from_hf` and written by `to_hf`: import and
+export cannot disagree. A family module defines ARCH, MODEL_TYPE, DEFAULTS (transformers' defaults
+for the keys it reads), `import_config(hf) -> (ModelConfig, Layout)`, and (not DeepSeek) `layout(cfg)`
+and `export(cfg) -> config.json fields`.
 """
 
 from __future__ import annotations
@@ -22,11 +19,8 @@ from transformer.model.config import ModelConfig
 
 @dataclasses.dataclass(frozen=True)
 class Tensor:
-    """One stored tensor `name` [*shape] and the params it holds: `parts` {our path ("attn/q/kernel"):
-    our shape} (or one path of the stored shape), concatenated along the first axis (GPT-2's c_attn
-    holds q, k and v). transposed: stored [in, out], ours [out, in]. fill: what `to_hf` writes for a
-    param the model lacks (a norm's gain 1, a bias 0). rows: read as stored[rows] before the split,
-    import only (DeepSeek's rotary pairs and per-head key / value halves)."""
+    """Stored tensor `name` [*shape] holding `parts` {our path: our shape} along axis 0; transposed: stored
+    [in, out]; fill: what `to_hf` writes for a missing param; rows: read as stored[rows] (import only)."""
 
     name: str
     shape: tuple[int, ...]
@@ -41,8 +35,7 @@ class Tensor:
 
 @dataclasses.dataclass
 class Layout:
-    """A model's tensors: `top` (embedding, positions, final norm, head), `ignored` (regexes or
-    predicates of stored tensors that carry nothing: buffers, tied heads) and `layer(i)` (layer i's)."""
+    """A model's tensors: `top`, `layer(i)`, and `ignored` (regexes or predicates of tensors carrying nothing)."""
 
     top: list[Tensor]
     ignored: list

@@ -9,7 +9,6 @@ from transformer.hf.mapping import Layout
 from transformer.model.config import ModelConfig
 
 ARCH, MODEL_TYPE = "MistralForCausalLM", "mistral"
-SLIDING_WINDOW = True  # from_hf lets `sliding_window` through to this family
 DEFAULTS = {
     **llama.DEFAULTS, "intermediate_size": 14336, "num_key_value_heads": 8, "max_position_embeddings": 4096 * 32,
     "sliding_window": 4096,

@@ -12,14 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from transformer.data.atomic_files import save_json
+
 
 class Tensors:
-    """Named tensors read lazily, one at a time, as float32 NumPy arrays (bfloat16 and float16 widened).
-
-    Tracks which were read, so that a tensor the importer leaves unused is an error rather than a
-    silently different model. `get` also finds a name without its first component ('transformer.',
-    'model.'), as old checkpoints (the original `gpt2`) store them.
-    """
+    """Named tensors read lazily as float32 NumPy arrays; one left unused is an error, not a different model.
+    `get` also finds a name without its first component ('model.'), as old checkpoints store them."""
 
     def __init__(self, names: list[str], read: Callable[[str], np.ndarray], where: str):
         self.names = set(names)
@@ -50,8 +48,7 @@ class Tensors:
 
 
 def open_source(source: Any) -> tuple[dict, str | None, Callable[[], Tensors]]:
-    """(config dict, architecture class name, a function that opens the tensors) of a folder or a
-    model object. The name is None for a folder whose config.json lists no `architectures`."""
+    """(config dict, architecture name or None, a function opening the tensors) of a folder or a model."""
     if isinstance(source, (str, os.PathLike)):
         return _open_directory(os.fspath(source))
     if hasattr(source, "state_dict") and hasattr(source, "config"):
@@ -128,5 +125,4 @@ def write_model(directory: str | os.PathLike, hf_config: dict, tensors: dict[str
     os.makedirs(directory, exist_ok=True)
     tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
     save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(hf_config, f, indent=2)
+    save_json(os.path.join(directory, "config.json"), hf_config)

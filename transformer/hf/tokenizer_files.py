@@ -3,11 +3,11 @@ BPE without merges whose ids are the byte values), tokenizer_config.json and tok
 
 from __future__ import annotations
 
-import json
 import os
 
 import tokenizers
 
+from transformer.data.atomic_files import save_json
 from transformer.model.config import ModelConfig
 from transformer.data.tokenizer import HF_FILE, BPETokenizer, ByteTokenizer, Tokenizer, save_tokenizer
 
@@ -27,17 +27,14 @@ def write_tokenizer(cfg: ModelConfig, tokenizer: Tokenizer, directory: str | os.
     if isinstance(tokenizer, ByteTokenizer):
         # save_tokenizer writes only the kind file for bytes; transformers needs a tokenizer.json.
         byte_level_identity().save(os.path.join(directory, HF_FILE))
-    hf_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_seq_len,
-                 "clean_up_tokenization_spaces": False}
-    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-        json.dump(hf_config, f, indent=2)
+    save_json(os.path.join(directory, "tokenizer_config.json"), {
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_seq_len,
+        "clean_up_tokenization_spaces": False})
     save_tokenizer(tokenizer, directory)  # BPE: tokenizer.json; then the kind file, last
 
 
 def byte_level_identity() -> tokenizers.Tokenizer:
-    """A Hugging Face tokenizer equal to ByteTokenizer: token id = byte value, 256 tokens, no merges.
-    ByteLevel turns each byte into one character by GPT-2's table (printable bytes stand for
-    themselves, the other 68 take U+0100, U+0101, ... in byte order)."""
+    """A Hugging Face tokenizer equal to ByteTokenizer (id = byte value) by ByteLevel's GPT-2 byte table."""
     printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
     others = iter(range(0x100, 0x200))
     chars = [chr(b) if b in printable else chr(next(others)) for b in range(256)]

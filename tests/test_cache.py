@@ -168,3 +168,24 @@ def test_write_puts_each_row_at_its_own_positions():
     first = kv_cache.per_layer(KVCache(k=new_k[:, :, :1], v=new_k[:, :, :1]), L)
     dropped = kv_cache.write(cache, first, jnp.array([[8], [9]]))
     assert not any(np.any(np.asarray(x)) for x in jax.tree.leaves(dropped))
+
+
+@pytest.mark.parametrize("layout", ["plain", "windowed", "rolling", "registers"])
+@pytest.mark.parametrize("name", ["gqa", "mla"])
+def test_every_cache_is_a_tuple_of_one_layer_cache_each_with_one_set_of_field_types(name, layout):
+    """Whatever the layers hold (full buffers, rings of W beside full buffers, a rolling ring with sinks,
+    register slots), the cache is L layer caches of one class, each field one layer's array (or None)."""
+    extra = dict(windowed=dict(attention_window=4, global_every=2), registers=dict(num_registers=2)).get(layout, {})
+    cfg = CFGS[name].replace(**extra, position="rope", **({"rope_head_dim": 4} if name == "mla" else {}))
+    cache = kv_cache.init_rolling_cache(cfg, 3, sinks=2) if layout == "rolling" else init_cache(cfg, 3, 8)
+    kind, rank = (LatentCache, 3) if name == "mla" else (KVCache, 4)  # [B, R + S, C + Kr] or [B, G, R + S, K]
+    assert isinstance(cache, tuple) and len(cache) == cfg.num_layers
+    for layer in cache:
+        assert type(layer) is kind
+        for buffer in kv_cache.buffers(layer).values():
+            assert buffer.ndim == rank and buffer.shape[0] == 3
+        assert layer.positions is None or layer.positions.shape == (3, kv_cache.slots(layer))
+        assert isinstance(layer.registers, int) and isinstance(layer.sinks, int)
+    rings = [layer.positions is not None for layer in cache]
+    assert rings == {"plain": [False, False], "registers": [False, False], "windowed": [True, False],
+                     "rolling": [True, True]}[layout]

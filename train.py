@@ -37,6 +37,7 @@ if __name__ == "__main__":  # Ctrl-C while the libraries load: end at once (noth
 
 import sys
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 

@@ -39,7 +39,7 @@ from transformer.data.batches import batch_at, eval_batches, with_start_token
 from transformer.cli import config_flags_parser
 from transformer.training.optimizer import make_schedule
 from transformer.training.setup import resolve
-from transformer.data.token_stream import load_corpus
+from transformer.data.corpus import load_corpus
 from transformer.data.tokenizer import make_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
@@ -56,9 +56,9 @@ def load_tokens(config: ConfigDict) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"the PyTorch reference trains on byte tokens of text (data.tokenizer='bytes', "
                          f"data.task='text'); this config has {config.data.tokenizer!r}, {config.data.task!r}")
     config = resolve(config, DEFAULT_CACHE_DIR)
-    train, val, _ = load_corpus(config.data.path or None, make_tokenizer("bytes"), config.data.cache_dir,
-                                config.data.val_fraction)
-    return train, val
+    corpus = load_corpus(config.data.path or None, make_tokenizer("bytes"), config.data.cache_dir,
+                         config.data.val_fraction)
+    return corpus.train, corpus.val
 
 
 def training_batch(config: ConfigDict, tokens: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:

@@ -388,7 +388,7 @@ def validation_tokens(workdir: str, tokenizer):
     """The validation split of the corpus the run in `workdir` was trained on (1-D token array),
     from the run's token cache if its data.cache_dir is still there, else from .cache/tokens."""
     from transformer.run.checkpoint import Checkpointer
-    from transformer.data.token_stream import load_corpus
+    from transformer.data.corpus import load_corpus
 
     saved = Checkpointer(workdir, read_only=True).config()["data"]
     cache = os.path.join(ROOT, os.path.expanduser(saved["cache_dir"]))

@@ -20,7 +20,7 @@ import os
 import numpy as np
 
 from transformer.experiments.sinks.streaming import rolling_nll
-from transformer.data.token_stream import load_corpus
+from transformer.data.corpus import load_corpus
 from transformer.load import load_run
 from transformer.run.checkpoint import Checkpointer
 

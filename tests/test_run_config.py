@@ -1,5 +1,5 @@
 """Tests of transformer/training/setup.py's checks, called directly: resolve, check_train_config, check_workdir,
-check_schedule_kept. (tests/test_train_inputs.py runs the same checks through train.py.)"""
+and optimizer.check_optimizer_kept. (tests/test_train_inputs.py runs the same checks through train.py.)"""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from transformer.training import setup
 from transformer.model.config import ModelConfig
 from transformer.run.checkpoint import CheckpointError
 from transformer.run.workdir import check_workdir
-from transformer.training.optimizer import learning_rates
-from transformer.training.setup import check_optimizer_kept, check_train_config, resolve
-from transformer.training.setup import check_schedule_kept as check_rates_kept
+from transformer.training.optimizer import check_optimizer_kept, learning_rates
+from transformer.training.setup import check_train_config, resolve
 
 
 def config_and_model(**overrides):
@@ -135,12 +134,16 @@ def test_check_workdir_in_a_folder_nobody_can_write():
         check_workdir("/proc/no-such-run")
 
 
-# ----------------------------------------------------------------------------- check_schedule_kept
+# ----------------------------------------------------------------------------- check_optimizer_kept
 
 
 def check_schedule_kept(saved: dict, config, step: int) -> None:
-    """setup.check_schedule_kept with the config's schedules, as check_run builds them."""
-    check_rates_kept(saved, learning_rates(config.optim, config.train.steps), step)
+    """check_optimizer_kept with the config's schedules, as check_run builds them, its warning printed
+    as check_run prints it."""
+    warning = check_optimizer_kept({**saved, "step": step}, config.optim,
+                                   learning_rates(config.optim, config.train.steps), "runs/x")
+    if warning:
+        setup.warn(warning)
 
 
 def saved_run(config) -> dict:
@@ -178,12 +181,14 @@ def test_a_change_after_the_resumed_step_is_silent_and_one_before_warns(capsys):
 
 
 def test_resuming_with_another_optimizer_is_refused_naming_the_field():
-    saved = saved_run(config_and_model()[0])
+    saved = {**saved_run(config_and_model()[0]), "step": 40}
     del saved["optim"]["name"]  # a checkpoint from before the field: AdamW
-    check_optimizer_kept(saved, config_and_model(**{"optim.name": "adamw"})[0], "runs/x")
+    kept = config_and_model(**{"optim.name": "adamw"})[0]
+    assert check_optimizer_kept(saved, kept.optim, learning_rates(kept.optim, 40), "runs/x") is None
     with pytest.raises(CheckpointError, match=r"trained with optim.name='adamw', whose optimizer state "
                        r"optim.name='muon' cannot continue; resume with --config.optim.name=adamw"):
-        check_optimizer_kept(saved, config_and_model(**{"optim.name": "muon"})[0], "runs/x")
+        other = config_and_model(**{"optim.name": "muon"})[0]
+        check_optimizer_kept(saved, other.optim, learning_rates(other.optim, 40), "runs/x")
 
 
 def test_a_changed_muon_rate_warns_naming_it(capsys):

@@ -18,7 +18,7 @@ import pytest
 
 from tests.helpers.runs import quiet_train, tiny_config
 from transformer.cli import exit_on_storage_error
-from transformer.data.token_stream import load_corpus
+from transformer.data.corpus import load_corpus
 from transformer.data.tokenizer import ByteTokenizer
 from transformer.run import checkpoint
 from transformer.run.checkpoint import CheckpointError, latest_step

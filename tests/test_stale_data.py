@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.runs import quiet_train, tiny_config
-from transformer.data.token_stream import file_digests, load_corpus
+from transformer.data.corpus import file_digests, load_corpus
 from transformer.data.tokenizer import ByteTokenizer
 from transformer.run.checkpoint import CheckpointError
 

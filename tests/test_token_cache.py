@@ -1,4 +1,4 @@
-"""Tests for transformer/data/token_stream.py: the token stream, its cache on disk, the validation split."""
+"""Tests for transformer/data/corpus.py's token stream: the token stream, its cache on disk, the validation split."""
 
 import time
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from transformer.data.corpus import load_texts, shakespeare_plays
-from transformer.data.token_stream import load_corpus
+from transformer.data.corpus import load_corpus
 from transformer.data.tokenizer import BPETokenizer, ByteTokenizer
 
 
@@ -38,7 +38,7 @@ def small_corpus(tmp_path, plays):
 
 def test_corpus_is_the_joined_documents_split_at_the_tail(tmp_path, small_corpus):
     tok = ByteTokenizer()
-    train, val, bytes_per_token = load_corpus(small_corpus, tok, tmp_path / "c", val_fraction=0.1)
+    train, val, bytes_per_token = load_corpus(small_corpus, tok, tmp_path / "c", val_fraction=0.1)[:3]
     stream = "\n\n".join(load_texts(small_corpus)).encode("utf-8")
     assert train.dtype == np.uint16
     assert len(val) == int(len(stream) * 0.1)
@@ -72,7 +72,7 @@ def test_token_cache_is_reused_and_memory_mapped(tmp_path, small_corpus, monkeyp
 
 
 def test_bundled_corpus_tokenizes_with_bytes(tmp_path, plays):
-    train, val, bytes_per_token = load_corpus(None, ByteTokenizer(), tmp_path, val_fraction=0.05)
+    train, val, bytes_per_token = load_corpus(None, ByteTokenizer(), tmp_path, val_fraction=0.05)[:3]
     assert len(train) + len(val) == len("\n\n".join(load_texts(None)).encode("utf-8"))
     # The validation tokens are the end of the last play.
     assert ByteTokenizer().decode(val[-20:]) == plays[sorted(plays)[-1]][-20:]
@@ -81,7 +81,7 @@ def test_bundled_corpus_tokenizes_with_bytes(tmp_path, plays):
 
 def test_bpe_corpus_has_more_than_one_byte_per_token(tmp_path, small_corpus):
     tok = BPETokenizer.train(load_texts(small_corpus), vocab_size=400)
-    train, val, bytes_per_token = load_corpus(small_corpus, tok, tmp_path / "cache", 0.2)
+    train, val, bytes_per_token = load_corpus(small_corpus, tok, tmp_path / "cache", 0.2)[:3]
     assert bytes_per_token == len(tok.decode(val).encode("utf-8")) / len(val)
     assert 1.5 < bytes_per_token < 5
     again = load_corpus(small_corpus, tok, tmp_path / "cache", 0.2)  # read back from the record

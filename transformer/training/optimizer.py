@@ -17,8 +17,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 from optax.contrib import MuonDimensionNumbers, scale_by_muon
+
+from transformer.run.checkpoint import CheckpointError
 
 OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
@@ -172,3 +175,32 @@ def schedule_name(optim: Mapping[str, Any]) -> str:
     if shape not in SCHEDULES:
         raise ValueError(f"optim.schedule={shape!r} is not known; use one of {list(SCHEDULES)}")
     return shape
+
+
+RATE_NAMES = {"learning_rate": "learning rate", "muon_learning_rate": "Muon learning rate"}
+
+
+def check_optimizer_kept(saved: dict, optim: Mapping[str, Any], rates: Mapping[str, optax.Schedule],
+                         workdir: str) -> str | None:
+    """Resuming the latest checkpoint's config `saved` (with its "step") with `optim` and its `rates`:
+    raises CheckpointError for another optimizer, whose state cannot continue; returns a warning when the
+    learning rate of a step already taken differs (e.g. a cosine re-spanned: training would continue on
+    another curve), else None."""
+    before, now = optimizer_name(saved["optim"]), optimizer_name(optim)
+    if before != now:
+        raise CheckpointError(
+            f"the checkpoints in {workdir} were trained with optim.name={before!r}, whose optimizer state "
+            f"optim.name={now!r} cannot continue; resume with --config.optim.name={before}, or start a new --workdir"
+        )
+    then, steps = learning_rates(saved["optim"], saved["train"]["steps"]), np.arange(saved["step"])
+    for name in then.keys() & rates.keys():
+        moved = np.flatnonzero(~np.isclose(np.asarray(then[name](steps)), np.asarray(rates[name](steps)),
+                                           rtol=1e-5, atol=0))
+        if moved.size:
+            s = int(moved[-1])
+            old_decay = saved["optim"].get("decay_steps", 0) or saved["train"]["steps"]
+            return (f"this resume changes the {RATE_NAMES[name]} schedule of the steps already taken (step {s}: "
+                    f"{float(then[name](s)):.2e} then, {float(rates[name](s)):.2e} now), so training continues on "
+                    f"another curve. To extend the finished schedule at its final rate, add "
+                    f"--config.optim.decay_steps={old_decay}")
+    return None

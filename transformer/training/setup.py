@@ -11,7 +11,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -19,15 +18,15 @@ import optax
 from ml_collections import ConfigDict
 
 from transformer.training.eval_metrics import EvalMetric, MetricFn, compile_metric
-from transformer.training.optimizer import learning_rates, make_optimizer, optimizer_name, schedule_name
-from transformer.training.sharding import batch_sharding, make_mesh, make_rules
-from transformer.training.steps import TrainState, create_state, flops_per_token, make_eval_step, make_train_step
+from transformer.training.optimizer import (check_optimizer_kept, learning_rates, make_optimizer, optimizer_name,
+                                            schedule_name)
+from transformer.training.sharding import batch_sharding, make_mesh, make_rules, sharded_jit, state_sharding
+from transformer.training.steps import TrainState, create_state, eval_step, flops_per_token, train_step
 from transformer.run.checkpoint import CHECKPOINT_DIR, CheckpointError, Checkpointer, saved_form, saved_run
 from transformer.run.workdir import check_corpus_kept, check_resume, check_tokenizer_left, check_workdir
 from transformer.data.batches import with_start_token
-from transformer.data.corpus import corpus_files, load_texts, skipped_files
+from transformer.data.corpus import load_corpus, load_texts
 from transformer.data.tasks import DataTask
-from transformer.data.token_stream import file_digests, load_corpus
 from transformer.data.tokenizer import Tokenizer, is_saved, load_tokenizer, make_tokenizer
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import count_params
@@ -81,9 +80,8 @@ def check_run(config: ConfigDict, workdir: str) -> CheckedConfig:
     rates = learning_rates(config.optim, config.train.steps)
     check_workdir(workdir)
     saved = saved_run(workdir)  # the latest checkpoint's config: a resume
-    if saved and "optim" in saved:  # a checkpoint from before the field: not checked
-        check_optimizer_kept(saved, config, workdir)
-        check_schedule_kept(saved, rates, saved["step"])
+    if saved and "optim" in saved and (moved := check_optimizer_kept(saved, config.optim, rates, workdir)):
+        warn(moved)  # a checkpoint from before the field is not checked
     record, execution = saved_form(config)
     if saved:
         check_resume(config, record, saved, workdir)
@@ -150,38 +148,6 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-def check_optimizer_kept(saved: dict, config: ConfigDict, workdir: str) -> None:
-    """Raises if the config names another optimizer than the checkpoint's, whose state it cannot continue."""
-    before, now = optimizer_name(saved["optim"]), optimizer_name(config.optim)
-    if before != now:
-        raise CheckpointError(
-            f"the checkpoints in {workdir} were trained with optim.name={before!r}, whose optimizer state "
-            f"optim.name={now!r} cannot continue; resume with --config.optim.name={before}, or start a new --workdir"
-        )
-
-
-RATE_NAMES = {"learning_rate": "learning rate", "muon_learning_rate": "Muon learning rate"}
-
-
-def check_schedule_kept(saved: dict, rates: dict[str, optax.Schedule], step: int) -> None:
-    """Warns if the learning rate of the steps already taken differs under `rates` (e.g. a cosine
-    re-spanned): the run would continue on another curve."""
-    then = learning_rates(saved["optim"], saved["train"]["steps"])
-    steps = np.arange(step)
-    for name in then.keys() & rates.keys():
-        moved = np.flatnonzero(~np.isclose(np.asarray(then[name](steps)), np.asarray(rates[name](steps)),
-                                           rtol=1e-5, atol=0))
-        if moved.size:
-            s = int(moved[-1])
-            old_decay = saved["optim"].get("decay_steps", 0) or saved["train"]["steps"]
-            rate = RATE_NAMES[name]
-            warn(f"this resume changes the {rate} schedule of the steps already taken (step {s}: "
-                 f"{float(then[name](s)):.2e} then, {float(rates[name](s)):.2e} now), so training continues on "
-                 f"another curve. To extend the finished schedule at its final rate, add "
-                 f"--config.optim.decay_steps={old_decay}")
-            return
-
-
 # ----------------------------------------------------------------------------- build
 
 
@@ -228,7 +194,13 @@ def set_up(config: ConfigDict, workdir: str, task: DataTask, metrics: list[EvalM
     rules = make_rules(cfg, mesh, config.mesh.rules)  # logical axes -> mesh axes, sizes checked
     data_sharding = batch_sharding(mesh, rules)
     tx, _ = make_optimizer(config.optim, t.steps, checked.rates)
-    state = new_state(checked, tx, mesh, rules)
+    params = None  # a random init, or the weights of config.init_from_hf (a resumed run has its own)
+    if config.init_from_hf and checked.saved is None:
+        from transformer.hf import check_same_architecture, from_hf  # only init_from_hf runs need the conversions
+
+        hf_cfg, params = from_hf(config.init_from_hf, scan_layers=cfg.scan_layers)
+        check_same_architecture(hf_cfg, cfg, seq_len=t.seq_len)
+    state = create_state(cfg, tx, t.seed, mesh, params, rules)
     ckpt = Checkpointer(workdir, keep=t.keep_checkpoints) if checked.saved else None  # a new run's opens late
     tokenizer, corpus, train_tokens, val_tokens, bytes_per_token = None, [], None, None, None
     if task.text:  # a task that makes its own batches (tables) reads no corpus
@@ -259,65 +231,56 @@ def load_text(checked: CheckedConfig, workdir: str, ckpt: Checkpointer | None, h
     text task, the corpus checked against a resumed run's (`ckpt`: its checkpoints)."""
     data = checked.config.data
     tokenizer = run_tokenizer(checked, workdir, ckpt)
-    train_tokens, val_tokens, bytes_per_token = load_corpus(data.path or None, tokenizer, data.cache_dir,
-                                                            data.val_fraction)
-    corpus = file_digests(corpus_files(data.path or None), Path(data.cache_dir))
+    corpus = load_corpus(data.path or None, tokenizer, data.cache_dir, data.val_fraction)
     if checked.saved:
-        check_corpus_kept(workdir, corpus)
-    if host == 0 and (skipped := skipped_files(data.path or None)):
-        print(f"data: left out {len(skipped)} files under {data.path} that are not UTF-8 text, e.g. {skipped[0]}")
-    return tokenizer, corpus, train_tokens, val_tokens, bytes_per_token
+        check_corpus_kept(workdir, corpus.digests)
+    if host == 0 and corpus.skipped:
+        print(f"data: left out {len(corpus.skipped)} files under {data.path} that are not UTF-8 text, "
+              f"e.g. {corpus.skipped[0]}")
+    return tokenizer, corpus.digests, corpus.train, corpus.val, corpus.bytes_per_token
 
 
 def run_tokenizer(checked: CheckedConfig, workdir: str, ckpt: Checkpointer | None = None) -> Tokenizer:
     """The run's tokenizer, its size checked against model.vocab_size: a resumed run's from its
     checkpoints `ckpt`; a new run's the one left in the workdir by a run that saved no checkpoint
     (if made for the same data), else the imported model's, else a new one."""
-    config = checked.config
-    tokenizer = ckpt.tokenizer(checked.saved["step"]) if ckpt else new_tokenizer(config, workdir)
+    config, tok_dir = checked.config, os.path.join(workdir, "tokenizer")
+    left = ckpt is None and is_saved(tok_dir)  # a folder without its kind file is a cut-short write: made again
+    if left:
+        check_tokenizer_left(config, workdir)
+    if ckpt:
+        tokenizer = ckpt.tokenizer(checked.saved["step"])
+    elif left:
+        try:
+            tokenizer = load_tokenizer(tok_dir)
+        except (ValueError, OSError) as e:  # damaged files: garbled JSON, a truncated tokenizer.json
+            raise ValueError(
+                f"{tok_dir} is damaged ({e}); the run saved no checkpoint, so nothing was trained with it: "
+                "delete that folder and rerun the same command to make it again") from None
+    elif config.init_from_hf and os.path.isfile(os.path.join(config.init_from_hf, "tokenizer.json")):
+        tokenizer = load_tokenizer(config.init_from_hf)  # imported weights need the ids they were trained on
+    elif config.data.tokenizer == "bytes":
+        tokenizer = make_tokenizer("bytes")
+    else:
+        print(f"training a {config.data.vocab_size}-token BPE tokenizer on {config.data.path or 'the bundled plays'} ...",
+              flush=True)
+        tokenizer = make_tokenizer("bpe", load_texts(config.data.path or None), config.data.vocab_size)
     if tokenizer.vocab_size > checked.cfg.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size={checked.cfg.vocab_size}; "
                          f"set --config.model.vocab_size={tokenizer.vocab_size}")
     return tokenizer
 
 
-def new_tokenizer(config: ConfigDict, workdir: str) -> Tokenizer:
-    tok_dir = os.path.join(workdir, "tokenizer")
-    if is_saved(tok_dir):  # a folder without its kind file is a write a kill cut short: made again
-        check_tokenizer_left(config, workdir)
-        try:
-            return load_tokenizer(tok_dir)
-        except (ValueError, OSError) as e:  # damaged files: garbled JSON, a truncated tokenizer.json
-            raise ValueError(
-                f"{tok_dir} is damaged ({e}); the run saved no checkpoint, so nothing was trained with it: "
-                "delete that folder and rerun the same command to make it again") from None
-    if config.init_from_hf and os.path.isfile(os.path.join(config.init_from_hf, "tokenizer.json")):
-        return load_tokenizer(config.init_from_hf)  # imported weights need the ids they were trained on
-    if config.data.tokenizer == "bytes":
-        return make_tokenizer("bytes")
-    print(f"training a {config.data.vocab_size}-token BPE tokenizer on {config.data.path or 'the bundled plays'} ...",
-          flush=True)
-    return make_tokenizer("bpe", load_texts(config.data.path or None), config.data.vocab_size)
-
-
-def new_state(checked: CheckedConfig, tx, mesh, rules) -> TrainState:
-    """A state at step 0 from the weights of config.init_from_hf (a new run) or a random init."""
-    config, cfg = checked.config, checked.cfg
-    params = None
-    if config.init_from_hf and checked.saved is None:  # a resumed run has its own weights in the checkpoint
-        from transformer.hf import check_same_architecture, from_hf  # only init_from_hf runs need the conversions
-
-        hf_cfg, params = from_hf(config.init_from_hf, scan_layers=cfg.scan_layers)
-        check_same_architecture(hf_cfg, cfg, seq_len=config.train.seq_len)
-    return create_state(cfg, tx, config.train.seed, mesh, params, rules)
-
-
 def compile_steps(cfg: ModelConfig, grad_accum: int, tx, rates: dict, metrics: list[EvalMetric], mesh, rules,
                   state: TrainState, first_batch: tuple[jax.Array, jax.Array], put: Callable) -> Steps:
-    """The train step, the eval step and the metrics, compiled now: the first step's time is training's."""
+    """The train step (the state donated), the eval step and the metrics, jitted on the mesh and
+    compiled now: the first step's time is training's."""
     compiling = time.perf_counter()
     x, y = first_batch
-    train = make_train_step(cfg, tx, rates, mesh, state, grad_accum, rules).lower(state, x, y).compile()
-    evaluate = make_eval_step(cfg, mesh, state, rules).lower(state.params, x, y).compile()
+    step, evaluate = train_step(cfg, tx, rates, grad_accum), eval_step(cfg)
+    on_mesh, data = state_sharding(state, mesh, rules), batch_sharding(mesh, rules)
+    step = sharded_jit(step, mesh, rules, (on_mesh, data, data), (on_mesh, None), donate_argnums=(0,))
+    evaluate = sharded_jit(evaluate, mesh, rules, (state_sharding(state.params, mesh, rules), data, data))
+    train, evaluate = step.lower(state, x, y).compile(), evaluate.lower(state.params, x, y).compile()
     measures = {m.name: compile_metric(m, cfg, mesh, state, rules, x) for m in metrics}
     return Steps(train=train, eval=evaluate, metrics=measures, put=put, compile_seconds=time.perf_counter() - compiling)

@@ -62,16 +62,11 @@ def create_state(
     return jax.jit(build, out_shardings=shardings)(params)
 
 
-def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
-                    schedule: optax.Schedule | Mapping[str, optax.Schedule], mesh: Mesh, state: TrainState,
-                    grad_accum: int = 1, rules: Rules | None = None):
-    """The jitted step: (state, inputs [B, T], targets [B, T]) -> (state, metrics), the state donated.
-    schedule: the learning rate, or {metric name: schedule} (`learning_rates`), logged per step.
-    grad_accum = A averages the gradients of A micro-batches in a lax.scan (one micro-batch's
-    activations in memory)."""
-
-    rules = make_rules(cfg, mesh) if rules is None else rules
-    rates = schedule if isinstance(schedule, Mapping) else {"learning_rate": schedule}
+def train_step(cfg: ModelConfig, tx: optax.GradientTransformation, rates: Mapping[str, optax.Schedule],
+               grad_accum: int = 1):
+    """The step, not yet compiled: (state, inputs [B, T], targets [B, T]) -> (state, metrics).
+    rates: {metric name: schedule} (`learning_rates`), logged per step. grad_accum = A averages the
+    gradients of A micro-batches in a lax.scan (one micro-batch's activations in memory)."""
 
     def step(state: TrainState, inputs: Array, targets: Array):
         dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
@@ -101,19 +96,30 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
         }
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
+    return step
+
+
+def eval_step(cfg: ModelConfig):
+    """The eval step, not yet compiled: (params, inputs [B, T], targets [B, T]) -> mean cross-entropy (no dropout)."""
+    return lambda params, inputs, targets: loss_fn(params, cfg, inputs, targets, None)
+
+
+def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule | Mapping[str, optax.Schedule], mesh: Mesh, state: TrainState,
+                    grad_accum: int = 1, rules: Rules | None = None):
+    """`train_step` jitted on the mesh, the state donated; schedule: the learning rate, or {metric name: schedule}."""
+    rules = make_rules(cfg, mesh) if rules is None else rules
+    rates = schedule if isinstance(schedule, Mapping) else {"learning_rate": schedule}
     shardings, data = state_sharding(state, mesh, rules), batch_sharding(mesh, rules)
-    return sharded_jit(step, mesh, rules, (shardings, data, data), (shardings, None), donate_argnums=(0,))
+    return sharded_jit(train_step(cfg, tx, rates, grad_accum), mesh, rules, (shardings, data, data), (shardings, None),
+                       donate_argnums=(0,))
 
 
 def make_eval_step(cfg: ModelConfig, mesh: Mesh, state: TrainState, rules: Rules | None = None):
-    """The jitted eval step: (params, inputs, targets) -> mean cross-entropy (no dropout)."""
+    """`eval_step` jitted on the mesh."""
     rules = make_rules(cfg, mesh) if rules is None else rules
     data = batch_sharding(mesh, rules)
-
-    def evaluate(params: Any, inputs: Array, targets: Array) -> Array:
-        return loss_fn(params, cfg, inputs, targets, None)
-
-    return sharded_jit(evaluate, mesh, rules, (state_sharding(state.params, mesh, rules), data, data))
+    return sharded_jit(eval_step(cfg), mesh, rules, (state_sharding(state.params, mesh, rules), data, data))
 
 
 def flops_per_token(cfg: ModelConfig, num_params: int, seq_len: int) -> float:

@@ -20,6 +20,10 @@ KEPT = {
     "tests/test_explore_browser.py::test_the_page_in_chromium": "the explorer's page in a real browser",
     "tests/test_layering.py::test_importing_a_module_loads_only_what_it_imports":
         "importing a module in a fresh interpreter loads only its own layers (no registration at import)",
+    "tests/test_config_path.py::test_the_config_never_climbs_back_up_and_seldom_comes_back[new]":
+        "the set-up's path (its fixture trains 2 steps so that the resume has a checkpoint)",
+    "tests/test_config_path.py::test_the_config_never_climbs_back_up_and_seldom_comes_back[resume]":
+        "the resume's set-up path",
     "tests/test_notebooks.py::test_notebook_runs[head_ablation-notebook_model]":
         "a notebook in smoke mode, training its own tiny model in the kernel",
 }

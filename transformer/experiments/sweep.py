@@ -175,12 +175,13 @@ def run_all(jobs: list[Job]) -> dict[str, str]:
     return failures
 
 
-def run_sweep(sweep_path: str, workdir: str, extra: Mapping | None = None) -> int:
-    """Plans, trains what is left, writes results.md and val_loss.png; returns the exit code."""
+def run_sweep(sweep_path: str, workdir: str, extra: Mapping | None = None, runner=run_all) -> int:
+    """Plans, trains what is left (`runner(jobs)` -> {run name: error}: one after another in this process,
+    or sweep.py's side by side), writes results.md and val_loss.png; returns the exit code."""
     sweep = load_sweep(sweep_path)
     jobs = plan(sweep, sweep_path, workdir, extra)
     print(f"sweep {sweep_path}: {len(jobs)} run{'s' * (len(jobs) > 1)} in {workdir}", flush=True)
-    failures = run_all(jobs)
+    failures = runner(jobs)
     results = [collect(job, failures.get(job.name)) for job in jobs]
     title = f"Sweep {sweep_path} (base: {sweep['base']})"
     os.makedirs(workdir, exist_ok=True)

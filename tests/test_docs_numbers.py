@@ -27,7 +27,7 @@ RESULTS = os.path.join(ROOT, "docs", "experiments")
 PAGES = sorted(p for p in glob.glob(os.path.join(RESULTS, "*.md")) if not p.endswith("README.md"))
 CHECKED = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "performance.md"), *PAGES]
 
-NUMBER = r"-?\d[\d,]*(?:\.\d+)?"
+NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"  # a signed number is compared with its sign, an unsigned one by size
 INLINE = re.compile(rf"(?<![\w.])(?P<number>{NUMBER})(?:x|%)?<!-- (?P<file>[\w-]+\.json):(?P<key>[\w.-]+) -->")
 TABLE = re.compile(r"^<!-- table (?P<file>[\w-]+\.json):(?P<key>[\w.-]+) -->\n(?P<table>(?:\|.*\n?)+)", re.M)
 CELL_NUMBER = re.compile(rf"(?<![\w.]){NUMBER}(?![\w])")  # not the 2 and 7 of L2H7
@@ -42,10 +42,12 @@ def lookup(results: dict, key: str):
 
 
 def printed_as(value, printed: str) -> bool:
-    """Whether `value` shows as `printed` at the printed number's digits (thousands commas ignored)."""
+    """Whether `value` shows as `printed` at the printed number's digits (thousands commas ignored); a
+    number printed without a sign is its size ("0.28 nats below" for -0.2837)."""
     printed = printed.replace(",", "")
     decimals = len(printed.split(".")[1]) if "." in printed else 0
-    return float(f"{float(value):.{decimals}f}") == float(printed)
+    value = float(value) if printed[0] in "+-" else abs(float(value))
+    return float(f"{value:.{decimals}f}") == float(printed)
 
 
 def mismatches(text: str, folder: str = RESULTS) -> list[str]:
@@ -131,6 +133,7 @@ def test_a_wrong_number_is_caught(tmp_path):
     assert mismatches(good, str(tmp_path)) == []
     assert mismatches(good.replace("4.78", "4.79"), str(tmp_path)) == ["x.json:a.ms is 4.784, printed as 4.79"]
     assert mismatches(good.replace("4.78", "4.8"), str(tmp_path)) == []  # fewer digits, still that value
+    assert len(mismatches(good.replace("4.78", "-4.78"), str(tmp_path))) == 1  # a printed sign counts
     assert len(mismatches(good.replace("1,024", "2,048"), str(tmp_path))) == 1
     assert len(mismatches(good.replace("0.50 ± 0.25", "0.50 ± 0.26"), str(tmp_path))) == 1
     assert len(mismatches(good.replace("0.50 ± 0.25", "0.50"), str(tmp_path))) == 1  # a number left out

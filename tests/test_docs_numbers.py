@@ -15,6 +15,7 @@ README.md's results rows and docs/performance.md's summary mark their numbers th
 files in docs/experiments/.
 """
 
+import contextlib
 import glob
 import json
 import os
@@ -57,7 +58,8 @@ def mismatches(text: str, folder: str = RESULTS) -> list[str]:
     def results(name: str):
         if name not in files:
             path = os.path.join(folder, name)
-            files[name] = json.load(open(path)) if os.path.isfile(path) else None
+            with open(path) if os.path.isfile(path) else contextlib.nullcontext() as f:
+                files[name] = json.load(f) if f else None
         return files[name]
 
     def value(name: str, key: str):
@@ -110,19 +112,22 @@ def test_every_experiment_page_reads_its_own_results_file(page):
     with open(os.path.join(RESULTS, name)) as f:
         results = json.load(f)
     assert results.get("command") and results.get("source"), f"{name}: say which command writes it, and from what"
-    text = open(page).read()
+    with open(page) as f:
+        text = f.read()
     assert f"<!-- {name}:" in text or f"<!-- table {name}:" in text, f"{page} marks no number from {name}"
 
 
 def test_the_readme_results_rows_and_the_performance_summary_are_marked():
-    readme = open(os.path.join(ROOT, "README.md")).read()
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
     section = readme.split("## The lecture, here", 1)[1].split("\n## ", 1)[0]
     rows = [r for r in section.splitlines() if r.startswith("| ") and not r.startswith(("| the lecture", "| ---"))]
     for row in rows:  # every decimal measured in a results row carries its key
         measured = row.split(" | ")[2]
         bare = [n for n in re.findall(rf"(?<![\w.<]){NUMBER}(?:x|%)?(?!<!--|[\w.])", measured) if "." in n]
         assert not bare, f"README results row {row[:40]!r}: {bare} have no <!-- FILE.json:KEY --> mark"
-    performance = open(os.path.join(ROOT, "docs", "performance.md")).read()
+    with open(os.path.join(ROOT, "docs", "performance.md")) as f:
+        performance = f.read()
     summary = performance.split("## Summary of the latest full run", 1)[1].split("\n## ", 1)[0]
     assert INLINE.search(summary), "performance.md's summary marks no number from its results file"
 

@@ -50,14 +50,12 @@ def empirical_p_value(observed: float, drawn: np.ndarray) -> float:
 def format_p(p: float, draws: int) -> str:
     """'p <= 1/(draws+1)' at the smallest value `draws` draws can give, else 'p = 0.095' (2 significant digits)."""
     floor = 1 / (draws + 1)
-    return f"p <= 1/{draws + 1}" if p <= floor * (1 + 1e-9) else f"p = {max(p, floor):.2g}"
+    return f"p <= 1/{draws + 1}" if p <= floor * (1 + 1e-9) else f"p = {p:.2g}"
 
 
 def holm(p_values: np.ndarray) -> np.ndarray:
     """Holm's step-down correction of m p-values [m] read together: the i-th smallest times (m - i), kept monotone."""
     p = np.asarray(p_values, dtype=float)
     order = np.argsort(p, kind="stable")
-    scaled = np.minimum(1.0, np.maximum.accumulate(p[order] * (p.size - np.arange(p.size))))
-    adjusted = np.empty_like(p)
-    adjusted[order] = scaled
-    return adjusted
+    scaled = np.minimum(1.0, np.maximum.accumulate(p[order] * (p.size - np.arange(p.size))))  # sorted
+    return scaled[np.argsort(order)]  # back in the order given

@@ -1,9 +1,11 @@
 """What the notebooks share: smoke mode, plots, a small trained model, and the provenance record.
 
 Every notebook's first code cell records what it was executed with (`provenance`): the commit, smoke
-mode, and the config of every model it builds or loads, with the training fields of a trained one.
+mode, the config of every model it builds or loads, with the training fields of a trained one, and a
+digest of every transformer module the kernel has loaded by then (`module_digests`).
 tests/test_notebooks.py reads the committed notebooks and fails when that record is missing or no
-longer matches what the notebook would build today (`make figures` re-executes them).
+longer matches what the notebook would build today, or names a module whose file has changed since
+(`make figures` re-executes them).
 
 The notebooks import the installed project (`make notebooks` installs it editable: transformer,
 configs); this file is imported from beside them (Jupyter starts a notebook's kernel in notebooks/).
@@ -28,9 +30,11 @@ paths from the root, so NOTEBOOK_CHECKPOINT=runs/NAME works from either):
 
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import textwrap
 from collections.abc import Mapping
@@ -314,7 +318,7 @@ def provenance(configs: Mapping, run: Mapping | None = None, model: Mapping | No
     tests/test_notebooks.py. Returns it."""
     record = {"commit": commit(), "smoke": SMOKE, "model": dict(model) if model else None,
               "configs": {name: cfg.to_dict() for name, cfg in configs.items()},
-              "run": dict(run) if run is not None else None}
+              "run": dict(run) if run is not None else None, "modules": module_digests()}
     record = json.loads(json.dumps(record))  # exactly what the notebook file will hold
 
     lines = [f"provenance: executed at commit {record['commit']}, NOTEBOOK_SMOKE {'on' if SMOKE else 'off'}"]
@@ -332,6 +336,22 @@ def provenance(configs: Mapping, run: Mapping | None = None, model: Mapping | No
 
     display({PROVENANCE_MIME: record, "text/plain": "\n".join(lines)}, raw=True)
     return record
+
+
+def module_digests() -> dict[str, str]:
+    """{module name: the first 16 hex digits of its file's sha256} for every module of the transformer
+    package this kernel has loaded: what decides the outputs besides the configs."""
+    digests = {}
+    for name, module in sorted(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if (name == "transformer" or name.startswith("transformer.")) and path and os.path.isfile(path):
+            digests[name] = file_digest(path)
+    return digests
+
+
+def file_digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
 def _name(workdir: str) -> str:

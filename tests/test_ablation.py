@@ -31,10 +31,10 @@ def test_heads_are_ranked_by_score_ties_in_order():
 
 def test_the_p_value_of_a_hand_built_case():
     """k = 1: top (0,0) costs 1 (accuracy 9); the 5 other heads, all taken since 5 <= 20 draws, cost
-    7, 2, 3, 0, 4 -> accuracies 3, 8, 7, 10, 6, of which 4 are <= 9: p = 0.8.
+    7, 2, 3, 0, 4 -> accuracies 3, 8, 7, 10, 6, of which 4 are <= 9: p = (1 + 4) / (5 + 1).
     k = 2: top (0,0)+(1,2) costs 8 (2); the 6 pairs of (1,0), (0,1), (0,2), (1,1) cost 5, 2, 6, 3, 7, 4
-    -> 5, 8, 4, 7, 3, 6: none <= 2: p = 0.
-    k = 3: top costs 10 (0); the one set left, (0,1)+(0,2)+(1,1), costs 7 (3): p = 0."""
+    -> 5, 8, 4, 7, 3, 6: none <= 2: p = 1 / 7, the smallest 6 draws can give.
+    k = 3: top costs 10 (0); the one set left, (0,1)+(0,2)+(1,1), costs 7 (3): p = 1 / 2."""
     result = ablation.top_k_against_random(evaluate, SCORES, ks=[1, 2, 3], draws=20, rng=np.random.default_rng(0),
                                            where=np.array([True, False]))
     assert result.top == (((0, 0),), ((0, 0), (1, 2)), ((0, 0), (1, 2), (1, 0)))
@@ -42,21 +42,21 @@ def test_the_p_value_of_a_hand_built_case():
     np.testing.assert_array_equal(result.top_accuracy(), [9, 2, 0])
     assert sorted(result.random_accuracy(0).tolist()) == [3, 6, 7, 8, 10]
     assert sorted(result.random_accuracy(1).tolist()) == [3, 4, 5, 6, 7, 8]
-    np.testing.assert_array_equal(result.p_values(), [0.8, 0.0, 0.0])
+    np.testing.assert_allclose(result.p_values(), [5 / 6, 1 / 7, 1 / 2])
     assert result.intact_accuracy() == 10
     row = result.table()[0]
-    assert row["k"] == 1 and row["top"] == 9 and row["draws"] == 5 and row["p"] == 0.8
+    assert row["k"] == 1 and row["top"] == 9 and row["draws"] == 5 and row["p"] == pytest.approx(5 / 6)
     assert row["random_mean"] == pytest.approx(34 / 5) and row["random_std"] == pytest.approx(np.std([3, 6, 7, 8, 10], ddof=1))
     assert (row["random_min"], row["random_max"]) == (3, 10)
     assert result.random_accuracy(0)[result.median_draw(0)] == 7  # the median of 3, 6, 7, 8, 10
     # Counting the left-out cell too would change the answer: `where` is what decides.
     everything = ablation.top_k_against_random(evaluate, SCORES, ks=[1], draws=20, rng=np.random.default_rng(0))
-    assert everything.p_values()[0] != 0.8
+    assert everything.p_values()[0] != pytest.approx(5 / 6)
 
 
 def test_the_p_value_counts_ties_as_at_least_as_harmful():
-    assert ablation.empirical_p_value(0.5, np.array([0.5, 0.4, 0.9, 1.0])) == 0.5
-    assert ablation.empirical_p_value(0.1, np.array([0.5, 0.4])) == 0.0
+    assert ablation.empirical_p_value(0.5, np.array([0.5, 0.4, 0.9, 1.0])) == (1 + 2) / (4 + 1)
+    assert ablation.empirical_p_value(0.1, np.array([0.5, 0.4])) == 1 / 3  # none as harmful: the add-one floor
     with pytest.raises(ValueError, match="no random draws"):
         ablation.empirical_p_value(0.1, np.array([]))
 

@@ -151,6 +151,53 @@ def test_committed_notebook_is_from_todays_code(name):
         "trained with the old config, delete it first so that it is trained again.")
 
 
+def module_file(name, root=ROOT):
+    """The file of module `name` (transformer.model.ops) in the checkout at `root`; None if it has none now."""
+    base = os.path.join(root, *name.split("."))
+    return next((f for f in (base + ".py", os.path.join(base, "__init__.py")) if os.path.isfile(f)), None)
+
+
+def changed_modules(recorded, root=ROOT):
+    """The modules of a provenance record's digests {name: digest} whose file differs today (or is gone)."""
+    return sorted(name for name, digest in recorded.items()
+                  if module_file(name, root) is None or _setup.file_digest(module_file(name, root)) != digest)
+
+
+def stale_notebooks(root=ROOT):
+    """{notebook: the transformer modules it loaded that changed since it was executed}; a record
+    without digests (executed before they were recorded) is listed as such."""
+    stale = {}
+    for name in NOTEBOOKS:
+        record = provenance_record(nbformat.read(os.path.join(root, "notebooks", f"{name}.ipynb"), as_version=4), name)
+        changed = ["(no module digests recorded)"] if "modules" not in record else changed_modules(record["modules"], root)
+        if changed:
+            stale[name] = changed
+    return stale
+
+
+def test_no_notebook_was_executed_on_modules_changed_since():
+    stale = stale_notebooks()
+    assert not stale, ("notebooks executed on transformer modules that have changed since: "
+                       + "; ".join(f"{n}: {', '.join(m)}" for n, m in stale.items()) + f". {FIX}")
+
+
+def test_a_changed_module_is_found(tmp_path):
+    package = tmp_path / "transformer" / "model"
+    package.mkdir(parents=True)
+    (tmp_path / "transformer" / "__init__.py").write_text("")
+    (package / "ops.py").write_text("x = 1\n")
+    recorded = {"transformer": _setup.file_digest(str(tmp_path / "transformer" / "__init__.py")),
+                "transformer.model.ops": _setup.file_digest(str(package / "ops.py"))}
+    assert changed_modules(recorded, str(tmp_path)) == []
+    (package / "ops.py").write_text("x = 2\n")
+    assert changed_modules(recorded, str(tmp_path)) == ["transformer.model.ops"]
+    (package / "ops.py").unlink()
+    assert changed_modules(recorded, str(tmp_path)) == ["transformer.model.ops"]
+    # What the kernel records: every loaded transformer module, with its file's digest.
+    digests = _setup.module_digests()
+    assert "transformer" in digests and changed_modules(digests) == []
+
+
 def test_commit_is_marked_dirty_by_uncommitted_code_only(tmp_path):
     if not shutil.which("git"):
         pytest.skip("git is not installed")
@@ -406,6 +453,7 @@ def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 1, f"{name} drew no figure"
     record = provenance_record(nb, name)
     assert record["smoke"] is True and record["commit"]
+    assert "transformer" in record["modules"] and changed_modules(record["modules"]) == []
     if uses_a_model(name):
         text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
         assert f"model: {os.path.relpath(run, ROOT) if model == 'own_run' else run}, step" in text

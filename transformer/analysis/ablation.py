@@ -1,12 +1,10 @@
 """Does a head matter? Remove the top-k heads of a ranking, and compare with removing k random heads.
 
-    evaluate = lambda heads: accuracy with `heads` removed      # [(layer, head)] -> float [...cells]
     result = top_k_against_random(evaluate, scores, ks=range(1, 9), draws=20, rng=np.random.default_rng(0))
-    result.table()                 # per k: top-k accuracy, the random draws' mean and spread, p-value
-    result.median_draw(k)          # the random draw whose accuracy is the median
+    result.table()       # per k: top-k accuracy, the random draws' mean and spread, add-one p-value
 
-The p-value is the fraction of the random sets (outside the top k) at least as harmful; accuracy counts
-the cells `where` the intact model succeeds (a head cannot look harmless for breaking what fails).
+`evaluate(heads)` is the accuracy [...cells] with `heads` [(layer, head)] removed, counted only `where`
+the intact model succeeds (a head cannot look harmless for breaking what already fails).
 """
 
 from __future__ import annotations
@@ -17,6 +15,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from transformer.analysis.statistics import empirical_p_value
 
 Head = tuple[int, int]  # (layer, head)
 
@@ -49,7 +49,7 @@ class Ablation:
         return self.accuracy(self.drawn_cells[i])
 
     def p_values(self) -> np.ndarray:
-        """For each k, the fraction of random draws at least as harmful as the top-k: float [len(ks)]."""
+        """For each k, (1 + #random draws at least as harmful as the top-k) / (draws + 1): float [len(ks)]."""
         return np.array([empirical_p_value(self.top_accuracy()[i], self.random_accuracy(i)) for i in range(len(self.ks))])
 
     def median_draw(self, i: int) -> int:
@@ -67,14 +67,6 @@ class Ablation:
                              random_min=float(drawn.min()), random_max=float(drawn.max()), draws=len(drawn),
                              p=float(p[i])))
         return rows
-
-
-def empirical_p_value(top: float, drawn: np.ndarray) -> float:
-    """The fraction of `drawn` (accuracies of random ablations) at most `top` (the top-k's)."""
-    drawn = np.asarray(drawn, dtype=float)
-    if drawn.size == 0:
-        raise ValueError("no random draws to compare with; draw at least one")
-    return float(np.mean(drawn <= top))
 
 
 def ranked_heads(scores: np.ndarray) -> list[Head]:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 
 import numpy as np
 
+from transformer.cli import exit_usage
 from transformer.experiments.sinks.streaming import rolling_nll
 from transformer.data.token_stream import load_corpus
 from transformer.load import load_run
@@ -106,6 +108,12 @@ def main() -> None:
     parser.add_argument("--times", type=int, default=8)
     parser.add_argument("--figure", default=os.path.join(ROOT, "docs", "figures", "streaming.png"))
     args = parser.parse_args()
+    # A standard error needs two rows, a "past it" column a second context: nan otherwise.
+    for flag, value in (("rows", args.rows), ("times", args.times)):
+        if value < 2:
+            exit_usage(f"--{flag} {value}: at least 2 (the default is {parser.get_default(flag)})")
+    if not re.fullmatch(r"\d+(,\d+)*", args.sinks):
+        exit_usage(f"--sinks {args.sinks!r}: a comma-separated list of counts >= 0, e.g. 0,1,4")
     sinks = [int(s) for s in args.sinks.split(",")]
     results = {}
     for name in args.runs.split(","):

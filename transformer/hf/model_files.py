@@ -101,7 +101,11 @@ def _directory_tensors(directory: str) -> Tensors:
 
     def read(name: str) -> np.ndarray:
         file = weight_map[name]
-        if handle(file, "numpy").get_slice(name).get_dtype() == "BF16":
+        dtype = handle(file, "numpy").get_slice(name).get_dtype()
+        if not dtype.startswith(("F", "BF")):  # int8, uint8, bool: quantised weights read as numbers are garbage
+            raise ValueError(f"tensor {name} in {os.path.join(directory, file)} is {dtype}, not a float: a quantised "
+                             "model without quantization_config; export it unquantised (float32/bfloat16/float16)")
+        if dtype == "BF16":
             # NumPy has no bfloat16: read it as a JAX array (ml_dtypes), then widen.
             return np.asarray(handle(file, "flax").get_tensor(name), np.float32)
         return np.asarray(handle(file, "numpy").get_tensor(name), np.float32)

@@ -103,8 +103,8 @@ class ModelConfig:
                f"num_kv_heads={self.num_kv_heads}; each key/value head serves the same number of query heads, so "
                "choose num_kv_heads dividing num_heads")
         _check(0.0 <= self.dropout < 1.0, f".dropout={self.dropout} must be in [0, 1)")
-        _check(self.norm_eps > 0, f".norm_eps={self.norm_eps} must be positive")
-        _check(self.rope_theta > 0, f".rope_theta={self.rope_theta} must be positive")
+        for name in ("norm_eps", "rope_theta"):  # NaN fails the comparison too
+            _check(0 < getattr(self, name) < float("inf"), f".{name}={getattr(self, name)} must be positive and finite")
         _check(self.position != "sinusoidal" or self.d_model % 2 == 0,
                f": sinusoidal positions need an even d_model, got {self.d_model}")
         _check(self.attention_impl != "cudnn" or self.dtype in ("bfloat16", "float16", AUTO),
@@ -136,6 +136,8 @@ class ModelConfig:
         for name in ("attention_window", "global_every"):
             value = getattr(self, name)
             _check(_is_count(value), f".{name} must be an integer >= 0 (0: off), got {value!r}")
+        _check(self.attention_window <= self.max_seq_len, f": attention_window={self.attention_window} is longer than the "
+               f"context max_seq_len={self.max_seq_len}, so it windows nothing; set attention_window=0 or at most that")
         _check(not self.global_every or self.attention_window, f": global_every={self.global_every} interleaves "
                "global layers with windowed ones, but attention_window=0 (no window): set attention_window=W > 0, "
                "or global_every=0")

@@ -17,7 +17,10 @@ the same one it would get as row i of a batch, so a sample is reproducible from 
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+
 import jax
 from absl import app, flags, logging
 
@@ -47,7 +50,17 @@ flags.DEFINE_integer("sinks", None, "Generate past the context: a rolling cache 
                      "window. RoPE or no positions only. Unset: stop at the context.", lower_bound=0)
 
 
+def stop(signum: int, frame) -> None:
+    """Ctrl-C / SIGTERM: keep what was printed and end at once (sampling writes nothing; an exception
+    arriving in a compile could crash the interpreter's shutdown)."""
+    sys.stdout.flush()
+    print(f"\n{signal.Signals(signum).name}: stopped; the text above is what was generated", file=sys.stderr, flush=True)
+    os._exit(128 + signum)
+
+
 def main(argv: list[str]) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; the prompt goes in --prompt")
     logging.set_verbosity(logging.ERROR)  # orbax logs every restore; the samples are the output

@@ -62,4 +62,10 @@ def load_model(workdir: str | None, hf_dir: str | None, step: int | None) -> tup
     from transformer.hf import from_hf
 
     cfg, params = from_hf(hf_dir)
-    return cfg, params, load_tokenizer(hf_dir)
+    try:
+        return cfg, params, load_tokenizer(hf_dir)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # garbled JSON: the json and tokenizers libraries name no file
+        raise ValueError(f"{hf_dir}: the tokenizer files (tokenizer_kind.json, tokenizer.json) cannot be read "
+                         f"({type(e).__name__}: {e}); copy them again from where the model came from") from None

@@ -27,8 +27,7 @@ def import_config(hf: dict) -> tuple[ModelConfig, Layout]:
     window = hf["sliding_window"]
     if window is not None and (not isinstance(window, int) or window < 1):
         raise ValueError(f"Mistral's sliding_window must be a positive integer or null, got {window!r}")
-    # A window as long as the context is full attention (and ModelConfig refuses a longer one).
-    return cfg.replace(attention_window=window if window and window < cfg.max_seq_len else 0), tensors
+    return cfg.replace(attention_window=window or 0), tensors
 
 
 layout = llama.layout

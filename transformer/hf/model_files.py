@@ -73,9 +73,15 @@ def _open_directory(directory: str) -> tuple[dict, str | None, Callable[[], Tens
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f"{directory} holds no config.json; pass a folder written by save_pretrained "
                                 "(config.json and *.safetensors), e.g. a model downloaded with huggingface-cli")
-    with open(config_path) as f:
-        hf = json.load(f)
-    if isinstance(hf, dict) and {"model", "train"} <= set(hf):  # a run's config, not a Hugging Face one
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            hf = json.load(f)
+    except ValueError as e:  # not JSON, not UTF-8
+        raise ValueError(f"{config_path} is not valid JSON ({e}): download or export the model again") from None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{config_path} holds a JSON {type(hf).__name__}, not the object of a model's config; "
+                         "download or export the model again")
+    if {"model", "train"} <= set(hf):  # a run's config, not a Hugging Face one
         _refuse_training_run(directory, "its config.json has 'model' and 'train' sections")
     return hf, (hf.get("architectures") or [None])[0], lambda: _directory_tensors(directory)
 

@@ -136,8 +136,6 @@ class ModelConfig:
         for name in ("attention_window", "global_every"):
             value = getattr(self, name)
             _check(_is_count(value), f".{name} must be an integer >= 0 (0: off), got {value!r}")
-        _check(self.attention_window <= self.max_seq_len, f": attention_window={self.attention_window} is longer than the "
-               f"context max_seq_len={self.max_seq_len}, so it windows nothing; set attention_window=0 or at most that")
         _check(not self.global_every or self.attention_window, f": global_every={self.global_every} interleaves "
                "global layers with windowed ones, but attention_window=0 (no window): set attention_window=W > 0, "
                "or global_every=0")
@@ -149,9 +147,10 @@ class ModelConfig:
                "sees) or num_registers=0")
 
     def layer_windows(self) -> tuple[int | None, ...]:
-        """Each layer's window: attention_window W for a local layer, None for a global one (all
-        layers without a window; with global_every=k, layers k-1, 2k-1, ...)."""
-        w, k = self.attention_window, self.global_every
+        """Each layer's window: attention_window W (at most max_seq_len: a longer one sees no more, and
+        must not size a ring) for a local layer, None for a global one (all layers without a window;
+        with global_every=k, layers k-1, 2k-1, ...)."""
+        w, k = min(self.attention_window, self.max_seq_len), self.global_every
         return tuple(None if not w or (k and (i + 1) % k == 0) else w for i in range(self.num_layers))
 
     def _check_recipe(self) -> None:

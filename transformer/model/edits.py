@@ -61,9 +61,15 @@ def mean(cfg: ModelConfig, name: str, values: Array, *, head: Any = None, positi
 def patch(cfg: ModelConfig, name: str, source: Array, *, head: Any = None, position: Any = None) -> Edit:
     """Activation patching: the selected part of point `name` replaced by `source`, its value captured
     from another input of the same shape ([B, T, ...], or [L, B, T, ...] for blocks.*.NAME)."""
-    stacked = _layer(name) == "*"
+    check_editable(cfg, name)
+    stacked, axes = _layer(name) == "*", point_axes(cfg, name)
     source = jnp.asarray(source)
-    length = source.shape[stacked + point_axes(cfg, name).index("t")]
+    shape, widths = source.shape[stacked:], {"d": cfg.d_model, "v": cfg.vocab_size, "f": cfg.mlp_dim}
+    if len(shape) != len(axes) or any(n != widths.get(a, n) for n, a in zip(shape, axes)) or shape[axes.index("t")] == 1:
+        raise ValueError(f"patch of {name!r}: a source of shape {source.shape} is not the point's "
+                         f"[{', '.join('L' * stacked + axes.upper())}] (D={cfg.d_model}, V={cfg.vocab_size}, F={cfg.mlp_dim}) "
+                         "over more than one position; capture it on an input as long as the one patched")
+    length = shape[axes.index("t")]
     select = selection(cfg, name, head, position, length)
     return at_layer(cfg, name, 1.0 - select, source * select, stacked=stacked)
 

@@ -17,6 +17,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer.model.config import ModelConfig
 from transformer.model.positions import SCHEMES, scheme
@@ -102,11 +103,10 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: str | Non
     """An empty cache for `batch_size` rows of up to `max_len` positions: R + max_len slots per global
     layer, a ring of W per local one. Size max_len to what a generation needs (prompt + new tokens),
     not to the context: every decode step attends over all its slots."""
-    if max_len > cfg.max_seq_len:
-        raise ValueError(
-            f"cache max_len={max_len} exceeds the model's context max_seq_len={cfg.max_seq_len}; "
-            "use a shorter cache (prompt length + new tokens)"
-        )
+    for name, value, most in (("batch_size", batch_size, None), ("max_len", max_len, cfg.max_seq_len)):
+        if not (isinstance(value, int | np.integer) and 1 <= value <= (most or value)):
+            raise ValueError(f"cache {name}={value!r} must be a whole number >= 1" + (
+                f", at most the model's context max_seq_len={most} (prompt length + new tokens)" if most else ""))
     r = cfg.num_registers
     return tuple(_empty(cfg, batch_size, r + max_len if w is None else w, dtype, ring=w is not None)
                  for w in cfg.layer_windows())
@@ -217,7 +217,7 @@ def describe_cache_size(cfg: ModelConfig, sinks: int | None = None) -> str:
                 f"{cfg.max_seq_len - sinks} in every {'global ' if cfg.attention_window else ''}layer)")
     if not cfg.attention_window:
         return f"{per_token:,} bytes per token"
-    w, windows = cfg.attention_window, cfg.layer_windows()
+    w, windows = min(cfg.attention_window, cfg.max_seq_len), cfg.layer_windows()
     local = sum(v is not None for v in windows)
     past = (kv_cache_bytes(cfg, w + 1) - kv_cache_bytes(cfg, w))  # what each token past W adds
     return (f"{per_token:,} bytes per token up to the window W={w}; past it {past:,} bytes per token "

@@ -59,12 +59,15 @@ class MetricWriter:
 
 
 def read_metrics(path: str) -> list[dict]:
-    """The rows of a metrics.jsonl file (a partial last line from a kill is skipped)."""
+    """The rows of a metrics.jsonl file: its JSON objects with an integer "step" (a partial last line from
+    a kill, a note added by hand or binary junk is skipped)."""
     rows = []
-    with open(path) as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                rows.append(row)
     return rows

@@ -285,3 +285,74 @@ def test_init_cache_refuses_sizes_that_are_no_counts(tiny, batch, length, messag
 
     with pytest.raises(ValueError, match=message):
         init_cache(tiny[0], batch, length, dtype="float32")
+
+
+# ----------------------------------------------------------------------------- misleading messages
+
+
+def test_prompt_bytes_that_are_not_utf8_are_named_as_a_command_line_problem(tmp_path, monkeypatch, capsys):
+    import io
+
+    from transformer import explore as explore_cli
+    from transformer.sampling.text import read_prompt
+
+    bad = b"RO\xffMEO".decode("utf-8", "surrogateescape")  # what Python makes of such an argument
+    with pytest.raises(ValueError, match=r"--prompt holds bytes that are not UTF-8 text \(at character 2\)"):
+        read_prompt(bad, None)
+    err = one_line_exit(capsys, explore_cli.main, ["explore", "--prompt", bad, "--workdir", str(tmp_path),
+                                                    "--out", str(tmp_path / "x.html")], monkeypatch)
+    assert "--prompt holds bytes that are not UTF-8" in err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("ROMEO: é".encode())))
+    assert read_prompt(None, "-") == "ROMEO: é"  # '-': standard input
+
+
+def test_a_prompt_past_the_context_of_a_learned_position_model_is_told_to_shorten_it():
+    from transformer.sampling.sampler import generate
+
+    learned, rope = make_cfg("mha", "learned", max_seq_len=64), make_cfg("mha", "rope", max_seq_len=64)
+    for cfg, prompt, fix in ((learned, [1] * 69, "shorten it below 64 tokens"),
+                             (learned, [1] * 60, "ask for at most 4 new tokens"),
+                             (rope, [1] * 60, "ask for at most 4 new tokens, or pass sinks=S")):
+        with pytest.raises(ValueError) as error:
+            generate({}, cfg, [prompt], jax.random.key(0), 5)
+        assert str(error.value).endswith(fix) or fix.endswith("sinks=S") and fix in str(error.value), error.value
+        assert "at most 0" not in str(error.value) and ("sinks" in str(error.value)) == (cfg is rope)
+
+
+@pytest.mark.parametrize("saved, clip, says", [
+    (False, 1.0, "(no checkpoint was saved yet). Lower optim.learning_rate, then rerun"),
+    (True, 0.0, "(the checkpoint of step 3 is intact). Lower optim.learning_rate or set optim.grad_clip=1.0, then rerun"),
+])
+def test_the_divergence_error_says_which_checkpoint_is_kept_and_only_a_fix_not_yet_made(tmp_path, saved, clip, says):
+    import types
+
+    from ml_collections import ConfigDict
+
+    from transformer.training.loop import Diverged, check_finite
+
+    if saved:
+        saved_run(tmp_path)
+    run = types.SimpleNamespace(workdir=str(tmp_path), config=ConfigDict({"optim": {"grad_clip": clip}}))
+    check_finite(run, 5, {"loss": 1.0, "param_norm": 2.0})
+    with pytest.raises(Diverged) as error:
+        check_finite(run, 5, {"loss": float("nan"), "param_norm": 2.0})
+    assert str(error.value) == f"the training loss became nan at step 5; stopped without saving {says}"
+
+
+@pytest.mark.slow
+def test_sample_py_checks_its_options_before_loading_and_stops_on_ctrl_c_keeping_the_text(finished_run):
+    import signal
+    import subprocess
+
+    from tests.helpers.cli import sample
+
+    out = sample("--workdir", str(finished_run / "nope"), "--top_p", "2")
+    assert (out.returncode, out.stderr) == (1, "error: --top_p 2.0 must be in (0, 1]; 1 (the default) keeps every token\n")
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "sample.py"), "--workdir", str(finished_run),
+                             "--num_samples", "100000", "--max_new_tokens", "8"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    first = proc.stdout.readline()  # the first sample has begun
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=120)
+    assert first.startswith("--- sample 1 of 100000 ---") and proc.returncode == 130
+    assert "Traceback" not in err and err.endswith("SIGINT: stopped; the text above is what was generated\n"), err

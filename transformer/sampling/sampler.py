@@ -28,6 +28,7 @@ from transformer.model.decoder import Decoder
 from transformer.model.edits import Edit, check_for_sampling, run
 from transformer.model.param_tree import unrolled
 from transformer.model.ops import MASK_VALUE
+from transformer.model.positions import scheme
 
 Array = jax.Array
 
@@ -362,9 +363,10 @@ def _check_prompts(cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_t
                              f"{cfg.max_seq_len}: a rolling cache continues past the context, but the prompt is "
                              "read in one pass; shorten it")
         if not rolling and len(row) + max_new_tokens > cfg.max_seq_len:
+            room = cfg.max_seq_len - len(row)
+            fix = f"ask for at most {room} new tokens" if room > 0 else f"shorten it below {cfg.max_seq_len} tokens"
             raise ValueError(f"prompt {b} has {len(row)} tokens and max_new_tokens is {max_new_tokens}: "
                              f"{len(row) + max_new_tokens} positions, past the model's context of max_seq_len="
-                             f"{cfg.max_seq_len}; shorten the prompt or ask for at most "
-                             f"{max(cfg.max_seq_len - len(row), 0)} new tokens, or pass sinks=S (sample.py --sinks) "
-                             "to continue past the context with a rolling cache")
+                             f"{cfg.max_seq_len}; {fix}" + (", or pass sinks=S (sample.py --sinks) to continue past "
+                             "the context with a rolling cache" if scheme(cfg).relative and room >= 0 else ""))
     return rows

@@ -66,17 +66,33 @@ def sample_text(cfg: ModelConfig, params: Any, tokenizer: Any, num_tokens: int, 
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
-    """The prompt text: the contents of `prompt_file` (UTF-8) if given, else `prompt` (default "\\n")."""
+    """The prompt text: the contents of `prompt_file` (UTF-8; '-': standard input) if given, else
+    `prompt` (default "\\n"), a command-line argument whose bytes must be UTF-8."""
     if prompt_file is None:
-        return "\n" if prompt is None else prompt
+        return "\n" if prompt is None else command_line_text(prompt, "--prompt")
     if prompt is not None:
         raise ValueError("give either --prompt or --prompt_file, not both")
-    if not os.path.isfile(prompt_file):
+    if prompt_file != "-" and not os.path.exists(prompt_file) or os.path.isdir(prompt_file):  # /dev/stdin exists
         what = "a folder" if os.path.isdir(prompt_file) else "not a file"
         raise ValueError(f"--prompt_file {prompt_file!r} is {what}; pass a UTF-8 text file")
     try:
+        if prompt_file == "-":
+            return sys.stdin.buffer.read().decode("utf-8")
         with open(prompt_file, encoding="utf-8") as f:
             return f.read()
     except UnicodeDecodeError as e:
         raise ValueError(f"--prompt_file {prompt_file!r} is not UTF-8 text ({e.reason} at byte {e.start}); "
                          "convert it, e.g. iconv -f latin1 -t utf-8") from None
+
+
+def command_line_text(text: str, flag: str) -> str:
+    """`text` as given on the command line, or a ValueError naming `flag` when its bytes are not UTF-8
+    (Python hands them over as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", "surrogateescape")
+        bad = raw.decode("utf-8", "replace").index("\ufffd")
+        raise ValueError(f"{flag} holds bytes that are not UTF-8 text (at character {bad}); pass UTF-8, e.g. "
+                         "convert it with iconv -t utf-8, or put it in a file for --prompt_file") from None
+    return text

@@ -42,7 +42,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer.cli import config_flags_parser, exit_on_storage_error, exit_with_error
-from transformer.sampling.text import sample_text
+from transformer.sampling.text import generate_text
 from transformer.run.checkpoint import CheckpointError, quiet_checkpoint_failures
 from transformer.experiments.catalog import train
 from transformer.training.loop import Diverged
@@ -69,7 +69,8 @@ def print_sample(run: Run, state: TrainState) -> None:
             print(f"no sample in a multi-host run: python sample.py --workdir {FLAGS.workdir} draws one "
                   "from the checkpoint")
         return
-    print("\n--- sample ---\n" + sample_text(run.cfg, state.params, run.tokenizer, t.sample_tokens, t.seed))
+    text = generate_text((run.cfg, state.params, run.tokenizer), "\n", t.sample_tokens, t.seed, temperature=0.8)
+    print("\n--- sample ---\n" + text)
 
 
 def init_distributed() -> None:

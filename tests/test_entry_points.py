@@ -356,3 +356,104 @@ def test_sample_py_checks_its_options_before_loading_and_stops_on_ctrl_c_keeping
     rest, err = proc.communicate(timeout=120)
     assert first.startswith("--- sample 1 of 100000 ---") and proc.returncode == 130
     assert "Traceback" not in err and err.endswith("SIGINT: stopped; the text above is what was generated\n"), err
+
+
+# ----------------------------------------------------------------------------- what a new researcher met
+
+
+def test_text_in_text_out_is_generate_on_the_encoded_prompt_and_an_int_seed_is_a_key(tiny):
+    import transformer
+    from transformer.data.tokenizer import ByteTokenizer
+    from transformer.sampling.sampler import generate, seed_key
+
+    cfg, params = make_cfg("mha", "rope", vocab_size=256), random_params(Decoder(make_cfg("mha", "rope", vocab_size=256)))
+    tok = ByteTokenizer()
+    text = transformer.generate_text((cfg, params, tok), "RO", max_new_tokens=5, seed=3, temperature=0.8)
+    by_key = generate(params, cfg, [tok.encode("RO")], seed_key(3), 5, temperature=0.8, vocab_limit=256)
+    by_int = generate(params, cfg, [tok.encode("RO")], 3, 5, temperature=0.8, vocab_limit=256)
+    np.testing.assert_array_equal(by_key.tokens, by_int.tokens)
+    assert text == tok.decode(by_key.tokens[0].tolist())
+    long = transformer.generate_text((cfg, params, tok), "RO", max_new_tokens=500, seed=1)  # what the context leaves
+    assert long == tok.decode(generate(params, cfg, [tok.encode("RO")], 1, cfg.max_seq_len - 2, vocab_limit=256).tokens[0].tolist())
+
+
+def test_loss_is_the_mean_next_token_cross_entropy_under_edits_and_takes_a_list_or_one_row(tiny):
+    import transformer
+    from transformer.analysis.capture import capture
+    from transformer.model import edits
+    from transformer.training.loss import cross_entropy
+
+    cfg, params = tiny
+    tokens = [[5, 9, 1, 33, 7, 2], [12, 3, 40, 1, 1, 8]]
+    logits = Decoder(cfg).apply({"params": params}, np.asarray(tokens))[0]
+    clean = transformer.loss(params, cfg, tokens)
+    assert float(clean) == pytest.approx(float(cross_entropy(logits[:, :-1], np.asarray(tokens)[:, 1:])), rel=1e-6)
+    assert float(transformer.loss(params, cfg, tokens[0])) == pytest.approx(float(transformer.loss(params, cfg, [tokens[0]])))
+    off = edits.ablate_heads(cfg, np.zeros((cfg.num_layers, cfg.num_heads)))
+    assert abs(float(transformer.loss(params, cfg, tokens, [off])) - float(clean)) > 1e-3  # the edit is applied
+    one_row = capture(params, cfg, tokens[0], ["blocks.0.resid_post"])[2]["blocks.0.resid_post"]
+    np.testing.assert_allclose(one_row, capture(params, cfg, np.asarray(tokens[:1]), ["blocks.0.resid_post"])[2][
+        "blocks.0.resid_post"])
+
+
+@pytest.mark.parametrize("tokens, shape", [([[0.5, 1.5]], r"\(1, 2\) and dtype float64"), ([], r"\(1, 0\)"),
+                                           (np.zeros((1, 2, 3), np.int32), r"\(1, 2, 3\)")])
+def test_tokens_that_are_no_ids_say_what_to_pass(tiny, tokens, shape):
+    import transformer
+
+    cfg, params = tiny
+    for call in (lambda: transformer.loss(params, cfg, tokens), lambda: transformer.capture(params, cfg, tokens, [])):
+        with pytest.raises(ValueError, match=r"tokens must be integer token ids \[B, T\] .* got shape " + shape):
+            call()
+
+
+def test_load_run_prints_no_library_warning(tmp_path, capfd, caplog):
+    import transformer
+
+    saved_run(tmp_path)
+    capfd.readouterr()
+    transformer.load_run(str(tmp_path))
+    assert "WARNING" not in capfd.readouterr().err and not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_make_notebook_runs_one_notebook_headless():
+    import subprocess
+
+    out = subprocess.run(["make", "-n", "-W", "pyproject.toml", "notebook", "NB=kv_cache"], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert "nbconvert --to notebook --execute --inplace notebooks/kv_cache.ipynb" in out.stdout, out.stderr
+    out = subprocess.run(["make", "-n", "notebook"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode != 0 and "NB is not set: make notebook NB=NAME" in out.stderr
+
+
+@pytest.mark.slow
+def test_validation_tokens_are_the_tail_of_the_runs_corpus_and_a_redirected_bar_is_short_lines(finished_run, capsys):
+    import transformer
+    from tests.helpers.runs import tiny_config
+    from transformer.experiments.catalog import train
+
+    tok = transformer.load_run(str(finished_run))[2]
+    val = transformer.validation_tokens(str(finished_run))
+    assert val.ndim == 1 and len(val) > 1000
+    corpus = json.loads((finished_run / "config.json").read_text())["data"]["path"]
+    if corpus and os.path.isfile(corpus):
+        assert open(corpus, encoding="utf-8").read().endswith(tok.decode(val[-200:].tolist()))
+    train(tiny_config(finished_run.parent, steps=6, every=2), str(finished_run))  # stdout is no terminal here
+    out = capsys.readouterr().out
+    assert "%|" in out and max(len(line) for line in out.split("\n")) < 300  # a line per refresh, not one of all
+
+
+@pytest.mark.slow
+def test_the_package_builds_without_setuptools_warnings(tmp_path):
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=ROOT).stdout.split()
+    for name in files:
+        if name == "pyproject.toml" or name.startswith(("transformer/", "configs/", "bench/", "scripts/")):
+            os.makedirs(tmp_path / os.path.dirname(name), exist_ok=True)
+            with open(os.path.join(ROOT, name), "rb") as src, open(tmp_path / name, "wb") as dst:
+                dst.write(src.read())
+    out = subprocess.run([sys.executable, "-c", "import setuptools; setuptools.setup()", "-q", "build_py", "-d",
+                          str(tmp_path / "out")], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0 and "would be ignored" not in out.stderr and "absent from" not in out.stderr, out.stderr
+    assert (tmp_path / "out" / "transformer" / "analysis" / "explorer_page" / "page.html").is_file()

@@ -3,6 +3,7 @@
     cfg = transformer.config_from_file("configs/gpt2.py")       # a ModelConfig, ready to build
     cfg, params, tokenizer = transformer.load_run("runs/shakespeare")             # latest checkpoint
     cfg, params, tokenizer = transformer.load_run("runs/shakespeare/checkpoints/200")  # that one
+    tokens = transformer.validation_tokens("runs/shakespeare")  # [N]: the split its evaluations read
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import os
 import re
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from transformer.model.config import ModelConfig
 from transformer.model.execution import resolve_auto
@@ -43,6 +46,17 @@ def load_run(path: str, step: int | None = None) -> tuple[ModelConfig, Any, Any]
             raise ValueError(f"{path} is the checkpoint of step {match['step']}, not step {step}")
         return restore_for_inference(match["workdir"], step=int(match["step"]))
     return restore_for_inference(path, step=step)
+
+
+def validation_tokens(workdir: str) -> np.ndarray:
+    """[N] token ids: the validation split of a run's corpus, as its evaluations read it (its saved
+    data.path, data.val_fraction and tokenizer); tokenizer.decode gives the text."""
+    from transformer.data.token_stream import load_corpus
+    from transformer.run.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(workdir, read_only=True)
+    data = ckpt.config()["data"]
+    return np.asarray(load_corpus(data["path"] or None, ckpt.tokenizer(), data["cache_dir"], data["val_fraction"]).val)
 
 
 def load_model(workdir: str | None, hf_dir: str | None, step: int | None) -> tuple[ModelConfig, Any, Any]:

@@ -169,7 +169,8 @@ def seed_key(seed: int) -> Array:
 
 def row_keys(key: Array, batch_size: int) -> Array:
     """[B] per-row PRNG keys, fold_in(key, b) for row b (an array of B keys is returned as is); row b
-    of a batch alone: pass `row_keys(key, B)[b:b + 1]`."""
+    of a batch alone: pass `row_keys(key, B)[b:b + 1]`. An int is a seed (`seed_key`)."""
+    key = seed_key(key) if isinstance(key, int | np.integer) else key
     typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
     if key.ndim == (1 if typed else 2):  # already one key per row
         if key.shape[0] != batch_size:
@@ -287,7 +288,7 @@ def generate(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], k
     """Continues B prompts (token ids, any lengths >= 1) by up to N = `max_new_tokens` tokens: one
     prefill, then one `lax.scan` -> GenerateOutput(tokens [B, N], lengths [B]).
 
-    key: a PRNG key (row b uses fold_in(key, b)) or [B] keys. The longest prompt + N must fit in
+    key: a PRNG key or an int seed (row b uses fold_in(key, b)), or [B] keys. The longest prompt + N must fit in
     max_seq_len, unless `sinks` = S >= 0: then past the context at constant memory, every layer
     seeing the first S tokens and the last max_seq_len - S (kv_cache.init_rolling_cache). edits: at
     named points (model/edits.py), at every position, e.g. `ablate_heads`. sampling: SamplingOptions'."""

@@ -55,14 +55,14 @@ def print_samples(cfg: ModelConfig, params: Any, tokenizer: Any, prompt: str, nu
         print()
 
 
-def sample_text(cfg: ModelConfig, params: Any, tokenizer: Any, num_tokens: int, seed: int,
-                prompt: str = "\n", temperature: float = 0.8) -> str:
-    """One sample of up to `num_tokens` tokens after `prompt` (as many as the context leaves), as text."""
-    ids = tokenizer.encode(prompt)
-    n = min(num_tokens, cfg.max_seq_len - len(ids))
-    out = generate(params, cfg, [ids], seed_key(seed), max_new_tokens=n, temperature=temperature,
-                   vocab_limit=tokenizer.vocab_size)
-    return tokenizer.decode(list(out.tokens[0][: int(out.lengths[0])]))
+def generate_text(model: tuple, prompt: str = "\n", max_new_tokens: int = 100, seed: int = 0, **sampling: Any) -> str:
+    """The text `model` = (cfg, params, tokenizer), as load_run returns it, adds to `prompt`: up to
+    `max_new_tokens` tokens, as many as the context leaves. sampling: `generate`'s (temperature, edits, ...)."""
+    cfg, params, tokenizer = model
+    ids = encode_prompt(cfg, tokenizer, prompt)
+    out = generate(params, cfg, [ids], seed_key(seed), min(max_new_tokens, cfg.max_seq_len - len(ids)),
+                   **{"vocab_limit": tokenizer.vocab_size, **sampling})
+    return tokenizer.decode(out.tokens[0][: int(out.lengths[0])].tolist())
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:

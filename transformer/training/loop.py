@@ -70,8 +70,9 @@ def train_and_report(run: Run, state: TrainState, ckpt: Checkpointer, stop: Stop
     writer.write({"step": start, "compile_seconds": run.steps.compile_seconds,
                   "elapsed_seconds": time.perf_counter() - started})  # the set-up's end
     batches = training_batches(run, start)
-    bar = tqdm(total=t.steps, initial=start, disable=run.host != 0 or not progress, dynamic_ncols=True,
-               file=sys.stdout)
+    tty = sys.stdout.isatty()  # redirected to a file: a line every 30 s, not one line of carriage returns
+    bar = tqdm(total=t.steps, initial=start, disable=run.host != 0 or not progress, dynamic_ncols=True, file=sys.stdout,
+               mininterval=0.1 if tty else 30, bar_format=None if tty else "{l_bar}{bar:20}{r_bar}\n")
     report = Report(writer, bar, started, window_step=start)
     end = t.steps if t.run_steps <= 0 else min(t.steps, start + t.run_steps)  # run_steps: a part, then resume
     looping = time.perf_counter()

@@ -54,7 +54,8 @@ def stop(signum: int, frame) -> None:
     """Ctrl-C / SIGTERM: keep what was printed and end at once (sampling writes nothing; an exception
     arriving in a compile could crash the interpreter's shutdown)."""
     sys.stdout.flush()
-    print(f"\n{signal.Signals(signum).name}: stopped; the text above is what was generated", file=sys.stderr, flush=True)
+    print(f"\n{signal.Signals(signum).name}: stopped; the text above is what was generated", file=sys.stderr,
+          flush=True)
     os._exit(128 + signum)
 
 

@@ -113,7 +113,8 @@ def main() -> None:
     except ValueError as e:
         exit_with_error(ValueError(f"{args.workdir or CURVES}: {e}"))
     if args.workdir:
-        write_atomically(CURVES, "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in curves.items()) + "\n}\n")
+        rows = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in curves.items())
+        write_atomically(CURVES, "{\n" + rows + "\n}\n")
     print(text)
     plot(curves, args.figure)
     print(f"figure: {os.path.relpath(args.figure, ROOT)}")

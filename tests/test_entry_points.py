@@ -211,8 +211,8 @@ def hf_folder(tmp_path):
 
 
 @pytest.mark.parametrize("file, text, message", [
-    ("config.json", "[1, 2, 3]", "config.json holds a JSON list, not the object of a model's config"),
-    ("config.json", '{"n_embd": ', "config.json is not valid JSON"),
+    ("config.json", "[1, 2, 3]", "config.json is no model config (a JSON list, not an object)"),
+    ("config.json", '{"n_embd": ', "config.json is no model config (Expecting value"),
     ("tokenizer_kind.json", "{garbled", "the tokenizer files (tokenizer_kind.json, tokenizer.json) cannot be read"),
     ("tokenizer_kind.json", "[1]", "the tokenizer files (tokenizer_kind.json, tokenizer.json) cannot be read"),
 ])

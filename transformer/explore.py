@@ -1,7 +1,6 @@
 """The attention explorer's command line: a checkpoint (or Hugging Face folder) and prompts -> an HTML page.
 
-    python -m transformer.explore --workdir runs/shakespeare --prompt "ROMEO:" --out explorer.html
-"""
+    python -m transformer.explore --workdir runs/shakespeare --prompt "ROMEO:" --out explorer.html"""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
     cfg = transformer.config_from_file("configs/gpt2.py")       # a ModelConfig, ready to build
     cfg, params, tokenizer = transformer.load_run("runs/shakespeare")             # latest checkpoint
     cfg, params, tokenizer = transformer.load_run("runs/shakespeare/checkpoints/200")  # that one
-    tokens = transformer.validation_tokens("runs/shakespeare")  # [N]: the split its evaluations read
-"""
+    tokens = transformer.validation_tokens("runs/shakespeare")  # [N]: the split its evaluations read"""
 
 from __future__ import annotations
 
@@ -78,8 +77,6 @@ def load_model(workdir: str | None, hf_dir: str | None, step: int | None) -> tup
     cfg, params = from_hf(hf_dir)
     try:
         return cfg, params, load_tokenizer(hf_dir)
-    except FileNotFoundError:
-        raise
-    except Exception as e:  # garbled JSON: the json and tokenizers libraries name no file
+    except Exception as e:  # missing or garbled: the json and tokenizers libraries name no file
         raise ValueError(f"{hf_dir}: the tokenizer files (tokenizer_kind.json, tokenizer.json) cannot be read "
                          f"({type(e).__name__}: {e}); copy them again from where the model came from") from None

@@ -8,11 +8,8 @@
     attention_maps(params, cfg, tokens)  # [L, B, H, T, S]: the weights, as above
     loss(params, cfg, tokens, edits)     # []: mean next-token cross-entropy, e.g. with a head ablated
 
-`*` for the layer asks for every layer, stacked along a leading L axis. The forward pass is the
-model's own with Flax's "intermediates" collection mutable: every point is sown and the ones not
-asked for are dropped, which under jit costs nothing (XLA removes what no output needs). With a
-cache, the points are this call's (a decoding step's keys and scores span the cache).
-"""
+`*` stacks every layer along a leading L axis. The model's own forward pass with "intermediates"
+mutable: points not asked for are dropped, free under jit. With a cache, the points are this call's."""
 
 from __future__ import annotations
 

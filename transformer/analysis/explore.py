@@ -5,8 +5,7 @@
     ex.save("explorer.html")                               # or `ex` as a Jupyter cell's last line
 
 Per prompt the page (no network) shows every head's attention weights [L, H, T, S] (a sink and registers
-as columns in front), first-token share and entropy, and the top-k next tokens with heads off.
-"""
+as columns in front), first-token share and entropy, and the top-k next tokens with heads off."""
 
 from __future__ import annotations
 

@@ -4,9 +4,7 @@
     heads = patch_heads(params, cfg, clean, corrupted, metric)          # Patching, grid [L, H]
     where = patch_positions(params, cfg, clean, corrupted, metric)      # Patching, grid [L, T]
     where.normalised()                                       # 0: the corrupted run, 1: the clean run
-
-Each cell runs the corrupted input with one piece of the clean run put in (Wang et al. 2022).
-"""
+Each cell runs the corrupted input with one piece of the clean run put in (Wang et al. 2022)."""
 
 from __future__ import annotations
 

@@ -76,11 +76,10 @@ def _open_directory(directory: str) -> tuple[dict, str | None, Callable[[], Tens
     try:
         with open(config_path, encoding="utf-8") as f:
             hf = json.load(f)
-    except ValueError as e:  # not JSON, not UTF-8
-        raise ValueError(f"{config_path} is not valid JSON ({e}): download or export the model again") from None
-    if not isinstance(hf, dict):
-        raise ValueError(f"{config_path} holds a JSON {type(hf).__name__}, not the object of a model's config; "
-                         "download or export the model again")
+        if not isinstance(hf, dict):
+            raise ValueError(f"a JSON {type(hf).__name__}, not an object")
+    except ValueError as e:  # not JSON, not UTF-8, not an object
+        raise ValueError(f"{config_path} is no model config ({e}): download or export the model again") from None
     if {"model", "train"} <= set(hf):  # a run's config, not a Hugging Face one
         _refuse_training_run(directory, "its config.json has 'model' and 'train' sections")
     return hf, (hf.get("architectures") or [None])[0], lambda: _directory_tensors(directory)

@@ -38,10 +38,8 @@ DERIVED_FIELDS = ("num_kv_heads", "head_dim", "mlp_dim", "v_head_dim")
 class ModelConfig:
     """Hyper-parameters of a decoder-only transformer; each field's comment says what it does.
 
-    Fields fall in three groups: the architecture (every field above `zero_init_out`: what the
-    parameters mean), the initialisation (INIT_FIELDS) and the execution (EXECUTION_FIELDS). Fields
-    left None are derived (DERIVED_FIELDS); `replace` derives them again unless they were set, so
-    cfg.replace(d_model=128) also doubles head_dim and mlp_dim.
+    Three groups: the architecture (what the parameters mean), INIT_FIELDS and EXECUTION_FIELDS. None
+    fields are derived (DERIVED_FIELDS), again by `replace`: cfg.replace(d_model=128) doubles mlp_dim.
     """
 
     vocab_size: int
@@ -147,9 +145,8 @@ class ModelConfig:
                "sees) or num_registers=0")
 
     def layer_windows(self) -> tuple[int | None, ...]:
-        """Each layer's window: attention_window W (at most max_seq_len: a longer one sees no more, and
-        must not size a ring) for a local layer, None for a global one (all layers without a window;
-        with global_every=k, layers k-1, 2k-1, ...)."""
+        """Each layer's window, W (at most max_seq_len: no longer ring) or None for a global layer (every
+        layer without a window; with global_every=k, layers k-1, 2k-1, ...)."""
         w, k = min(self.attention_window, self.max_seq_len), self.global_every
         return tuple(None if not w or (k and (i + 1) % k == 0) else w for i in range(self.num_layers))
 

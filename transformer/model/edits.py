@@ -1,14 +1,11 @@
 """Edits at named points: the model run with chosen activations changed, under jit and in the sampler.
 
-An edit changes one named point (model/points.py) by value -> scale * value + add: zero ablation
-(`zero`), mean ablation (`mean`), activation patching (`patch`), steering (`steer`), a head mask
-[L, H] at attn.z (`ablate_heads`), each selecting by layer (blocks.3.attn.z, or blocks.*.attn.z),
-head and position (this call's tokens). An `Edit` is a pytree of two arrays with a leading L axis
-for a layer's point (1 where all layers are alike), so a grid of edits can be vmapped through one
-compile and both layer layouts take the same edits; edits of one point compose in order.
+An edit sets a named point (model/points.py) to scale * value + add: `zero`, `mean`, `patch`, `steer`,
+`ablate_heads` ([L, H] at attn.z), selecting by layer (blocks.3.attn.z, blocks.*.attn.z), head and
+position. An `Edit` is a pytree with a leading L axis (1: alike in all layers), so a grid of edits
+vmaps through one compile; edits of one point compose in order.
 
-    logits, cache = run(params, cfg, tokens, [zero(cfg, "blocks.1.attn.z", head=3)])
-"""
+    logits, cache = run(params, cfg, tokens, [zero(cfg, "blocks.1.attn.z", head=3)])"""
 
 from __future__ import annotations
 
@@ -65,10 +62,11 @@ def patch(cfg: ModelConfig, name: str, source: Array, *, head: Any = None, posit
     stacked, axes = _layer(name) == "*", point_axes(cfg, name)
     source = jnp.asarray(source)
     shape, widths = source.shape[stacked:], {"d": cfg.d_model, "v": cfg.vocab_size, "f": cfg.mlp_dim}
-    if len(shape) != len(axes) or any(n != widths.get(a, n) for n, a in zip(shape, axes)) or shape[axes.index("t")] == 1:
+    wrong = len(shape) != len(axes) or any(n != widths.get(a, n) for n, a in zip(shape, axes))
+    if wrong or shape[axes.index("t")] == 1:  # one position would be broadcast over every position
         raise ValueError(f"patch of {name!r}: a source of shape {source.shape} is not the point's "
-                         f"[{', '.join('L' * stacked + axes.upper())}] (D={cfg.d_model}, V={cfg.vocab_size}, F={cfg.mlp_dim}) "
-                         "over more than one position; capture it on an input as long as the one patched")
+                         f"[{', '.join('L' * stacked + axes.upper())}] (D={cfg.d_model}, V={cfg.vocab_size}, "
+                         f"F={cfg.mlp_dim}) over more than one position; capture it on an input as long as the patched one")
     length = shape[axes.index("t")]
     select = selection(cfg, name, head, position, length)
     return at_layer(cfg, name, 1.0 - select, source * select, stacked=stacked)

@@ -6,9 +6,7 @@ functions, called with the Decoder as `module` (so their parameters sit at its t
     embed(module, cfg, data, positions, cache, det)   ->  x [B, T, D], positions [B, T], order
     logits(module, cfg, h, data, positions, cache)    ->  [B, T, V or C] float32 (the point `logits`)
 
-`order`: the input's own rule of which of this call's keys each query sees, an additive [B, 1, T, T]
-in place of the causal mask in every layer, or None: causal.
-"""
+`order`: an additive [B, 1, T, T] in place of the causal mask in every layer, or None: causal."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""Orbax checkpoints in `workdir/checkpoints`, one folder per step: `state` (arrays), `config` (the
-run config as `saved_form` makes it) and `tokenizer` (JSON); nothing pickled, so a restore runs no
-code. Each save is renamed into place when complete: a kill mid-save keeps the previous ones. Kept:
-the latest `keep` and the best by validation loss. A checkpoint restores onto any mesh; a resume
-may change execution and initialisation fields only, and a change of `scan_layers` converts the stack.
-"""
+"""Orbax checkpoints in `workdir/checkpoints`, one folder per step: `state` (arrays), `config`
+(`saved_form`) and `tokenizer` (JSON); nothing pickled. A save is renamed into place when complete.
+Kept: the latest `keep` and the best by validation loss. A checkpoint restores onto any mesh; a
+resume may change execution and initialisation fields (`scan_layers`: the stack is converted)."""
 
 from __future__ import annotations
 

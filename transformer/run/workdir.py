@@ -1,8 +1,6 @@
-"""A run's folder: checked before a run writes there (it can be written, a resume continues the
-checkpoint's model and data, the tokenizer or corpus left there was made for this data), locked
-while a run writes there (one run per workdir), and written once the set-up has succeeded. Each
-check raises ValueError (or CheckpointError) naming the fix.
-"""
+"""A run's folder: checked before a run writes there (writable; a resume continues the checkpoint's
+model, data, tokenizer and corpus), locked while one run writes it, written once the set-up succeeded.
+Each check raises ValueError (or CheckpointError) naming the fix."""
 
 from __future__ import annotations
 

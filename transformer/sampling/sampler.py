@@ -1,13 +1,11 @@
 """Sampling: logit filters, prefill, the `lax.scan` decode loop, and generate / generate_stream.
 
-Two compiled stages over a ragged batch of prompts: `prefill` runs the right-padded prompts once,
-filling the KV cache and drawing each row's first token at its own last position; `decode` is a
-`lax.scan` of steps. Shapes are rounded up to buckets (64, 128, 256, ...), so similar requests reuse
-the compiled functions. Row b draws its i-th new token with fold_in(fold_in(key, b), i): a row's
-tokens depend neither on the other rows nor on how decoding is cut into chunks.
+Two compiled stages over a ragged batch: `prefill` runs the right-padded prompts once, filling the
+cache and drawing each row's first token; `decode` is a `lax.scan` of steps. Shapes are bucketed (64,
+128, ...) to reuse compiles. Row b's i-th token uses fold_in(fold_in(key, b), i): independent of the
+other rows and of how decoding is chunked.
 
-Shapes: B batch, P padded prompt length, S cache slots, V vocabulary, N new tokens.
-"""
+Shapes: B batch, P padded prompt length, S cache slots, V vocabulary, N new tokens."""
 
 from __future__ import annotations
 
@@ -79,11 +77,9 @@ def top_p_filter(logits: Array, p: float) -> Array:
 
 @dataclasses.dataclass(frozen=True)
 class SamplingOptions:
-    """How tokens are drawn and when a row stops; hashable, so it is a static argument under jit.
-
-    temperature: 0 = greedy (argmax). top_k, top_p: None keeps every token. stop_tokens: a row that
-    draws one is done; pad_id is written after. vocab_limit: draw only ids below it (the tokenizer's
-    size, when the model's head is padded to a round number), None: every id of the head."""
+    """How tokens are drawn and when a row stops; hashable (a static argument under jit). temperature:
+    0 = greedy. top_k, top_p: None keeps every token. stop_tokens: a row drawing one is done (pad_id
+    after). vocab_limit: draw only ids below it (the tokenizer's size under a padded head)."""
 
     temperature: float = 1.0
     top_k: int | None = None
@@ -223,12 +219,9 @@ def forward(params: dict, cfg: ModelConfig, tokens: Array, positions: Array, cac
 def prefill(params: dict, cfg: ModelConfig, tokens: Array, lengths: Array, keys: Array, cache_len: int,
             options: SamplingOptions, edits: Sequence[Edit] = (), sinks: int | None = None) -> DecodeState:
     """tokens [B, P] int32, right-padded prompts of lengths [B] (n_b >= 1), keys [B], cache_len S >= P
-    -> the decode state after each row's first new token (positions [B] = lengths).
-
-    Row b's prompt sits at positions 0..n_b-1, its padding at PAD_POSITION (seen by no real token,
-    written to no slot: a ring would otherwise lose the prompt's last tokens to it). edits: at named
-    points (model/edits.py), applied at every position. sinks: None, or S >= 0 for a rolling cache
-    past the context (kv_cache.init_rolling_cache)."""
+    -> the decode state after each row's first new token (positions [B] = lengths). Padding sits at
+    PAD_POSITION (seen by no token, written to no slot: a ring would lose the prompt's end to it).
+    edits: model/edits.py's, at every position. sinks: None, or S >= 0 for a rolling cache."""
     batch, length = tokens.shape
     steps = jnp.arange(length, dtype=jnp.int32)[None, :]  # [1, P]
     positions = jnp.where(steps < lengths[:, None], steps, PAD_POSITION)  # [B, P]: padding at PAD_POSITION
@@ -285,13 +278,11 @@ def bucket(n: int, cap: int) -> int:
 
 def generate(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
              edits: Sequence[Edit] = (), sinks: int | None = None, **sampling: Any) -> GenerateOutput:
-    """Continues B prompts (token ids, any lengths >= 1) by up to N = `max_new_tokens` tokens: one
-    prefill, then one `lax.scan` -> GenerateOutput(tokens [B, N], lengths [B]).
-
-    key: a PRNG key or an int seed (row b uses fold_in(key, b)), or [B] keys. The longest prompt + N must fit in
-    max_seq_len, unless `sinks` = S >= 0: then past the context at constant memory, every layer
-    seeing the first S tokens and the last max_seq_len - S (kv_cache.init_rolling_cache). edits: at
-    named points (model/edits.py), at every position, e.g. `ablate_heads`. sampling: SamplingOptions'."""
+    """Continues B prompts (token ids, lengths >= 1) by up to N = `max_new_tokens` tokens: one prefill,
+    one `lax.scan` -> GenerateOutput(tokens [B, N], lengths [B]). key: a PRNG key or an int seed (row b
+    uses fold_in(key, b)), or [B] keys. The longest prompt + N must fit in max_seq_len, unless `sinks` =
+    S >= 0: past the context at constant memory (init_rolling_cache). edits: model/edits.py's, at every
+    position, e.g. `ablate_heads`. sampling: SamplingOptions' fields."""
     options = SamplingOptions(**sampling)
     edits = list(edits)
     check_for_sampling(edits, cfg)
@@ -342,8 +333,7 @@ def _start(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key
 
 def _check_prompts(cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                    rolling: bool = False) -> list[np.ndarray]:
-    """Each prompt as a 1-D integer array, or a ValueError saying what is wrong and what to do.
-    rolling: the generation may run past the context (a rolling cache), only the prompts must fit."""
+    """Each prompt as a 1-D integer array, or a ValueError naming the fix. rolling: only the prompts must fit."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     rows = [np.asarray(p) for p in prompts]

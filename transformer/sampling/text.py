@@ -15,9 +15,8 @@ from transformer.sampling.sampler import SamplingOptions, encode_prompt, generat
 
 
 def stream_text(tokenizer: Any, chunks: Iterable[np.ndarray]) -> Iterator[str]:
-    """The text of a stream of token chunks [1, n], as pieces to print one after the other: all tokens
-    so far decoded at every chunk, so merges come out right, a trailing U+FFFD (a character whose bytes
-    have not all arrived) held back until a later chunk completes it."""
+    """The text of token chunks [1, n], as pieces to print one after another: all tokens so far decoded
+    at each chunk (merges come out right), a trailing U+FFFD (a character not all here) held back."""
     ids: list[int] = []
     shown = 0
     for chunk in chunks:
@@ -34,9 +33,8 @@ def stream_text(tokenizer: Any, chunks: Iterable[np.ndarray]) -> Iterator[str]:
 
 def print_samples(cfg: ModelConfig, params: Any, tokenizer: Any, prompt: str, num_samples: int, max_new_tokens: int,
                   seed: int, chunk_size: int, sinks: int | None = None, **sampling: Any) -> None:
-    """Prints `num_samples` continuations of the prompt as they are generated; sample i is row i of a
-    batch drawn with key `seed`. sampling: SamplingOptions' fields (only ids the tokenizer has are
-    drawn); sinks: None stops at the context, S >= 0 continues past it (`generate`'s sinks)."""
+    """Prints `num_samples` continuations of the prompt as generated, sample i as row i of a batch drawn
+    with key `seed`. sampling: SamplingOptions' fields; sinks: `generate`'s (None: stop at the context)."""
     ids = encode_prompt(cfg, tokenizer, prompt)
     sampling = {"vocab_limit": tokenizer.vocab_size, **sampling}  # never an id the tokenizer cannot decode
     SamplingOptions(**sampling)  # a bad option fails here, before anything is printed
@@ -66,8 +64,7 @@ def generate_text(model: tuple, prompt: str = "\n", max_new_tokens: int = 100, s
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
-    """The prompt text: the contents of `prompt_file` (UTF-8; '-': standard input) if given, else
-    `prompt` (default "\\n"), a command-line argument whose bytes must be UTF-8."""
+    """The prompt: `prompt_file`'s UTF-8 text ('-': standard input) if given, else `prompt` (default "\\n")."""
     if prompt_file is None:
         return "\n" if prompt is None else command_line_text(prompt, "--prompt")
     if prompt is not None:
@@ -86,13 +83,9 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 
 
 def command_line_text(text: str, flag: str) -> str:
-    """`text` as given on the command line, or a ValueError naming `flag` when its bytes are not UTF-8
-    (Python hands them over as lone surrogates)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raw = text.encode("utf-8", "surrogateescape")
-        bad = raw.decode("utf-8", "replace").index("\ufffd")
+    """`text`, or a ValueError naming `flag` when its bytes are not UTF-8 (Python gives lone surrogates)."""
+    bad = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
+    if bad is not None:
         raise ValueError(f"{flag} holds bytes that are not UTF-8 text (at character {bad}); pass UTF-8, e.g. "
-                         "convert it with iconv -t utf-8, or put it in a file for --prompt_file") from None
+                         "convert it with iconv -t utf-8, or put it in a file for --prompt_file")
     return text

@@ -1,8 +1,6 @@
-"""The training loop: `train(run)` trains a set-up run (setup.py) to train.steps, with logging,
-evaluations and checkpoints, and knows no data task or metric by name. Training batch s depends
-only on (seed, s), so a resumed run sees an unbroken run's batches; SIGINT / SIGTERM save at the
-next step and raise Interrupted; a diverged loss raises Diverged without saving.
-"""
+"""The training loop: `train(run)` trains a set-up run (setup.py) to train.steps, knowing no data task
+or metric by name. Batch s depends only on (seed, s), so a resume sees an unbroken run's batches;
+SIGINT / SIGTERM save at the next step (Interrupted); a diverged loss raises Diverged without saving."""
 
 from __future__ import annotations
 

@@ -4,10 +4,8 @@ or warm-up / stable / decay schedule; global-norm clipping.
     rates = learning_rates(config.optim, steps)                 # {metric name: step -> learning rate}
     tx, schedule = make_optimizer(config.optim, steps, rates)   # an optax transformation
 
-AdamW decays the projection matrices only (`decay_mask`). Muon orthogonalises each matrix inside the
-layers as the one linear map it is (W_q [H, K, D] as [H*K, D], as modded-nanogpt), scaled by
-sqrt(max(1, out / in)) (optim.muon_learning_rate ~0.02); both follow one schedule shape.
-"""
+AdamW decays the projection matrices only (`decay_mask`). Muon orthogonalises each layer matrix as one
+map (W_q [H, K, D] as [H*K, D], as modded-nanogpt), scaled by sqrt(max(1, out / in)); one schedule shape."""
 
 from __future__ import annotations
 

@@ -164,8 +164,7 @@ def seed_key(seed: int) -> Array:
 
 
 def row_keys(key: Array, batch_size: int) -> Array:
-    """[B] per-row PRNG keys, fold_in(key, b) for row b (an array of B keys is returned as is); row b
-    of a batch alone: pass `row_keys(key, B)[b:b + 1]`. An int is a seed (`seed_key`)."""
+    """[B] per-row keys fold_in(key, b) (B keys: as they are; an int: a seed); row b alone: [b:b + 1]."""
     key = seed_key(key) if isinstance(key, int | np.integer) else key
     typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
     if key.ndim == (1 if typed else 2):  # already one key per row
@@ -355,9 +354,10 @@ def _check_prompts(cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_t
                              "read in one pass; shorten it")
         if not rolling and len(row) + max_new_tokens > cfg.max_seq_len:
             room = cfg.max_seq_len - len(row)
-            fix = f"ask for at most {room} new tokens" if room > 0 else f"shorten it below {cfg.max_seq_len} tokens"
+            sinks = "" if scheme(cfg).relative else f" (relative positions only, not {cfg.position!r})"
+            fix = (f"ask for at most {room} new tokens, or pass sinks=S (sample.py --sinks) to continue past the "
+                   f"context with a rolling cache{sinks}") if room > 0 else f"shorten it below {cfg.max_seq_len} tokens"
             raise ValueError(f"prompt {b} has {len(row)} tokens and max_new_tokens is {max_new_tokens}: "
                              f"{len(row) + max_new_tokens} positions, past the model's context of max_seq_len="
-                             f"{cfg.max_seq_len}; {fix}" + (", or pass sinks=S (sample.py --sinks) to continue past "
-                             "the context with a rolling cache" if scheme(cfg).relative and room >= 0 else ""))
+                             f"{cfg.max_seq_len}; {fix}")
     return rows

@@ -459,3 +459,41 @@ def test_the_package_builds_without_setuptools_warnings(tmp_path):
                           str(tmp_path / "out")], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0 and "would be ignored" not in out.stderr and "absent from" not in out.stderr, out.stderr
     assert (tmp_path / "out" / "transformer" / "analysis" / "explorer_page" / "page.html").is_file()
+
+
+# ----------------------------------------------------------------------------- one table per command line
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompt", "x"], "give exactly one of --workdir (a training run) or --hf_dir"),
+    (["--prompt", "x", "--workdir", "/nonexistent/run"], "does not exist"),
+    (["--prompt", "x", "--workdir", "W", "--top_k", "0"], "--top_k 0 must be at least 1"),
+    (["--prompt", "x", "--workdir", "W", "--step", "-1"], "--step -1: checkpoint steps are >= 0"),
+    (["--prompt", "x", "--workdir", "W", "--out", "/nonexistent/dir/x.html"], "no folder /nonexistent/dir"),
+    (["--prompt", "x", "--hf_dir", "HF"], "holds no config.json"),
+])
+def test_the_explorer_command_line_reports_bad_input_in_one_line(tmp_path, monkeypatch, capsys, argv, message):
+    from transformer import explore as explore_cli
+
+    argv = [a.replace("HF", str(tmp_path)).replace("W", str(tmp_path)) if a in ("W", "HF") else a for a in argv]
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "x.html")]
+    assert message in one_line_exit(capsys, explore_cli.main, ["explore", *argv], monkeypatch)
+
+
+@pytest.mark.parametrize("content, out, message", [
+    (None, "x.png", "no metrics file at"), (b"\xff\xfe\x00binary", "x.png", "holds no training rows"),
+    (b'{"step": 1, "loss": 2.0}\n', "x.txt", "name the output file with an image extension"),
+    (b'{"step": 1, "loss": 2.0}\n', "file/x.png", "File exists"),  # a folder that is a file: the OS's one line
+])
+def test_plot_metrics_reports_bad_input_in_one_line(tmp_path, monkeypatch, capsys, content, out, message):
+    from scripts import plot_metrics
+
+    if content is not None:
+        (tmp_path / "metrics.jsonl").write_bytes(content)
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(sys, "argv", ["plot_metrics.py", str(tmp_path / "metrics.jsonl"), str(tmp_path / out)])
+    with pytest.raises(SystemExit) as exit_:
+        plot_metrics.main()
+    err = capsys.readouterr().err + (exit_.value.code if isinstance(exit_.value.code, str) else "")
+    assert exit_.value.code != 0 and message in err and err.strip().count("\n") == 0 and "Traceback" not in err, err

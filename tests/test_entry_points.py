@@ -497,3 +497,21 @@ def test_plot_metrics_reports_bad_input_in_one_line(tmp_path, monkeypatch, capsy
         plot_metrics.main()
     err = capsys.readouterr().err + (exit_.value.code if isinstance(exit_.value.code, str) else "")
     assert exit_.value.code != 0 and message in err and err.strip().count("\n") == 0 and "Traceback" not in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, message", [
+    (["--top_p", "0"], "--top_p 0.0 must be in (0, 1]"),
+    (["--temperature", "nan"], "temperature must be >= 0 and finite"),
+    (["--seed", "-1"], "the seed must be a whole number in [0, 2**63 - 1"),
+    (["--prompt", b"RO\xffMEO".decode("utf-8", "surrogateescape")], "--prompt holds bytes that are not UTF-8 text"),
+    (["--prompt_file", "/"], "--prompt_file '/' is a folder"),
+    (["--hf_dir", "/nonexistent"], "give exactly one of --workdir"),
+])
+def test_sample_py_reports_bad_input_in_one_line_before_loading(args, message):
+    import subprocess
+
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), "--workdir", "/nonexistent/run", *args],
+                         capture_output=True, cwd=ROOT, timeout=300)
+    err = out.stderr.decode("utf-8", "replace")
+    assert out.returncode == 1 and err.startswith("error: ") and err.count("\n") == 1 and message in err, err

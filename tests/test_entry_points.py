@@ -276,6 +276,20 @@ def test_a_patch_source_of_the_wrong_shape_is_refused_when_the_edit_is_made(tiny
         edits.patch(cfg, name, np.zeros(shape))
 
 
+def test_an_edit_made_for_another_length_is_refused_when_run(tiny):
+    from transformer.analysis.capture import capture
+    from transformer.model import edits
+
+    cfg, params = tiny
+    source = capture(params, cfg, np.ones((2, 5), np.int32), ["blocks.0.resid_post"])[2]["blocks.0.resid_post"]
+    edit = edits.patch(cfg, "blocks.0.resid_post", source)
+    for call in (lambda: edits.run(params, cfg, np.ones((2, 7), np.int32), [edit]),
+                 lambda: capture(params, cfg, np.ones((2, 7), np.int32), ["embed"], edits=[edit])):
+        with pytest.raises(ValueError, match=r"'blocks.\*.resid_post' covers 5 positions but this call has 7 tokens"):
+            call()
+    assert edits.run(params, cfg, np.ones((2, 5), np.int32), [edit])[0].shape == (2, 5, cfg.vocab_size)
+
+
 @pytest.mark.parametrize("batch, length, message", [
     (1, -4, "max_len=-4 must be a whole number >= 1"), (0, 4, "batch_size=0 must be"),
     (1, 2.5, "max_len=2.5 must be"), (1, 17, "at most the model's context max_seq_len=16"),

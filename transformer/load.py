@@ -48,8 +48,7 @@ def load_run(path: str, step: int | None = None) -> tuple[ModelConfig, Any, Any]
 
 
 def validation_tokens(workdir: str) -> np.ndarray:
-    """[N] token ids: the validation split of a run's corpus, as its evaluations read it (its saved
-    data.path, data.val_fraction and tokenizer); tokenizer.decode gives the text."""
+    """[N] token ids: the validation split a run's evaluations read (its saved data fields and tokenizer)."""
     from transformer.data.token_stream import load_corpus
     from transformer.run.checkpoint import Checkpointer
 

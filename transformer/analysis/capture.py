@@ -51,7 +51,7 @@ def capture(params: Any, cfg: ModelConfig, tokens: Array, names: Sequence[str], 
     known = point_names(cfg)
     for name in wanted:
         check_name(name, cfg, known)
-    variables = {"params": params, EDITS: edit_variables(cfg, edits, cache)}
+    variables = {"params": params, EDITS: edit_variables(cfg, edits, cache, tokens.shape[1])}
     (logits, new_cache), state = Decoder(cfg).apply(variables, tokens, positions=positions, cache=cache,
                                                     mutable=[COLLECTION])
     r = registers_to_run(cfg, cache)

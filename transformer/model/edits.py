@@ -137,7 +137,7 @@ def compose(edits: Sequence[Edit]) -> dict[str, tuple[Array, Array]]:
     return out
 
 
-def variables(cfg: ModelConfig, edits: Sequence[Edit], cache: Cache | None = None) -> dict:
+def variables(cfg: ModelConfig, edits: Sequence[Edit], cache: Cache | None = None, num_tokens: int = 0) -> dict:
     """The "edits" collection for `Decoder.apply`: {module path: {sown key: (scale, add)}}, per layer
     (layers_{l}) or stacked [L, ...] (a scanned `layers`). A position-selected edit gets identity rows
     for the registers when they run, so positions count tokens."""
@@ -150,6 +150,9 @@ def variables(cfg: ModelConfig, edits: Sequence[Edit], cache: Cache | None = Non
         rest = name.split(".", 2)[2]
         t = 1 + point_axes(cfg, name).index("t")  # after the L axis
         length = max(scale.shape[t], add.shape[t])
+        if num_tokens and length not in (1, num_tokens):  # else a broadcasting error deep inside the model
+            raise ValueError(f"the edit of {name!r} covers {length} positions but this call has {num_tokens} tokens; "
+                             f"make it for an input of {num_tokens} tokens (or for every position)")
         if r and length > 1:  # per-position: the registers' rows unedited
             scale, add = _pad(scale, t, length, r, 1.0), _pad(add, t, length, r, 0.0)
         shape = jnp.broadcast_shapes(scale.shape[:1], add.shape[:1], (1,))
@@ -169,8 +172,8 @@ def run(params: Any, cfg: ModelConfig, tokens: Array, edits: Sequence[Edit], pos
         cache: Cache | None = None) -> tuple[Array, Cache | None]:
     """The model on `tokens` [B, T] with `edits` applied -> (logits [B, T, V], updated cache or None),
     as `Decoder.apply` returns them. Works under jax.jit (cfg static; edits are pytrees)."""
-    return Decoder(cfg).apply({"params": params, EDITS: variables(cfg, edits, cache)}, tokens, positions=positions,
-                              cache=cache)
+    return Decoder(cfg).apply({"params": params, EDITS: variables(cfg, edits, cache, tokens.shape[1])}, tokens,
+                              positions=positions, cache=cache)
 
 
 def check_editable(cfg: ModelConfig, name: str) -> None:

@@ -175,8 +175,7 @@ def row_keys(key: Array, batch_size: int) -> Array:
 
 
 def _draw(logits: Array, keys: Array, step: Array | int, options: SamplingOptions) -> Array:
-    """[B, V] logits -> [B] int32 tokens: the step-th new token of each row, drawn with that row's
-    key folded with the step, fold_in(keys[b], step)."""
+    """[B, V] logits -> [B] int32: each row's step-th new token, drawn with fold_in(keys[b], step)."""
     step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
     if options.vocab_limit is not None and options.vocab_limit < logits.shape[-1]:
         logits = jnp.where(jnp.arange(logits.shape[-1]) < options.vocab_limit, logits, -jnp.inf)
@@ -207,8 +206,7 @@ class DecodeState:
 
 def forward(params: dict, cfg: ModelConfig, tokens: Array, positions: Array, cache: Cache,
             edits: Sequence[Edit] = ()) -> tuple[Array, Cache]:
-    """The model on tokens [B, T] at positions [B, T] -> (logits [B, T, V], the updated cache); through
-    model/edits.run only when there are edits."""
+    """tokens [B, T] at positions [B, T] -> (logits [B, T, V], the updated cache); edits: model/edits.run."""
     if edits:
         return run(params, cfg, tokens, edits, positions=positions, cache=cache)
     return Decoder(cfg).apply({"params": params}, tokens, positions=positions, cache=cache)

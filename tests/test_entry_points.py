@@ -529,3 +529,19 @@ def test_sample_py_reports_bad_input_in_one_line_before_loading(args, message):
                          capture_output=True, cwd=ROOT, timeout=300)
     err = out.stderr.decode("utf-8", "replace")
     assert out.returncode == 1 and err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+
+
+def test_the_ablation_loss_grid_is_each_head_switched_off_alone(tiny):
+    import transformer
+    from transformer.analysis.patching import ablation_losses
+    from transformer.model import edits
+
+    cfg, params = tiny
+    tokens = [5, 9, 1, 33, 7, 2, 61, 12]
+    grid = np.asarray(ablation_losses(params, cfg, tokens))
+    assert grid.shape == (cfg.num_layers, cfg.num_heads) and np.abs(grid).max() > 1e-4
+    clean = float(transformer.loss(params, cfg, tokens))
+    for l, h in ((0, 0), (1, 3)):
+        mask = np.ones((cfg.num_layers, cfg.num_heads)); mask[l, h] = 0
+        alone = float(transformer.loss(params, cfg, tokens, [edits.ablate_heads(cfg, mask)]))
+        assert grid[l, h] == pytest.approx(alone - clean, abs=1e-5)

@@ -48,9 +48,7 @@ def apply_temperature(logits: Array, temperature: float) -> Array:
 
 def top_k_filter(logits: Array, k: int) -> Array:
     """[B, V] float32 -> [B, V]: the k largest logits of each row kept (exactly k: ties broken by index),
-    the rest MASK_VALUE. k >= V keeps everything."""
-    if k < 1:
-        raise ValueError(f"top_k must be at least 1, got {k}; use top_k=None to keep every token")
+    the rest MASK_VALUE. k >= V keeps everything; k >= 1 (`SamplingOptions` checks it)."""
     batch, vocab = logits.shape
     if k >= vocab:
         return logits
@@ -61,9 +59,7 @@ def top_k_filter(logits: Array, k: int) -> Array:
 
 def top_p_filter(logits: Array, p: float) -> Array:
     """Nucleus filter, [B, V] float32 -> [B, V]: keeps the most likely tokens while the mass taken
-    before each is below p (so the first is always kept), the rest MASK_VALUE. p = 1 keeps everything."""
-    if not 0.0 < p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {p}; use top_p=None (or 1.0) to keep every token")
+    before each is below p (so the first is always kept), the rest MASK_VALUE. p in (0, 1] (`SamplingOptions`)."""
     batch = logits.shape[0]
     order = jnp.argsort(-logits, axis=-1)  # [B, V] token ids, most likely first
     probs = jax.nn.softmax(jnp.take_along_axis(logits, order, axis=-1), axis=-1)
@@ -133,8 +129,7 @@ def sample_token(logits: Array, key: Array, temperature: float = 1.0, top_k: int
 
 
 def encode_prompt(cfg: ModelConfig, tokenizer: Any, prompt: str, new_tokens: int = 1) -> list[int]:
-    """Prompt text -> token ids [N], with clear errors for an empty prompt or one that leaves fewer
-    than `new_tokens` places in the context, N + new_tokens > max_seq_len (0: a forward pass only)."""
+    """Prompt text -> token ids [N]; a clear error when empty or N + new_tokens > max_seq_len (0: a forward)."""
     ids = tokenizer.encode(prompt)  # raises ValueError for text the tokenizer cannot represent
     if len(ids) == 0:
         raise ValueError("the prompt is empty; pass --prompt with at least one character")
@@ -294,8 +289,7 @@ def generate(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], k
 def generate_stream(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array,
                     max_new_tokens: int, chunk_size: int = 16, sinks: int | None = None,
                     **sampling: Any) -> Iterator[np.ndarray]:
-    """`generate`, yielding the new tokens as they are made: [B, 1], then [B, <= chunk_size] per
-    `lax.scan`; the chunks joined equal `generate`'s tokens. Ends once every row has stopped."""
+    """`generate`, yielding new tokens as made: [B, 1], then [B, <= chunk_size] per scan (joined: `generate`'s)."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
     options = SamplingOptions(**sampling)

@@ -72,6 +72,13 @@ JUPYTER := JUPYTER_PATH=$(CURDIR)/.venv/share/jupyter .venv/bin/jupyter
 notebooks: .venv/.installed-notebooks
 	$(JUPYTER) lab notebooks/
 
+# One notebook run headless, in place, outputs kept: `make notebook NB=kv_cache` (notebooks/kv_cache.ipynb).
+.PHONY: notebook
+notebook: .venv/.installed-notebooks
+	$(if $(NB),,$(error NB is not set: make notebook NB=NAME runs notebooks/NAME.ipynb, e.g. NB=kv_cache))
+	test -f notebooks/$(NB:.ipynb=).ipynb || { echo "error: no notebook notebooks/$(NB:.ipynb=).ipynb; ls notebooks/*.ipynb lists them" >&2; exit 2; }
+	$(JUPYTER) nbconvert --to notebook --execute --inplace notebooks/$(NB:.ipynb=).ipynb
+
 # The committed pictures: docs/loss_curve.png from runs/shakespeare (`make train` first), then every
 # notebook run in place (outputs kept, figures into docs/figures; trains runs/notebook_model if missing).
 figures: .venv/.installed-notebooks

@@ -17,7 +17,10 @@ the same one it would get as row i of a batch, so a sample is reproducible from 
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+
 import jax
 from absl import app, flags, logging
 
@@ -26,7 +29,7 @@ from transformer.cli import exit_with_error
 from transformer.load import load_model
 from transformer.run.checkpoint import CheckpointError, quiet_checkpoint_failures
 from transformer.model.decoder import count_params
-from transformer.sampling.sampler import check_seed
+from transformer.sampling.sampler import SamplingOptions, check_seed
 from transformer.sampling.text import print_samples, read_prompt
 
 FLAGS = flags.FLAGS
@@ -34,7 +37,7 @@ flags.DEFINE_string("workdir", None, "A training run's folder (holding checkpoin
 flags.DEFINE_integer("step", None, "Checkpoint step to restore (default: the latest).")
 flags.DEFINE_string("hf_dir", None, "A local Hugging Face model folder, instead of --workdir.")
 flags.DEFINE_string("prompt", None, "Text the samples continue (default: a newline).")
-flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead of --prompt.")
+flags.DEFINE_string("prompt_file", None, "Read the prompt from this file ('-': standard input) instead of --prompt.")
 flags.DEFINE_integer("num_samples", 1, "Number of samples.", lower_bound=1)
 flags.DEFINE_integer("max_new_tokens", 200, "Tokens to generate per sample.", lower_bound=1)
 flags.DEFINE_float("temperature", 0.8, "Sampling temperature; 0 = greedy.", lower_bound=0.0)
@@ -47,14 +50,28 @@ flags.DEFINE_integer("sinks", None, "Generate past the context: a rolling cache 
                      "window. RoPE or no positions only. Unset: stop at the context.", lower_bound=0)
 
 
+def stop(signum: int, frame) -> None:
+    """Ctrl-C / SIGTERM: keep what was printed and end at once (sampling writes nothing; an exception
+    arriving in a compile could crash the interpreter's shutdown)."""
+    sys.stdout.flush()
+    print(f"\n{signal.Signals(signum).name}: stopped; the text above is what was generated", file=sys.stderr,
+          flush=True)
+    os._exit(128 + signum)
+
+
 def main(argv: list[str]) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; the prompt goes in --prompt")
     logging.set_verbosity(logging.ERROR)  # orbax logs every restore; the samples are the output
     quiet_checkpoint_failures()  # one-line errors for a checkpoint that cannot be read or written
     try:
         prompt = read_prompt(FLAGS.prompt, FLAGS.prompt_file)  # a bad file fails before any loading
-        check_seed(FLAGS.seed)  # and so does a bad seed
+        check_seed(FLAGS.seed)  # and so does a bad seed, and a bad sampling option
+        if not 0 < FLAGS.top_p <= 1:  # NaN too
+            raise ValueError(f"--top_p {FLAGS.top_p} must be in (0, 1]; 1 (the default) keeps every token")
+        SamplingOptions(temperature=FLAGS.temperature, top_k=FLAGS.top_k or None)
         cfg, params, tokenizer = load_model(FLAGS.workdir, FLAGS.hf_dir, FLAGS.step)
         print(f"model: {count_params(params):,} parameters, context {cfg.max_seq_len} tokens, KV cache "
               f"{describe_cache_size(cfg, FLAGS.sinks)}; dtype {cfg.dtype}, attention "

@@ -42,7 +42,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer.cli import config_flags_parser, exit_on_storage_error, exit_with_error
-from transformer.sampling.text import sample_text
+from transformer.sampling.text import generate_text
 from transformer.run.checkpoint import CheckpointError, quiet_checkpoint_failures
 from transformer.experiments.catalog import train
 from transformer.training.loop import Diverged
@@ -69,7 +69,8 @@ def print_sample(run: Run, state: TrainState) -> None:
             print(f"no sample in a multi-host run: python sample.py --workdir {FLAGS.workdir} draws one "
                   "from the checkpoint")
         return
-    print("\n--- sample ---\n" + sample_text(run.cfg, state.params, run.tokenizer, t.sample_tokens, t.seed))
+    text = generate_text((run.cfg, state.params, run.tokenizer), "\n", t.sample_tokens, t.seed, temperature=0.8)
+    print("\n--- sample ---\n" + text)
 
 
 def init_distributed() -> None:
@@ -104,6 +105,20 @@ def main(argv: list[str]) -> None:
         exit_with_error(e)
     except OSError as e:  # a full disk while tokenizing or writing metrics: one line; any other: raised
         exit_on_storage_error(e)
+    except jax.errors.JaxRuntimeError as e:  # XLA's out-of-memory: one line with the fields that shrink a step
+        exit_with_error(out_of_memory(e, FLAGS.config))
+
+
+def out_of_memory(error: Exception, config) -> Exception:
+    """The one-line error for XLA's RESOURCE_EXHAUSTED, naming the fields that shrink a step; `error` otherwise."""
+    if "RESOURCE_EXHAUSTED" not in str(error):
+        raise error
+    t, m = config.train, config.model
+    return ValueError(
+        f"out of memory on {jax.default_backend()} ({str(error).splitlines()[0][:160]}): a step of "
+        f"train.batch_size={t.batch_size} sequences of train.seq_len={t.seq_len} tokens (train.grad_accum="
+        f"{t.grad_accum}, model.remat={m.get('remat')!r}) does not fit; lower --config.train.batch_size, or raise "
+        "--config.train.grad_accum (the same batch in micro-batches), or set --config.model.remat=True")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ import time
 
 from transformer.experiments.tables import table_classifier as table_analysis
 from transformer.experiments.tables.table_rows import TablePrior
-from transformer.run.checkpoint import Checkpointer, restore_for_inference
+from transformer.cli import exit_with_error
+from transformer.run.checkpoint import CheckpointError, Checkpointer, quiet_checkpoint_failures, restore_for_inference
 
 
 def main() -> None:
@@ -28,7 +29,14 @@ def main() -> None:
     parser.add_argument("--lookup_tables", type=int, default=50, help="synthetic tables for the look-up statistics")
     args = parser.parse_args()
     started = time.perf_counter()
-    cfg, params, _ = restore_for_inference(args.workdir)
+    quiet_checkpoint_failures()
+    try:
+        cfg, params, _ = restore_for_inference(args.workdir)
+        if cfg.inputs != "table":
+            raise ValueError(f"{args.workdir} holds a {cfg.inputs} model (model.inputs={cfg.inputs!r}), not a table "
+                             "classifier: pass a run of configs/tables.py (sample.py reads text models)")
+    except (FileNotFoundError, CheckpointError, ValueError) as e:
+        exit_with_error(e)
     saved = Checkpointer(args.workdir, read_only=True).config()
     prior, rows = TablePrior.from_config(saved["data"]["tables"]), saved["train"]["seq_len"]
     results = table_analysis.evaluation(params, cfg, prior, args.tables, args.splits, args.max_train_rows, rows)

@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from transformer.cli import exit_with_error  # noqa: E402
 from transformer.run.metrics import read_metrics  # noqa: E402
 
 
@@ -55,10 +56,17 @@ def plot(metrics_path: str, out_path: str, target: float | None = None) -> None:
     print(f"wrote {out_path}")
 
 
-if __name__ == "__main__":
+def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("metrics", help="a run's metrics.jsonl, or the run's folder")
     p.add_argument("out", help="the image to write, e.g. runs/NAME/loss_curve.png")
     p.add_argument("--target", type=float, default=None, help="draw a horizontal line at this loss")
     a = p.parse_args()
-    plot(a.metrics, a.out, a.target)
+    try:
+        plot(a.metrics, a.out, a.target)
+    except (OSError, ValueError) as e:  # an output folder that cannot be written, say
+        exit_with_error(e)
+
+
+if __name__ == "__main__":
+    main()

@@ -16,12 +16,15 @@ import argparse
 import glob
 import json
 import os
+import re
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from transformer.cli import exit_with_error  # noqa: E402
+from transformer.data.atomic_files import write_atomically  # noqa: E402
 from transformer.run.metrics import read_metrics  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,11 +50,18 @@ def read_runs(workdir: str) -> Curves:
 
 
 def by_variant(curves: Curves) -> dict[str, dict[int, list[list[float]]]]:
-    """{variant: {seed: curve}} from run names '<variant>_seed<s>', in the file's order."""
+    """{variant: {seed: curve}} from run names '<variant>-seed<s>' (sweep.py's seeds) or '<variant>_seed<s>'
+    (configs/sweeps/recall.py's variants), in the file's order; ValueError for any other name."""
     variants: dict[str, dict[int, list[list[float]]]] = {}
     for run, curve in curves.items():
-        variant, _, seed = run.rpartition("_seed")
-        variants.setdefault(variant, {})[int(seed)] = curve
+        named = re.fullmatch(r"(.+)[-_]seed(\d+)", run)
+        if not named:
+            raise ValueError(f"run {run!r} is not named <variant>-seed<s>: this table compares the seeds of each "
+                             "variant, so pass a sweep with seeds (configs/sweeps/recall.py)")
+        if not curve:
+            raise ValueError(f"run {run!r} has no evaluation with val_exact_match yet: is it a recall run? "
+                             "Train it past its first evaluation")
+        variants.setdefault(named[1], {})[int(named[2])] = curve
     return variants
 
 
@@ -97,13 +107,15 @@ def main() -> None:
     parser.add_argument("workdir", nargs="?", help="a sweep's workdir to read (default: the committed curves)")
     parser.add_argument("--figure", default=FIGURE)
     args = parser.parse_args()
+    try:
+        curves = read_runs(args.workdir) if args.workdir else json.load(open(CURVES))
+        text = table(curves)  # checks every run's name and curve before anything is written
+    except ValueError as e:
+        exit_with_error(ValueError(f"{args.workdir or CURVES}: {e}"))
     if args.workdir:
-        curves = read_runs(args.workdir)
-        with open(CURVES, "w") as f:
-            f.write("{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in curves.items()) + "\n}\n")
-    else:
-        curves = json.load(open(CURVES))
-    print(table(curves))
+        rows = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in curves.items())
+        write_atomically(CURVES, "{\n" + rows + "\n}\n")
+    print(text)
     plot(curves, args.figure)
     print(f"figure: {os.path.relpath(args.figure, ROOT)}")
 

@@ -16,24 +16,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 
 import numpy as np
 
+from transformer.cli import exit_usage
 from transformer.experiments.sinks.streaming import rolling_nll
-from transformer.data.corpus import load_corpus
-from transformer.load import load_run
+from transformer.load import load_run, validation_tokens
 from transformer.run.checkpoint import Checkpointer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def validation_rows(workdir: str, tokenizer, rows: int, length: int) -> np.ndarray:
+def validation_rows(workdir: str, rows: int, length: int) -> np.ndarray:
     """[rows, length] int32: stretches of the run's validation split from evenly spaced starts."""
-    data = Checkpointer(workdir, read_only=True).config()["data"]
-    path = os.path.join(ROOT, data["path"]) if data["path"] else None
-    cache = os.path.join(ROOT, data["cache_dir"])
-    cache = cache if os.path.isdir(cache) else os.path.join(ROOT, ".cache", "tokens")
-    val = np.asarray(load_corpus(path, tokenizer, cache, data["val_fraction"]).val)
+    val = validation_tokens(workdir)
     if len(val) < length:
         raise ValueError(f"{workdir}: the validation split holds {len(val)} tokens, fewer than one row of {length}; "
                          "use a smaller --times")
@@ -43,11 +40,11 @@ def validation_rows(workdir: str, tokenizer, rows: int, length: int) -> np.ndarr
 
 def measure(workdir: str, rows: int, times: int, sinks: list[int]) -> dict:
     """{'inside': (mean, se), S: (mean, se), ...; 'curves': {S: [N - 1] mean nll per position}}."""
-    cfg, params, tokenizer = load_run(workdir)
+    cfg, params, _ = load_run(workdir)
     context = cfg.max_seq_len
     start_token = Checkpointer(workdir, read_only=True).config()["data"].get("start_token", -1)  # -1: none
     length = times * context - (start_token >= 0)
-    tokens = validation_rows(workdir, tokenizer, rows, length)
+    tokens = validation_rows(workdir, rows, length)
     if start_token >= 0:  # the run saw this token first in every window
         tokens = np.concatenate([np.full((rows, 1), start_token, np.int32), tokens], axis=1)
     result, past = {"curves": {}, "context": context}, {}
@@ -106,6 +103,12 @@ def main() -> None:
     parser.add_argument("--times", type=int, default=8)
     parser.add_argument("--figure", default=os.path.join(ROOT, "docs", "figures", "streaming.png"))
     args = parser.parse_args()
+    # A standard error needs two rows, a "past it" column a second context: nan otherwise.
+    for flag, value in (("rows", args.rows), ("times", args.times)):
+        if value < 2:
+            exit_usage(f"--{flag} {value}: at least 2 (the default is {parser.get_default(flag)})")
+    if not re.fullmatch(r"\d+(,\d+)*", args.sinks):
+        exit_usage(f"--sinks {args.sinks!r}: a comma-separated list of counts >= 0, e.g. 0,1,4")
     sinks = [int(s) for s in args.sinks.split(",")]
     results = {}
     for name in args.runs.split(","):

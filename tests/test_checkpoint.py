@@ -160,7 +160,7 @@ def test_resume_converts_the_layer_stack_of_params_and_adam_moments(tmp_path, sa
     cfg = ModelConfig(**model)
     mesh = make_mesh(devices=jax.devices()[:1])
     tx, _ = make_optimizer(OPTIM, 10)
-    saved = training.create_state(cfg, tx, 0, mesh)
+    saved = training.create_state(cfg, tx, 0, mesh).replace(step=jax.numpy.asarray(3, jax.numpy.int32))  # saved at step 3
     mu = jax.tree.map(lambda p: p + 1.0, saved.params)  # distinct values, to see where each goes
     saved = saved.replace(opt_state=(saved.opt_state[0], (saved.opt_state[1][0]._replace(mu=mu),
                                                            *saved.opt_state[1][1:])))
@@ -188,7 +188,7 @@ def test_resume_converts_the_layer_stack_of_muon_and_adamw_state(tmp_path, saved
     mesh = make_mesh(devices=jax.devices()[:1])
     tx, _ = make_optimizer(dict(OPTIM, name="muon", muon_learning_rate=0.02, muon_momentum=0.95,
                                 muon_weight_decay=0.0), 10)
-    saved = training.create_state(ModelConfig(**model), tx, 0, mesh)
+    saved = training.create_state(ModelConfig(**model), tx, 0, mesh).replace(step=jax.numpy.asarray(3, jax.numpy.int32))  # saved at step 3
     distinct = lambda x: np.arange(x.size, dtype=x.dtype).reshape(x.shape) if x.dtype == np.float32 else x  # noqa: E731
     saved = saved.replace(opt_state=jax.tree.map(distinct, saved.opt_state))  # each layer's slice its own values
     ckpt = Checkpointer(str(tmp_path))

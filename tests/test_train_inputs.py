@@ -202,21 +202,28 @@ def test_a_damaged_tokenizer_left_in_the_workdir_names_the_fix_and_a_cut_short_o
     assert again.encode("To be, or not") == made.encode("To be, or not") and again.vocab_size == made.vocab_size
 
 
-def test_a_warm_up_as_long_as_the_run_warns_and_a_longer_one_is_refused(tmp_path, capsys):
+def test_a_warm_up_as_long_as_the_run_warns_and_a_longer_one_runs_cut_short_with_a_warning(tmp_path, capsys):
     """#31: warmup_steps=100 with train.steps=4 warned "never decays" and trained with a 3-step warm-up.
-    As long as the run: a warning from check_run, and the optimizer is made; longer: refused."""
-    def set_up(warmup_steps: int) -> None:  # setup.set_up's first steps: check_run, make_optimizer
-        config = check_run(config_with(tmp_path, **{"train.steps": 2, "optim.warmup_steps": warmup_steps}),
+    As long as the run: a warning from check_run, and the optimizer is made; longer (issue 51: a smoke
+    run of any config): one warning line and the declared warm-up, cut short, never clamped; longer
+    than an explicit optim.decay_steps: refused."""
+    def set_up(warmup_steps: int, **more):  # setup.set_up's first steps: check_run, make_optimizer
+        config = check_run(config_with(tmp_path, **{"train.steps": 2, "optim.warmup_steps": warmup_steps, **more}),
                            str(tmp_path / "w")).config
-        make_optimizer(config.optim, config.train.steps)
+        return make_optimizer(config.optim, config.train.steps)[1]
 
     set_up(2)
     assert capsys.readouterr().err == (
         "warning: the learning rate warms up for optim.warmup_steps=2 steps but decays over 2: it never decays; "
         "lower optim.warmup_steps or raise train.steps\n")
-    assert refused(lambda: set_up(100)) == (
-        "optim.warmup_steps=100 is longer than train.steps=2: the warm-up would end early, at step 1; "
-        "set --config.optim.warmup_steps=2 or fewer, or --config.train.steps=100 or more")
+    schedule = set_up(100)
+    assert capsys.readouterr().err == ("warning: train.steps=2 ends inside the warm-up of optim.warmup_steps=100: the "
+                                       "learning rate rises to 2% of its peak and never decays (a short run)\n")
+    peak = config_with(tmp_path).optim.learning_rate
+    assert [float(schedule(s)) for s in (0, 1)] == pytest.approx([0.0, peak / 100])  # the declared ramp, not clamped
+    assert refused(lambda: set_up(100, **{"train.steps": 200, "optim.decay_steps": 50})) == (
+        "optim.warmup_steps=100 is longer than optim.decay_steps=50 (train.steps=200): the warm-up would end early; "
+        "set --config.optim.warmup_steps=50 or fewer, or --config.optim.decay_steps=100 or more")
     assert not (tmp_path / "w").exists()
 
 

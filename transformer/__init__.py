@@ -7,6 +7,8 @@ import importlib
 
 _PUBLIC = {
     "config_from_file": "transformer.load", "load_run": "transformer.load", "model_config": "transformer.load",
+    "validation_tokens": "transformer.load", "generate_text": "transformer.sampling.text",
+    "loss": "transformer.analysis.capture", "capture": "transformer.analysis.capture",
     "ModelConfig": "transformer.model.config",
     "Decoder": "transformer.model.decoder", "count_params": "transformer.model.decoder",
     "KVCache": "transformer.model.kv_cache", "LatentCache": "transformer.model.kv_cache",

@@ -1,7 +1,6 @@
 """The attention explorer's command line: a checkpoint (or Hugging Face folder) and prompts -> an HTML page.
 
-    python -m transformer.explore --workdir runs/shakespeare --prompt "ROMEO:" --out explorer.html
-"""
+    python -m transformer.explore --workdir runs/shakespeare --prompt "ROMEO:" --out explorer.html"""
 
 from __future__ import annotations
 
@@ -26,14 +25,16 @@ def main(argv: list[str] | None = None) -> None:
     from transformer.cli import exit_with_error
     from transformer.load import load_model
     from transformer.run.checkpoint import CheckpointError, quiet_checkpoint_failures
+    from transformer.sampling.text import command_line_text
 
     logging.set_verbosity(logging.ERROR)  # orbax logs every restore
     quiet_checkpoint_failures()  # one-line errors for a checkpoint that cannot be read or written
     try:
         check_page_path(args.out)  # a bad --out or number fails before any loading
         check_numbers(args, parser)
+        prompts = [command_line_text(p, "--prompt") for p in args.prompt]
         cfg, params, tokenizer = load_model(args.workdir, args.hf_dir, args.step)
-        ex = explore(params, args.prompt, cfg=cfg, tokenizer=tokenizer, top_k=args.top_k,
+        ex = explore(params, prompts, cfg=cfg, tokenizer=tokenizer, top_k=args.top_k,
                      max_tokens=args.max_tokens)
         path = ex.save(args.out)
     except (FileNotFoundError, CheckpointError, ValueError) as e:

@@ -3,7 +3,7 @@
     cfg = transformer.config_from_file("configs/gpt2.py")       # a ModelConfig, ready to build
     cfg, params, tokenizer = transformer.load_run("runs/shakespeare")             # latest checkpoint
     cfg, params, tokenizer = transformer.load_run("runs/shakespeare/checkpoints/200")  # that one
-"""
+    tokens = transformer.validation_tokens("runs/shakespeare")  # [N]: the split its evaluations read"""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import os
 import re
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from transformer.model.config import ModelConfig
 from transformer.model.execution import resolve_auto
@@ -45,6 +47,16 @@ def load_run(path: str, step: int | None = None) -> tuple[ModelConfig, Any, Any]
     return restore_for_inference(path, step=step)
 
 
+def validation_tokens(workdir: str) -> np.ndarray:
+    """[N] token ids: the validation split a run's evaluations read (its saved data fields and tokenizer)."""
+    from transformer.data.token_stream import load_corpus
+    from transformer.run.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(workdir, read_only=True)
+    data = ckpt.config()["data"]
+    return np.asarray(load_corpus(data["path"] or None, ckpt.tokenizer(), data["cache_dir"], data["val_fraction"]).val)
+
+
 def load_model(workdir: str | None, hf_dir: str | None, step: int | None) -> tuple[ModelConfig, Any, Any]:
     """(model config, params, tokenizer) from a training run's workdir (checkpoint `step`, default
     the latest) or a Hugging Face model folder: exactly one of the two. What the command lines of
@@ -62,4 +74,8 @@ def load_model(workdir: str | None, hf_dir: str | None, step: int | None) -> tup
     from transformer.hf import from_hf
 
     cfg, params = from_hf(hf_dir)
-    return cfg, params, load_tokenizer(hf_dir)
+    try:
+        return cfg, params, load_tokenizer(hf_dir)
+    except Exception as e:  # missing or garbled: the json and tokenizers libraries name no file
+        raise ValueError(f"{hf_dir}: the tokenizer files (tokenizer_kind.json, tokenizer.json) cannot be read "
+                         f"({type(e).__name__}: {e}); copy them again from where the model came from") from None

@@ -6,12 +6,10 @@
     got["blocks.0.resid_post"]      # [B, T, D]: layer 0's output
     list_points(cfg)                # every name a model of cfg has
     attention_maps(params, cfg, tokens)  # [L, B, H, T, S]: the weights, as above
+    loss(params, cfg, tokens, edits)     # []: mean next-token cross-entropy, e.g. with a head ablated
 
-`*` for the layer asks for every layer, stacked along a leading L axis. The forward pass is the
-model's own with Flax's "intermediates" collection mutable: every point is sown and the ones not
-asked for are dropped, which under jit costs nothing (XLA removes what no output needs). With a
-cache, the points are this call's (a decoding step's keys and scores span the cache).
-"""
+`*` stacks every layer along a leading L axis. The model's own forward pass with "intermediates"
+mutable: points not asked for are dropped, free under jit. With a cache, the points are this call's."""
 
 from __future__ import annotations
 
@@ -27,7 +25,9 @@ from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
 from transformer.model.kv_cache import Cache, registers_to_run
 from transformer.model.edits import Edit
-from transformer.model.edits import variables as edit_variables
+from transformer.model.edits import run, variables as edit_variables
+from transformer.model.inputs import as_tokens
+from transformer.training.loss import cross_entropy
 from transformer.model.points import COLLECTION, EDITS, LAYER, SOWN, layer_points, point_names
 
 Array = jax.Array
@@ -46,11 +46,12 @@ def capture(params: Any, cfg: ModelConfig, tokens: Array, names: Sequence[str], 
     """The model on `tokens` [B, T] with `edits` (model/edits.py) -> (logits [B, T, V], the updated
     cache or None, {name: array} for each of `names`, as edited). Works under jax.jit (cfg and names
     static). The registers' rows are left out of every point (T counts the tokens); their keys stay in S."""
+    tokens = as_tokens(tokens) if cfg.inputs == "tokens" else tokens  # a list or [T]: one row
     wanted = list(names)
     known = point_names(cfg)
     for name in wanted:
         check_name(name, cfg, known)
-    variables = {"params": params, EDITS: edit_variables(cfg, edits, cache)}
+    variables = {"params": params, EDITS: edit_variables(cfg, edits, cache, tokens.shape[1])}
     (logits, new_cache), state = Decoder(cfg).apply(variables, tokens, positions=positions, cache=cache,
                                                     mutable=[COLLECTION])
     r = registers_to_run(cfg, cache)
@@ -74,6 +75,14 @@ def attention_maps(params: Any, cfg: ModelConfig, tokens: Array, edits: Sequence
     pre-softmax blocks.*.attn.scores), with `edits` applied."""
     name = "blocks.*.attn.scores" if scores else "blocks.*.attn.pattern"
     return capture(params, cfg, tokens, [name], edits=edits)[2][name]
+
+
+def loss(params: Any, cfg: ModelConfig, tokens: Array, edits: Sequence[Edit] = ()) -> Array:
+    """[] float32: the mean next-token cross-entropy (nats) of `tokens` [B, T] (a list or [T]: one
+    row; text: tokenizer.encode(text)) with `edits` (model/edits.py) applied."""
+    tokens = as_tokens(tokens)
+    logits, _ = run(params, cfg, tokens, list(edits))
+    return cross_entropy(logits[:, :-1], tokens[:, 1:])
 
 
 def check_name(name: str, cfg: ModelConfig, known: list[str]) -> None:

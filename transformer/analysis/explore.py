@@ -5,8 +5,7 @@
     ex.save("explorer.html")                               # or `ex` as a Jupyter cell's last line
 
 Per prompt the page (no network) shows every head's attention weights [L, H, T, S] (a sink and registers
-as columns in front), first-token share and entropy, and the top-k next tokens with heads off.
-"""
+as columns in front), first-token share and entropy, and the top-k next tokens with heads off."""
 
 from __future__ import annotations
 
@@ -27,6 +26,7 @@ from transformer.model.config import ModelConfig
 from transformer.analysis.capture import attention_maps
 from transformer.analysis.patching import run_cells
 from transformer.model.edits import ablate_heads
+from transformer.model.inputs import check_tokens
 from transformer.analysis.attention_shares import shares_from_weights
 from transformer.data.atomic_files import write_atomically
 
@@ -232,10 +232,11 @@ def _encode(cfg: ModelConfig, prompt: str | Sequence[int], tokenizer: Any, max_t
         tokens, text = np.asarray(encode_prompt(cfg, tokenizer, prompt, new_tokens=0)), prompt
     else:
         tokens = np.asarray(prompt, np.int64).reshape(-1)
+        check_tokens(cfg, tokens[None])  # ids in the vocabulary: a page of NaN otherwise
         text = tokenizer.decode(tokens) if tokenizer is not None else " ".join(map(str, tokens))
-    if not 0 < len(tokens) <= max_tokens:
+    if not 0 < len(tokens) <= min(max_tokens, cfg.max_seq_len):
         raise ValueError(f"the prompt has {len(tokens)} tokens; the explorer takes 1 to max_tokens={max_tokens} "
-                         "(a T x T map per head): shorten it or raise max_tokens")
+                         f"(a T x T map per head), at most the context max_seq_len={cfg.max_seq_len}: shorten it")
     return tokens, text
 
 

@@ -4,9 +4,8 @@
     heads = patch_heads(params, cfg, clean, corrupted, metric)          # Patching, grid [L, H]
     where = patch_positions(params, cfg, clean, corrupted, metric)      # Patching, grid [L, T]
     where.normalised()                                       # 0: the corrupted run, 1: the clean run
-
-Each cell runs the corrupted input with one piece of the clean run put in (Wang et al. 2022).
-"""
+    ablation_losses(params, cfg, tokens)                     # [L, H]: the loss change, each head off
+Each cell runs the corrupted input with one piece of the clean run put in (Wang et al. 2022)."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from transformer.analysis.capture import capture
+from transformer.analysis.capture import capture, loss
 from transformer.model import edits
 from transformer.model.config import ModelConfig
 
@@ -37,6 +36,13 @@ class Patching:
     def normalised(self) -> Array:
         """(grid - corrupted) / (clean - corrupted): 1 where a cell restores the clean metric."""
         return (self.grid - self.corrupted) / (self.clean - self.corrupted)
+
+
+def ablation_losses(params: Any, cfg: ModelConfig, tokens: Array) -> Array:
+    """[L, H]: the change of `loss` (nats) with each head switched off alone (`ablate_heads`), one compile."""
+    off = 1.0 - jnp.eye(cfg.num_layers * cfg.num_heads).reshape(-1, cfg.num_layers, cfg.num_heads)  # [L*H, L, H]
+    grid = jax.lax.map(lambda mask: loss(params, cfg, tokens, [edits.ablate_heads(cfg, mask)]), off)
+    return grid.reshape(cfg.num_layers, cfg.num_heads) - loss(params, cfg, tokens)
 
 
 def logit_difference(correct: Array, wrong: Array, position: int = -1) -> Metric:

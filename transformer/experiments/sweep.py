@@ -6,10 +6,7 @@ failing run's error names its variant), then tabulated and plotted. `python swee
     overrides  {dotted field: value} for every run, e.g. {"train.steps": 400}
     variants   {name: {dotted field: value}}, in table order; {} is the base itself
     seeds      optional: each variant trains once per train.seed in the list, in <workdir>/<variant>-seed<s>
-
-(a dict keeps the variants' order where a ConfigDict sorts its keys). Every config and run folder is
-checked before anything trains; a rerun resumes where it stopped.
-"""
+(a dict keeps the variants' order). Everything is checked before anything trains; a rerun resumes."""
 
 from __future__ import annotations
 
@@ -69,7 +66,13 @@ def load_sweep(path: str) -> dict:
     """The sweep file's get_config() as a dict, its keys checked."""
     if not os.path.isfile(path):
         raise SweepError(f"--sweep {path!r}: no such file (e.g. configs/sweeps/lecture.py)")
-    sweep = load_config_file(path)
+    try:
+        sweep = load_config_file(path)
+    except Exception as e:  # a syntax error, no get_config, an error inside it
+        raise SweepError(f"{path} failed to load ({type(e).__name__}: {e}); get_config() must return "
+                         f"{FORMAT}") from None
+    if not isinstance(sweep, Mapping | ConfigDict):
+        raise SweepError(f"{path}: get_config() returned {type(sweep).__name__}; it must return {FORMAT}")
     sweep = sweep.to_dict() if isinstance(sweep, ConfigDict) else dict(sweep)
     for key in sweep:
         if key not in SWEEP_KEYS:
@@ -82,6 +85,9 @@ def load_sweep(path: str) -> dict:
             and isinstance(sweep.get("overrides") or {}, Mapping) and isinstance(seeds, list | tuple)
             and all(isinstance(s, int) for s in seeds)):
         raise SweepError(f"{path}: get_config() must return {FORMAT}")
+    if len(set(seeds)) < len(seeds):
+        raise SweepError(f"{path}: seeds={list(seeds)} repeats a seed, which would train the same run twice; "
+                         "list each once")
     return sweep
 
 

@@ -3,9 +3,7 @@
     cfg, params = from_hf("path/to/gpt2")          # a local folder: config.json + *.safetensors
     cfg, params = from_hf(hf_model)                # or a `transformers` model object in memory
     to_hf(cfg, params, "out/", tokenizer=tok)      # AutoModelForCausalLM.from_pretrained("out/")
-
-Nothing is downloaded; what the model does not implement (rope scaling, MoE, ...) raises a ValueError.
-"""
+Nothing is downloaded; what the model does not implement (rope scaling, MoE, ...) raises a ValueError."""
 
 from __future__ import annotations
 
@@ -36,6 +34,7 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
         raise ValueError(f"cannot import the Hugging Face architecture {arch!r}: supported are "
                          f"{', '.join(SUPPORTED)} (DeepSeek-V3 only with dense MLP layers)")
     family = _FAMILIES[arch]
+    defaulted = [k for k in family.DEFAULTS if k not in hf]  # transformers' defaults, as it reads the file
     hf = {**family.DEFAULTS, **hf}
     if quant := hf.get("quantization_config"):
         method = quant.get("quant_method", "?") if isinstance(quant, Mapping) else "?"
@@ -50,6 +49,7 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
         raise ValueError(f"cannot import {arch} with an MLP width of 0: this importer expects an MLP in every layer")
     cfg = cfg.replace(scan_layers=scan_layers)
     tensors = open_tensors()  # only now, after every check of the config
+    tensors.where += f" (whose config leaves out {', '.join(defaulted)}: defaults taken)" if defaulted else ""
     layers = [mapping.read(tensors, layout.layer(i)) for i in range(cfg.num_layers)]
     params = join_layers(mapping.read(tensors, layout.top), layers, scanned=scan_layers)
     tensors.check_all_used(layout.ignored)

@@ -1,7 +1,6 @@
 """DeepseekV3ForCausalLM -> ModelConfig (import only, every MLP layer dense): multi-head latent attention;
 kv_b_proj splits into k_up and v_up. With `rope_interleave` Hugging Face rotates pairs (x0, x1), ...,
-our `ops.rope` pairs (x_i, x_{i + Kr/2}): the import reorders the rotary rows to (x0, x2, ..., x1, x3, ...).
-"""
+our `ops.rope` pairs (x_i, x_{i + Kr/2}): the import reorders the rotary rows to (x0, x2, ..., x1, x3, ...)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """One table of Hugging Face tensors per model, read by `from_hf` and written by `to_hf`: import and
 export cannot disagree. A family module defines ARCH, MODEL_TYPE, DEFAULTS (transformers' defaults
 for the keys it reads), `import_config(hf) -> (ModelConfig, Layout)`, and (not DeepSeek) `layout(cfg)`
-and `export(cfg) -> config.json fields`.
-"""
+and `export(cfg) -> config.json fields`."""
 
 from __future__ import annotations
 

@@ -73,9 +73,14 @@ def _open_directory(directory: str) -> tuple[dict, str | None, Callable[[], Tens
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f"{directory} holds no config.json; pass a folder written by save_pretrained "
                                 "(config.json and *.safetensors), e.g. a model downloaded with huggingface-cli")
-    with open(config_path) as f:
-        hf = json.load(f)
-    if isinstance(hf, dict) and {"model", "train"} <= set(hf):  # a run's config, not a Hugging Face one
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            hf = json.load(f)
+        if not isinstance(hf, dict):
+            raise ValueError(f"a JSON {type(hf).__name__}, not an object")
+    except ValueError as e:  # not JSON, not UTF-8, not an object
+        raise ValueError(f"{config_path} is no model config ({e}): download or export the model again") from None
+    if {"model", "train"} <= set(hf):  # a run's config, not a Hugging Face one
         _refuse_training_run(directory, "its config.json has 'model' and 'train' sections")
     return hf, (hf.get("architectures") or [None])[0], lambda: _directory_tensors(directory)
 
@@ -101,7 +106,11 @@ def _directory_tensors(directory: str) -> Tensors:
 
     def read(name: str) -> np.ndarray:
         file = weight_map[name]
-        if handle(file, "numpy").get_slice(name).get_dtype() == "BF16":
+        dtype = handle(file, "numpy").get_slice(name).get_dtype()
+        if not dtype.startswith(("F", "BF")):  # int8, uint8, bool: quantised weights read as numbers are garbage
+            raise ValueError(f"tensor {name} in {os.path.join(directory, file)} is {dtype}, not a float: a quantised "
+                             "model without quantization_config; export it unquantised (float32/bfloat16/float16)")
+        if dtype == "BF16":
             # NumPy has no bfloat16: read it as a JAX array (ml_dtypes), then widen.
             return np.asarray(handle(file, "flax").get_tensor(name), np.float32)
         return np.asarray(handle(file, "numpy").get_tensor(name), np.float32)

@@ -38,10 +38,8 @@ DERIVED_FIELDS = ("num_kv_heads", "head_dim", "mlp_dim", "v_head_dim")
 class ModelConfig:
     """Hyper-parameters of a decoder-only transformer; each field's comment says what it does.
 
-    Fields fall in three groups: the architecture (every field above `zero_init_out`: what the
-    parameters mean), the initialisation (INIT_FIELDS) and the execution (EXECUTION_FIELDS). Fields
-    left None are derived (DERIVED_FIELDS); `replace` derives them again unless they were set, so
-    cfg.replace(d_model=128) also doubles head_dim and mlp_dim.
+    Three groups: the architecture (what the parameters mean), INIT_FIELDS and EXECUTION_FIELDS. None
+    fields are derived (DERIVED_FIELDS), again by `replace`: cfg.replace(d_model=128) doubles mlp_dim.
     """
 
     vocab_size: int
@@ -103,8 +101,8 @@ class ModelConfig:
                f"num_kv_heads={self.num_kv_heads}; each key/value head serves the same number of query heads, so "
                "choose num_kv_heads dividing num_heads")
         _check(0.0 <= self.dropout < 1.0, f".dropout={self.dropout} must be in [0, 1)")
-        _check(self.norm_eps > 0, f".norm_eps={self.norm_eps} must be positive")
-        _check(self.rope_theta > 0, f".rope_theta={self.rope_theta} must be positive")
+        for name in ("norm_eps", "rope_theta"):  # NaN fails the comparison too
+            _check(0 < getattr(self, name) < float("inf"), f".{name}={getattr(self, name)} must be positive and finite")
         _check(self.position != "sinusoidal" or self.d_model % 2 == 0,
                f": sinusoidal positions need an even d_model, got {self.d_model}")
         _check(self.attention_impl != "cudnn" or self.dtype in ("bfloat16", "float16", AUTO),
@@ -147,9 +145,9 @@ class ModelConfig:
                "sees) or num_registers=0")
 
     def layer_windows(self) -> tuple[int | None, ...]:
-        """Each layer's window: attention_window W for a local layer, None for a global one (all
-        layers without a window; with global_every=k, layers k-1, 2k-1, ...)."""
-        w, k = self.attention_window, self.global_every
+        """Each layer's window, W (at most max_seq_len: no longer ring) or None for a global layer (every
+        layer without a window; with global_every=k, layers k-1, 2k-1, ...)."""
+        w, k = min(self.attention_window, self.max_seq_len), self.global_every
         return tuple(None if not w or (k and (i + 1) % k == 0) else w for i in range(self.num_layers))
 
     def _check_recipe(self) -> None:

@@ -1,14 +1,11 @@
 """Edits at named points: the model run with chosen activations changed, under jit and in the sampler.
 
-An edit changes one named point (model/points.py) by value -> scale * value + add: zero ablation
-(`zero`), mean ablation (`mean`), activation patching (`patch`), steering (`steer`), a head mask
-[L, H] at attn.z (`ablate_heads`), each selecting by layer (blocks.3.attn.z, or blocks.*.attn.z),
-head and position (this call's tokens). An `Edit` is a pytree of two arrays with a leading L axis
-for a layer's point (1 where all layers are alike), so a grid of edits can be vmapped through one
-compile and both layer layouts take the same edits; edits of one point compose in order.
+An edit sets a named point (model/points.py) to scale * value + add: `zero`, `mean`, `patch`, `steer`,
+`ablate_heads` ([L, H] at attn.z), selecting by layer (blocks.3.attn.z, blocks.*.attn.z), head and
+position. An `Edit` is a pytree with a leading L axis (1: alike in all layers), so a grid of edits
+vmaps through one compile; edits of one point compose in order.
 
-    logits, cache = run(params, cfg, tokens, [zero(cfg, "blocks.1.attn.z", head=3)])
-"""
+    logits, cache = run(params, cfg, tokens, [zero(cfg, "blocks.1.attn.z", head=3)])"""
 
 from __future__ import annotations
 
@@ -61,9 +58,16 @@ def mean(cfg: ModelConfig, name: str, values: Array, *, head: Any = None, positi
 def patch(cfg: ModelConfig, name: str, source: Array, *, head: Any = None, position: Any = None) -> Edit:
     """Activation patching: the selected part of point `name` replaced by `source`, its value captured
     from another input of the same shape ([B, T, ...], or [L, B, T, ...] for blocks.*.NAME)."""
-    stacked = _layer(name) == "*"
+    check_editable(cfg, name)
+    stacked, axes = _layer(name) == "*", point_axes(cfg, name)
     source = jnp.asarray(source)
-    length = source.shape[stacked + point_axes(cfg, name).index("t")]
+    shape, widths = source.shape[stacked:], {"d": cfg.d_model, "v": cfg.vocab_size, "f": cfg.mlp_dim}
+    wrong = len(shape) != len(axes) or any(n != widths.get(a, n) for n, a in zip(shape, axes))
+    if wrong or shape[axes.index("t")] == 1:  # one position would be broadcast over every position
+        raise ValueError(f"patch of {name!r}: a source of shape {source.shape} is not the point's "
+                         f"[{', '.join('L' * stacked + axes.upper())}] (D={cfg.d_model}, V={cfg.vocab_size}, "
+                         f"F={cfg.mlp_dim}) over more than one position; capture it on an input as long as the patched one")
+    length = shape[axes.index("t")]
     select = selection(cfg, name, head, position, length)
     return at_layer(cfg, name, 1.0 - select, source * select, stacked=stacked)
 
@@ -133,7 +137,7 @@ def compose(edits: Sequence[Edit]) -> dict[str, tuple[Array, Array]]:
     return out
 
 
-def variables(cfg: ModelConfig, edits: Sequence[Edit], cache: Cache | None = None) -> dict:
+def variables(cfg: ModelConfig, edits: Sequence[Edit], cache: Cache | None = None, num_tokens: int = 0) -> dict:
     """The "edits" collection for `Decoder.apply`: {module path: {sown key: (scale, add)}}, per layer
     (layers_{l}) or stacked [L, ...] (a scanned `layers`). A position-selected edit gets identity rows
     for the registers when they run, so positions count tokens."""
@@ -146,6 +150,9 @@ def variables(cfg: ModelConfig, edits: Sequence[Edit], cache: Cache | None = Non
         rest = name.split(".", 2)[2]
         t = 1 + point_axes(cfg, name).index("t")  # after the L axis
         length = max(scale.shape[t], add.shape[t])
+        if num_tokens and length not in (1, num_tokens):  # else a broadcasting error deep inside the model
+            raise ValueError(f"the edit of {name!r} covers {length} positions but this call has {num_tokens} tokens; "
+                             f"make it for an input of {num_tokens} tokens (or for every position)")
         if r and length > 1:  # per-position: the registers' rows unedited
             scale, add = _pad(scale, t, length, r, 1.0), _pad(add, t, length, r, 0.0)
         shape = jnp.broadcast_shapes(scale.shape[:1], add.shape[:1], (1,))
@@ -165,8 +172,8 @@ def run(params: Any, cfg: ModelConfig, tokens: Array, edits: Sequence[Edit], pos
         cache: Cache | None = None) -> tuple[Array, Cache | None]:
     """The model on `tokens` [B, T] with `edits` applied -> (logits [B, T, V], updated cache or None),
     as `Decoder.apply` returns them. Works under jax.jit (cfg static; edits are pytrees)."""
-    return Decoder(cfg).apply({"params": params, EDITS: variables(cfg, edits, cache)}, tokens, positions=positions,
-                              cache=cache)
+    return Decoder(cfg).apply({"params": params, EDITS: variables(cfg, edits, cache, tokens.shape[1])}, tokens,
+                              positions=positions, cache=cache)
 
 
 def check_editable(cfg: ModelConfig, name: str) -> None:

@@ -6,13 +6,12 @@ functions, called with the Decoder as `module` (so their parameters sit at its t
     embed(module, cfg, data, positions, cache, det)   ->  x [B, T, D], positions [B, T], order
     logits(module, cfg, h, data, positions, cache)    ->  [B, T, V or C] float32 (the point `logits`)
 
-`order`: the input's own rule of which of this call's keys each query sees, an additive [B, 1, T, T]
-in place of the causal mask in every layer, or None: causal.
-"""
+`order`: an additive [B, 1, T, T] in place of the causal mask in every layer, or None: causal."""
 
 from __future__ import annotations
 
 import types
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -76,6 +75,18 @@ def nan_from_out_of_range(cfg: ModelConfig, x: Array, tokens: Array, positions: 
     index = jnp.arange(t)
     first_bad = jnp.where(bad, index, t).min(axis=1, keepdims=True, initial=t)  # [B, 1], T if none
     return jnp.where((index >= first_bad)[..., None], jnp.nan, x)
+
+
+def as_tokens(tokens: Any) -> Array:
+    """Token ids as [B, T] int32: a list or a [T] array is one row; other input a ValueError saying what to pass."""
+    if isinstance(tokens, jax.core.Tracer):
+        return tokens
+    array = np.asarray(tokens)
+    array = array[None] if array.ndim == 1 else array
+    if array.ndim != 2 or array.size == 0 or not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"tokens must be integer token ids [B, T] (or one row [T]), got shape {array.shape} and "
+                         f"dtype {array.dtype}; encode text with the model's tokenizer: tokenizer.encode(text)")
+    return jnp.asarray(array, jnp.int32)
 
 
 def check_tokens(cfg: ModelConfig, tokens: Array) -> None:

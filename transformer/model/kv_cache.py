@@ -1,15 +1,13 @@
 """The KV cache: a tuple of per-layer caches, passed into the decoder and returned updated (a pytree).
 
-A layer's cache is a KVCache, keys and values [B, G, S, K] (heads first: each head's keys scored as
-they lie), or MLA's LatentCache [B, S, C + Kr]. The layers only read it; `write` then scatters this
-call's entries in place. One buffer per layer, not one stacked [L, ...] array: XLA:CPU copied a
-stacked array's layer slice before each attention dot, every step (docs/performance.md).
+A layer's cache is a KVCache, keys and values [B, G, S, K], or MLA's LatentCache [B, S, C + Kr]; the
+layers read it, then `write` scatters this call's entries in place. One buffer per layer: XLA:CPU
+copied a stacked [L, ...] array's slice before each attention dot (docs/performance.md).
 
 A full buffer holds position p in slot p (rows of a ragged batch may sit at different positions). A
 ring (a sliding-window layer's W slots, or a rolling cache's) holds p in slot p mod W and records
 each slot's position; padding must then sit at PAD_POSITION. R register tokens take R leading slots
-at positions -R..-1, written once by the call that fills an empty cache (`registers_written`).
-"""
+at positions -R..-1, written once by the call that fills an empty cache (`registers_written`)."""
 
 from __future__ import annotations
 
@@ -17,6 +15,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer.model.config import ModelConfig
 from transformer.model.positions import SCHEMES, scheme
@@ -99,14 +98,12 @@ def _empty(cfg: ModelConfig, batch: int, size: int, dtype: str | None, ring: boo
 
 
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: str | None = None) -> Cache:
-    """An empty cache for `batch_size` rows of up to `max_len` positions: R + max_len slots per global
-    layer, a ring of W per local one. Size max_len to what a generation needs (prompt + new tokens),
-    not to the context: every decode step attends over all its slots."""
-    if max_len > cfg.max_seq_len:
-        raise ValueError(
-            f"cache max_len={max_len} exceeds the model's context max_seq_len={cfg.max_seq_len}; "
-            "use a shorter cache (prompt length + new tokens)"
-        )
+    """An empty cache for `batch_size` rows of up to `max_len` positions (R + max_len slots per global
+    layer, a ring of W per local one): size it to prompt + new tokens, as each step reads every slot."""
+    for name, value, most in (("batch_size", batch_size, None), ("max_len", max_len, cfg.max_seq_len)):
+        if not (isinstance(value, int | np.integer) and 1 <= value <= (most or value)):
+            raise ValueError(f"cache {name}={value!r} must be a whole number >= 1" + (
+                f", at most the model's context max_seq_len={most} (prompt length + new tokens)" if most else ""))
     r = cfg.num_registers
     return tuple(_empty(cfg, batch_size, r + max_len if w is None else w, dtype, ring=w is not None)
                  for w in cfg.layer_windows())
@@ -115,11 +112,9 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: str | Non
 def init_rolling_cache(cfg: ModelConfig, batch_size: int, sinks: int = 0, dtype: str | None = None) -> Cache:
     """A cache of constant size for generating past the context (StreamingLLM, Xiao et al. 2023).
 
-    Every global layer is a ring of R + max_seq_len slots whose first `sinks` S slots keep positions
-    0..S-1 for good while the other max_seq_len - S roll; a local layer keeps its ring of W. A query so
-    sees at most max_seq_len keys, the context it was trained with, however far the generation runs
-    (model/key_view.py places the sinks). Only for a relative position scheme: an absolute one puts
-    each position into the token's vector, and none past max_seq_len exists or was trained."""
+    Every global layer is a ring of R + max_seq_len slots whose first S = `sinks` keep positions 0..S-1
+    while the rest roll; a local layer keeps its ring of W: a query sees at most the max_seq_len keys it
+    was trained with. Relative positions only: an absolute one past max_seq_len was never trained."""
     if not scheme(cfg).relative:
         relative = " or ".join(repr(name) for name, s in SCHEMES.items() if s.relative)
         raise ValueError(
@@ -137,10 +132,8 @@ def init_rolling_cache(cfg: ModelConfig, batch_size: int, sinks: int = 0, dtype:
 def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None) -> Cache:
     """This call's entries `new` (per layer [B, T, G, K] or [B, T, C + Kr]) written into `cache` at
     positions [B, T]: slot position + R, or a ring's `ring_slots`; out-of-range slots are dropped.
-
-    after: an array computed from every layer's read (the decoder's final hidden state). Adding 0 * one
-    of its elements makes XLA order every read before the write and update the cache in place; without
-    it XLA copies the whole cache twice per decode step."""
+    after: computed from every layer's read (the final hidden state); adding 0 * one of its elements
+    orders every read before the write, so XLA updates in place (else it copies the cache twice a step)."""
     zero = None if after is None else 0.0 * after.reshape(-1)[0]
     rows = jnp.arange(positions.shape[0])[:, None]  # [B, 1], broadcasts against positions [B, T]
 
@@ -217,7 +210,7 @@ def describe_cache_size(cfg: ModelConfig, sinks: int | None = None) -> str:
                 f"{cfg.max_seq_len - sinks} in every {'global ' if cfg.attention_window else ''}layer)")
     if not cfg.attention_window:
         return f"{per_token:,} bytes per token"
-    w, windows = cfg.attention_window, cfg.layer_windows()
+    w, windows = min(cfg.attention_window, cfg.max_seq_len), cfg.layer_windows()
     local = sum(v is not None for v in windows)
     past = (kv_cache_bytes(cfg, w + 1) - kv_cache_bytes(cfg, w))  # what each token past W adds
     return (f"{per_token:,} bytes per token up to the window W={w}; past it {past:,} bytes per token "

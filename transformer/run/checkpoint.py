@@ -1,9 +1,7 @@
-"""Orbax checkpoints in `workdir/checkpoints`, one folder per step: `state` (arrays), `config` (the
-run config as `saved_form` makes it) and `tokenizer` (JSON); nothing pickled, so a restore runs no
-code. Each save is renamed into place when complete: a kill mid-save keeps the previous ones. Kept:
-the latest `keep` and the best by validation loss. A checkpoint restores onto any mesh; a resume
-may change execution and initialisation fields only, and a change of `scan_layers` converts the stack.
-"""
+"""Orbax checkpoints in `workdir/checkpoints`, one folder per step: `state` (arrays), `config`
+(`saved_form`) and `tokenizer` (JSON); nothing pickled. A save is renamed into place when complete.
+Kept: the latest `keep` and the best by validation loss. A checkpoint restores onto any mesh; a
+resume may change execution and initialisation fields (`scan_layers`: the stack is converted)."""
 
 from __future__ import annotations
 
@@ -139,14 +137,14 @@ class Checkpointer:
         except Exception as e:  # orbax raises many types for unreadable files
             raise self._unreadable(step, e) from e
 
-    def _unreadable(self, step: int, e: Exception) -> CheckpointError:
+    def _unreadable(self, step: int, e: Exception, damaged: bool = False) -> CheckpointError:
         """The error for a checkpoint that failed to read: damaged files (a part missing, or a
         data-loss, decoding or missing-file error) with the way back to the previous checkpoint;
         otherwise the files are not blamed. The first line only: TensorStore's may carry a traceback."""
         first_line = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
         reason = f"{type(e).__name__}: {first_line.split(' See full TensorStore details')[0][:300]}"
         missing = self._missing_parts(step)
-        if not (missing or _is_damage(e)):
+        if not (missing or damaged or _is_damage(e)):
             return CheckpointError(
                 f"checkpoint step {step} in {self.directory} could not be restored ({reason}). Its files "
                 "are not known to be damaged: keep them, and report this error"
@@ -181,8 +179,12 @@ class Checkpointer:
 
     def tokenizer(self, step: int | None = None) -> Tokenizer:
         """The tokenizer saved with checkpoint `step` (default: the latest)."""
-        saved = self._restore(self._step_or_latest(step), tokenizer=ocp.args.JsonRestore())
-        return tokenizer_from_json(saved.tokenizer)
+        step = self._step_or_latest(step)
+        saved = self._restore(step, tokenizer=ocp.args.JsonRestore())
+        try:
+            return tokenizer_from_json(saved.tokenizer)
+        except Exception as e:  # a garbled tokenizer/metadata: the tokenizers library raises bare Exceptions
+            raise self._unreadable(step, e, damaged=True) from None
 
     def restore_state(self, state: Any, model_config: Mapping[str, Any], step: int | None = None) -> Any:
         """The train state of checkpoint `step` in the structure and shardings of `state` (a fresh
@@ -194,10 +196,15 @@ class Checkpointer:
         # Shapes first, from the metadata: a restore into the wrong shapes fails deep inside orbax.
         check_layout(saved, self.params_metadata(step), self.directory)
         if saved.scan_layers == ModelConfig.from_dict(model_config).scan_layers:
-            return self._restore(step, state=ocp.args.StandardRestore(state)).state
-        as_saved = self._restore_on_one_device(step)
-        return jax.tree.map(lambda x, like: jax.device_put(x, like.sharding),
-                            relayout_layers(as_saved, state, saved.num_layers), state)
+            restored = self._restore(step, state=ocp.args.StandardRestore(state)).state
+        else:
+            restored = jax.tree.map(lambda x, like: jax.device_put(x, like.sharding),
+                                    relayout_layers(self._restore_on_one_device(step), state, saved.num_layers), state)
+        if int(restored.step) != step:  # a folder renamed by hand: the step would not match its name
+            folder = os.path.join(self.directory, str(step))
+            raise CheckpointError(f"{folder} holds the state of step {int(restored.step)}: it was renamed; rename it "
+                                  f"back (mv {folder} {os.path.join(self.directory, str(int(restored.step)))})")
+        return restored
 
     def _restore_on_one_device(self, step: int) -> Any:
         """The whole saved state as nested dicts and lists, on this process's first device."""

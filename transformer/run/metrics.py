@@ -11,10 +11,9 @@ from transformer.data.atomic_files import write_atomically
 
 
 class MetricWriter:
-    """Appends one JSON object per row (with its "step") to metrics.jsonl, scalars also to TensorBoard;
-    disabled (hosts other than 0): nothing. A run (re)starting at `start_step` keeps the rows up to
-    it (none at 0): a killed run's later steps run again, so each step is in the file once. The
-    TensorBoard files are written afresh from the kept rows, for the same reason."""
+    """Appends one JSON object per row (with its "step") to metrics.jsonl, scalars also to TensorBoard
+    (disabled on hosts other than 0). A run (re)starting at `start_step` keeps the rows up to it (none
+    at 0) and rewrites TensorBoard's from them: a killed run's later steps run again, each logged once."""
 
     def __init__(self, workdir: str, enabled: bool = True, start_step: int = 0):
         self.enabled = enabled
@@ -59,12 +58,14 @@ class MetricWriter:
 
 
 def read_metrics(path: str) -> list[dict]:
-    """The rows of a metrics.jsonl file (a partial last line from a kill is skipped)."""
+    """The JSON objects with an integer "step" in a metrics.jsonl file (a kill's partial line: skipped)."""
     rows = []
-    with open(path) as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                rows.append(row)
     return rows

@@ -1,7 +1,5 @@
-"""Stopping a run on SIGINT (Ctrl-C) or SIGTERM without losing it: during the set-up nothing is
-written yet, so a signal stops at once; during training it stops at the next step, which saves a
-checkpoint (the loop reads `stop.requested` every step).
-"""
+"""Stopping a run on SIGINT (Ctrl-C) or SIGTERM without losing it: at once during the set-up (nothing
+is written yet); during training at the next step, which saves a checkpoint (`stop.requested`)."""
 
 from __future__ import annotations
 

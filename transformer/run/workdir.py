@@ -1,8 +1,6 @@
-"""A run's folder: checked before a run writes there (it can be written, a resume continues the
-checkpoint's model and data, the tokenizer or corpus left there was made for this data), locked
-while a run writes there (one run per workdir), and written once the set-up has succeeded. Each
-check raises ValueError (or CheckpointError) naming the fix.
-"""
+"""A run's folder: checked before a run writes there (writable; a resume continues the checkpoint's
+model, data, tokenizer and corpus), locked while one run writes it, written once the set-up succeeded.
+Each check raises ValueError (or CheckpointError) naming the fix."""
 
 from __future__ import annotations
 
@@ -111,8 +109,15 @@ def check_corpus_kept(workdir: str, digests: list[list[str]]) -> None:
     record = os.path.join(workdir, CORPUS_RECORD)
     if not os.path.isfile(record):
         return
-    with open(record) as f:
-        before = dict(json.load(f))
+    try:
+        with open(record, encoding="utf-8") as f:
+            before = json.load(f)
+        if not all(isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p) for p in before):
+            raise ValueError("not a list of [path, SHA-256] pairs")
+        before = dict(before)
+    except (ValueError, TypeError) as e:  # cut short or edited by hand: it is the run's record, not the corpus
+        raise CheckpointError(f"{record} is damaged ({e}): if the corpus is the one this run trained on, delete "
+                              f"{record} (the run writes it again) and rerun; else use a new --workdir") from None
     now = dict(digests)
     what = ([f"removed {p}" for p in before if p not in now] + [f"added {p}" for p in now if p not in before]
             + [f"changed {p}" for p in now if p in before and now[p] != before[p]])

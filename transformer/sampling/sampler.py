@@ -1,13 +1,11 @@
 """Sampling: logit filters, prefill, the `lax.scan` decode loop, and generate / generate_stream.
 
-Two compiled stages over a ragged batch of prompts: `prefill` runs the right-padded prompts once,
-filling the KV cache and drawing each row's first token at its own last position; `decode` is a
-`lax.scan` of steps. Shapes are rounded up to buckets (64, 128, 256, ...), so similar requests reuse
-the compiled functions. Row b draws its i-th new token with fold_in(fold_in(key, b), i): a row's
-tokens depend neither on the other rows nor on how decoding is cut into chunks.
+Two compiled stages over a ragged batch: `prefill` runs the right-padded prompts once, filling the
+cache and drawing each row's first token; `decode` is a `lax.scan` of steps. Shapes are bucketed (64,
+128, ...) to reuse compiles. Row b's i-th token uses fold_in(fold_in(key, b), i): independent of the
+other rows and of how decoding is chunked.
 
-Shapes: B batch, P padded prompt length, S cache slots, V vocabulary, N new tokens.
-"""
+Shapes: B batch, P padded prompt length, S cache slots, V vocabulary, N new tokens."""
 
 from __future__ import annotations
 
@@ -28,6 +26,7 @@ from transformer.model.decoder import Decoder
 from transformer.model.edits import Edit, check_for_sampling, run
 from transformer.model.param_tree import unrolled
 from transformer.model.ops import MASK_VALUE
+from transformer.model.positions import scheme
 
 Array = jax.Array
 
@@ -49,9 +48,7 @@ def apply_temperature(logits: Array, temperature: float) -> Array:
 
 def top_k_filter(logits: Array, k: int) -> Array:
     """[B, V] float32 -> [B, V]: the k largest logits of each row kept (exactly k: ties broken by index),
-    the rest MASK_VALUE. k >= V keeps everything."""
-    if k < 1:
-        raise ValueError(f"top_k must be at least 1, got {k}; use top_k=None to keep every token")
+    the rest MASK_VALUE. k >= V keeps everything; k >= 1 (`SamplingOptions` checks it)."""
     batch, vocab = logits.shape
     if k >= vocab:
         return logits
@@ -62,9 +59,7 @@ def top_k_filter(logits: Array, k: int) -> Array:
 
 def top_p_filter(logits: Array, p: float) -> Array:
     """Nucleus filter, [B, V] float32 -> [B, V]: keeps the most likely tokens while the mass taken
-    before each is below p (so the first is always kept), the rest MASK_VALUE. p = 1 keeps everything."""
-    if not 0.0 < p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {p}; use top_p=None (or 1.0) to keep every token")
+    before each is below p (so the first is always kept), the rest MASK_VALUE. p in (0, 1] (`SamplingOptions`)."""
     batch = logits.shape[0]
     order = jnp.argsort(-logits, axis=-1)  # [B, V] token ids, most likely first
     probs = jax.nn.softmax(jnp.take_along_axis(logits, order, axis=-1), axis=-1)
@@ -78,11 +73,9 @@ def top_p_filter(logits: Array, p: float) -> Array:
 
 @dataclasses.dataclass(frozen=True)
 class SamplingOptions:
-    """How tokens are drawn and when a row stops; hashable, so it is a static argument under jit.
-
-    temperature: 0 = greedy (argmax). top_k, top_p: None keeps every token. stop_tokens: a row that
-    draws one is done; pad_id is written after. vocab_limit: draw only ids below it (the tokenizer's
-    size, when the model's head is padded to a round number), None: every id of the head."""
+    """How tokens are drawn and when a row stops; hashable (a static argument under jit). temperature:
+    0 = greedy. top_k, top_p: None keeps every token. stop_tokens: a row drawing one is done (pad_id
+    after). vocab_limit: draw only ids below it (the tokenizer's size under a padded head)."""
 
     temperature: float = 1.0
     top_k: int | None = None
@@ -136,8 +129,7 @@ def sample_token(logits: Array, key: Array, temperature: float = 1.0, top_k: int
 
 
 def encode_prompt(cfg: ModelConfig, tokenizer: Any, prompt: str, new_tokens: int = 1) -> list[int]:
-    """Prompt text -> token ids [N], with clear errors for an empty prompt or one that leaves fewer
-    than `new_tokens` places in the context, N + new_tokens > max_seq_len (0: a forward pass only)."""
+    """Prompt text -> token ids [N]; a clear error when empty or N + new_tokens > max_seq_len (0: a forward)."""
     ids = tokenizer.encode(prompt)  # raises ValueError for text the tokenizer cannot represent
     if len(ids) == 0:
         raise ValueError("the prompt is empty; pass --prompt with at least one character")
@@ -167,8 +159,8 @@ def seed_key(seed: int) -> Array:
 
 
 def row_keys(key: Array, batch_size: int) -> Array:
-    """[B] per-row PRNG keys, fold_in(key, b) for row b (an array of B keys is returned as is); row b
-    of a batch alone: pass `row_keys(key, B)[b:b + 1]`."""
+    """[B] per-row keys fold_in(key, b) (B keys: as they are; an int: a seed); row b alone: [b:b + 1]."""
+    key = seed_key(key) if isinstance(key, int | np.integer) else key
     typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
     if key.ndim == (1 if typed else 2):  # already one key per row
         if key.shape[0] != batch_size:
@@ -178,8 +170,7 @@ def row_keys(key: Array, batch_size: int) -> Array:
 
 
 def _draw(logits: Array, keys: Array, step: Array | int, options: SamplingOptions) -> Array:
-    """[B, V] logits -> [B] int32 tokens: the step-th new token of each row, drawn with that row's
-    key folded with the step, fold_in(keys[b], step)."""
+    """[B, V] logits -> [B] int32: each row's step-th new token, drawn with fold_in(keys[b], step)."""
     step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
     if options.vocab_limit is not None and options.vocab_limit < logits.shape[-1]:
         logits = jnp.where(jnp.arange(logits.shape[-1]) < options.vocab_limit, logits, -jnp.inf)
@@ -210,8 +201,7 @@ class DecodeState:
 
 def forward(params: dict, cfg: ModelConfig, tokens: Array, positions: Array, cache: Cache,
             edits: Sequence[Edit] = ()) -> tuple[Array, Cache]:
-    """The model on tokens [B, T] at positions [B, T] -> (logits [B, T, V], the updated cache); through
-    model/edits.run only when there are edits."""
+    """tokens [B, T] at positions [B, T] -> (logits [B, T, V], the updated cache); edits: model/edits.run."""
     if edits:
         return run(params, cfg, tokens, edits, positions=positions, cache=cache)
     return Decoder(cfg).apply({"params": params}, tokens, positions=positions, cache=cache)
@@ -221,12 +211,9 @@ def forward(params: dict, cfg: ModelConfig, tokens: Array, positions: Array, cac
 def prefill(params: dict, cfg: ModelConfig, tokens: Array, lengths: Array, keys: Array, cache_len: int,
             options: SamplingOptions, edits: Sequence[Edit] = (), sinks: int | None = None) -> DecodeState:
     """tokens [B, P] int32, right-padded prompts of lengths [B] (n_b >= 1), keys [B], cache_len S >= P
-    -> the decode state after each row's first new token (positions [B] = lengths).
-
-    Row b's prompt sits at positions 0..n_b-1, its padding at PAD_POSITION (seen by no real token,
-    written to no slot: a ring would otherwise lose the prompt's last tokens to it). edits: at named
-    points (model/edits.py), applied at every position. sinks: None, or S >= 0 for a rolling cache
-    past the context (kv_cache.init_rolling_cache)."""
+    -> the decode state after each row's first new token (positions [B] = lengths). Padding sits at
+    PAD_POSITION (seen by no token, written to no slot: a ring would lose the prompt's end to it).
+    edits: model/edits.py's, at every position. sinks: None, or S >= 0 for a rolling cache."""
     batch, length = tokens.shape
     steps = jnp.arange(length, dtype=jnp.int32)[None, :]  # [1, P]
     positions = jnp.where(steps < lengths[:, None], steps, PAD_POSITION)  # [B, P]: padding at PAD_POSITION
@@ -283,13 +270,11 @@ def bucket(n: int, cap: int) -> int:
 
 def generate(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
              edits: Sequence[Edit] = (), sinks: int | None = None, **sampling: Any) -> GenerateOutput:
-    """Continues B prompts (token ids, any lengths >= 1) by up to N = `max_new_tokens` tokens: one
-    prefill, then one `lax.scan` -> GenerateOutput(tokens [B, N], lengths [B]).
-
-    key: a PRNG key (row b uses fold_in(key, b)) or [B] keys. The longest prompt + N must fit in
-    max_seq_len, unless `sinks` = S >= 0: then past the context at constant memory, every layer
-    seeing the first S tokens and the last max_seq_len - S (kv_cache.init_rolling_cache). edits: at
-    named points (model/edits.py), at every position, e.g. `ablate_heads`. sampling: SamplingOptions'."""
+    """Continues B prompts (token ids, lengths >= 1) by up to N = `max_new_tokens` tokens: one prefill,
+    one `lax.scan` -> GenerateOutput(tokens [B, N], lengths [B]). key: a PRNG key or an int seed (row b
+    uses fold_in(key, b)), or [B] keys. The longest prompt + N must fit in max_seq_len, unless `sinks` =
+    S >= 0: past the context at constant memory (init_rolling_cache). edits: model/edits.py's, at every
+    position, e.g. `ablate_heads`. sampling: SamplingOptions' fields."""
     options = SamplingOptions(**sampling)
     edits = list(edits)
     check_for_sampling(edits, cfg)
@@ -304,8 +289,7 @@ def generate(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], k
 def generate_stream(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array,
                     max_new_tokens: int, chunk_size: int = 16, sinks: int | None = None,
                     **sampling: Any) -> Iterator[np.ndarray]:
-    """`generate`, yielding the new tokens as they are made: [B, 1], then [B, <= chunk_size] per
-    `lax.scan`; the chunks joined equal `generate`'s tokens. Ends once every row has stopped."""
+    """`generate`, yielding new tokens as made: [B, 1], then [B, <= chunk_size] per scan (joined: `generate`'s)."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
     options = SamplingOptions(**sampling)
@@ -340,8 +324,7 @@ def _start(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key
 
 def _check_prompts(cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                    rolling: bool = False) -> list[np.ndarray]:
-    """Each prompt as a 1-D integer array, or a ValueError saying what is wrong and what to do.
-    rolling: the generation may run past the context (a rolling cache), only the prompts must fit."""
+    """Each prompt as a 1-D integer array, or a ValueError naming the fix. rolling: only the prompts must fit."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     rows = [np.asarray(p) for p in prompts]
@@ -362,9 +345,11 @@ def _check_prompts(cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_t
                              f"{cfg.max_seq_len}: a rolling cache continues past the context, but the prompt is "
                              "read in one pass; shorten it")
         if not rolling and len(row) + max_new_tokens > cfg.max_seq_len:
+            room = cfg.max_seq_len - len(row)
+            sinks = "" if scheme(cfg).relative else f" (relative positions only, not {cfg.position!r})"
+            fix = (f"ask for at most {room} new tokens, or pass sinks=S (sample.py --sinks) to continue past the "
+                   f"context with a rolling cache{sinks}") if room > 0 else f"shorten it below {cfg.max_seq_len} tokens"
             raise ValueError(f"prompt {b} has {len(row)} tokens and max_new_tokens is {max_new_tokens}: "
                              f"{len(row) + max_new_tokens} positions, past the model's context of max_seq_len="
-                             f"{cfg.max_seq_len}; shorten the prompt or ask for at most "
-                             f"{max(cfg.max_seq_len - len(row), 0)} new tokens, or pass sinks=S (sample.py --sinks) "
-                             "to continue past the context with a rolling cache")
+                             f"{cfg.max_seq_len}; {fix}")
     return rows

@@ -1,8 +1,6 @@
-"""The training loop: `train(run)` trains a set-up run (setup.py) to train.steps, with logging,
-evaluations and checkpoints, and knows no data task or metric by name. Training batch s depends
-only on (seed, s), so a resumed run sees an unbroken run's batches; SIGINT / SIGTERM save at the
-next step and raise Interrupted; a diverged loss raises Diverged without saving.
-"""
+"""The training loop: `train(run)` trains a set-up run (setup.py) to train.steps, knowing no data task
+or metric by name. Batch s depends only on (seed, s), so a resume sees an unbroken run's batches;
+SIGINT / SIGTERM save at the next step (Interrupted); a diverged loss raises Diverged without saving."""
 
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ from tqdm import tqdm
 
 from transformer.data.batches import with_start_token
 from transformer.data.prefetch import Prefetcher
-from transformer.run.checkpoint import Checkpointer
+from transformer.run.checkpoint import Checkpointer, latest_step
 from transformer.run.metrics import MetricWriter
 from transformer.run.workdir import WorkdirLock, check_unchanged, write_run_files
 from transformer.run.signals import StopOnSignal
@@ -70,8 +68,9 @@ def train_and_report(run: Run, state: TrainState, ckpt: Checkpointer, stop: Stop
     writer.write({"step": start, "compile_seconds": run.steps.compile_seconds,
                   "elapsed_seconds": time.perf_counter() - started})  # the set-up's end
     batches = training_batches(run, start)
-    bar = tqdm(total=t.steps, initial=start, disable=run.host != 0 or not progress, dynamic_ncols=True,
-               file=sys.stdout)
+    tty = sys.stdout.isatty()  # redirected to a file: a line every 30 s, not one line of carriage returns
+    bar = tqdm(total=t.steps, initial=start, disable=run.host != 0 or not progress, dynamic_ncols=True, file=sys.stdout,
+               mininterval=0.1 if tty else 30, bar_format=None if tty else "{l_bar}{bar:20}{r_bar}\n")
     report = Report(writer, bar, started, window_step=start)
     end = t.steps if t.run_steps <= 0 else min(t.steps, start + t.run_steps)  # run_steps: a part, then resume
     looping = time.perf_counter()
@@ -120,7 +119,7 @@ def train_steps(run: Run, state: TrainState, ckpt: Checkpointer, batches: Prefet
         state, metrics = run.steps.train(state, run.steps.put(inputs), run.steps.put(targets))
         done = step + 1
         if pending is not None:
-            check_finite(*pending)
+            check_finite(run, *pending)
         pending = (done, metrics)
         stopping = stop.requested  # read once: a signal arriving mid-iteration waits a step
         last = done == end or stopping
@@ -128,7 +127,7 @@ def train_steps(run: Run, state: TrainState, ckpt: Checkpointer, batches: Prefet
         eval_due = done % t.eval_every == 0 or done == t.steps
         save_due = done % t.checkpoint_every == 0 or last
         if log_due or eval_due or save_due:
-            check_finite(*pending)  # never log, evaluate or save a diverged state
+            check_finite(run, *pending)  # never log, evaluate or save a diverged state
         if log_due:
             log_train_metrics(run, report, done, metrics)
         if eval_due:
@@ -191,16 +190,16 @@ def save_checkpoint(run: Run, state: TrainState, ckpt: Checkpointer, report: Rep
     return last_eval
 
 
-def check_finite(step: int, metrics: dict) -> None:
+def check_finite(run: Run, step: int, metrics: dict) -> None:
     """Stops the run if step `step`'s loss or updated parameters are NaN or infinite."""
     for name in ("loss", "param_norm"):
         value = float(metrics[name])
         if not math.isfinite(value):
+            kept, clip = latest_step(run.workdir), run.config.optim.get("grad_clip")
             raise Diverged(
-                f"the training {name} became {value} at step {step}; stopped without saving, so the "
-                "last good checkpoint is intact. Lower optim.learning_rate or set optim.grad_clip, "
-                "then rerun"
-            )
+                f"the training {name} became {value} at step {step}; stopped without saving (" + (
+                    "no checkpoint was saved yet" if kept is None else f"the checkpoint of step {kept} is intact")
+                + "). Lower optim.learning_rate" + ("" if clip else " or set optim.grad_clip=1.0") + ", then rerun")
 
 
 def print_summary(run: Run, step: int, steps: int, last_eval: dict, ckpt: Checkpointer, training_seconds: float,

@@ -4,15 +4,14 @@ or warm-up / stable / decay schedule; global-norm clipping.
     rates = learning_rates(config.optim, steps)                 # {metric name: step -> learning rate}
     tx, schedule = make_optimizer(config.optim, steps, rates)   # an optax transformation
 
-AdamW decays the projection matrices only (`decay_mask`). Muon orthogonalises each matrix inside the
-layers as the one linear map it is (W_q [H, K, D] as [H*K, D], as modded-nanogpt), scaled by
-sqrt(max(1, out / in)) (optim.muon_learning_rate ~0.02); both follow one schedule shape.
-"""
+AdamW decays the projection matrices only (`decay_mask`). Muon orthogonalises each layer matrix as one
+map (W_q [H, K, D] as [H*K, D], as modded-nanogpt), scaled by sqrt(max(1, out / in)); one schedule shape."""
 
 from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -91,16 +90,19 @@ def make_schedule(optim: Mapping[str, Any], steps: int, peak: float | None = Non
     """The learning rate at each step: from 0 to `peak` (default optim.learning_rate) over
     optim.warmup_steps, then to min_lr_ratio x the peak at optim.decay_steps (0: `steps`) by a
     cosine ('cosine') or held, then linear over the last decay_fraction ('wsd'); constant after.
-    A warm-up as long as the decay (or longer, in runs saved before `check_warmup`) ends one step
-    early, so that the last step reaches the peak."""
+    A warm-up as long as the decay ends one step early, so that the last step reaches the peak; a
+    run shorter than its warm-up (`check_warmup`) ends inside it."""
     shape = schedule_name(optim)
     peak = optim["learning_rate"] if peak is None else peak
     end = peak * optim["min_lr_ratio"]
     decay_steps = optim.get("decay_steps", 0) or steps
-    warmup = min(optim["warmup_steps"], max(decay_steps - 1, 0))
+    warmup = optim["warmup_steps"]
+    if warmup <= decay_steps:
+        warmup = min(warmup, max(decay_steps - 1, 0))
+    decay_steps = max(decay_steps, warmup + 1)
     if shape == "cosine":
         return optax.warmup_cosine_decay_schedule(
-            init_value=0.0, peak_value=peak, warmup_steps=warmup, decay_steps=max(decay_steps, warmup + 1),
+            init_value=0.0, peak_value=peak, warmup_steps=warmup, decay_steps=decay_steps,
             end_value=end,
         )
     decay_start = max(decay_steps - round(optim["decay_fraction"] * decay_steps), warmup)
@@ -146,19 +148,16 @@ def make_optimizer(optim: Mapping[str, Any], steps: int, rates: Mapping[str, opt
 
 
 def check_warmup(optim: Mapping[str, Any], steps: int) -> None:
-    """Raises ValueError when optim.warmup_steps is longer than the decay (optim.decay_steps or `steps`)."""
-    warmup, decay_steps = optim["warmup_steps"], optim.get("decay_steps", 0) or steps
-    if warmup <= decay_steps:
-        return
-    if optim.get("decay_steps", 0):
-        span, fix = f"optim.decay_steps={decay_steps} (train.steps={steps})", "optim.decay_steps"
-    else:
-        span, fix = f"train.steps={steps}", "train.steps"
-    raise ValueError(
-        f"optim.warmup_steps={warmup} is longer than {span}: the warm-up would end early, at step "
-        f"{max(decay_steps - 1, 0)}; set --config.optim.warmup_steps={decay_steps} or fewer, or "
-        f"--config.{fix}={warmup} or more"
-    )
+    """ValueError when optim.warmup_steps is longer than optim.decay_steps; a warning line when it is
+    longer than train.steps (a short run, e.g. a smoke test: the declared schedule, cut short)."""
+    warmup, decay_steps = optim["warmup_steps"], optim.get("decay_steps", 0)
+    if decay_steps and warmup > decay_steps:
+        raise ValueError(f"optim.warmup_steps={warmup} is longer than optim.decay_steps={decay_steps} (train.steps="
+                         f"{steps}): the warm-up would end early; set --config.optim.warmup_steps={decay_steps} or "
+                         f"fewer, or --config.optim.decay_steps={warmup} or more")
+    if not decay_steps and warmup > steps:
+        print(f"warning: train.steps={steps} ends inside the warm-up of optim.warmup_steps={warmup}: the learning "
+              f"rate rises to {steps / warmup:.0%} of its peak and never decays (a short run)", file=sys.stderr)
 
 
 def optimizer_name(optim: Mapping[str, Any]) -> str:

@@ -1,12 +1,10 @@
-"""Attention sinks, measured: a head with nothing to attend to parks its attention on the first token,
-which every row sees (a parking spot, not importance), unless a sink logit (cfg.attention_sink) or
-registers (cfg.num_registers) give it somewhere else to go. For text tokens [B, T]:
+"""Attention sinks, measured: a head with nothing to attend to parks on the first token (a parking spot,
+not importance), unless a sink logit or registers give it somewhere else. For text tokens [B, T]:
 
     shares = attention_shares(params, cfg, tokens)       # [L, H] each: first token, registers, sink
     logits = mean_logit_map(params, cfg, tokens)         # [L, H, T, T], NaN above the diagonal
 
-Shares are means over the batch and the rows t >= 1 (row 0 sees nothing but the first token).
-"""
+Shares are means over the batch and the rows t >= 1 (row 0 sees nothing but the first token)."""
 
 from __future__ import annotations
 

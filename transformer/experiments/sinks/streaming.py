@@ -1,18 +1,13 @@
 """Reading past the context: the loss of a long text through a rolling KV cache (StreamingLLM).
 
-A model trained on windows of C = max_seq_len tokens can read on at constant memory with a rolling
-cache (`kv_cache.init_rolling_cache`): every layer keeps the first S tokens (the sinks) and the last
-C - S, with RoPE positions numbered within the cache. Xiao et al. (2023) found that a pure window
-(S = 0) fails once the first tokens leave the cache, and that keeping a few of them (S = 4) is enough,
-because models park attention on them; a model trained with a sink of its own should not need them.
+A model trained on windows of C = max_seq_len tokens reads on at constant memory through a rolling cache
+(`kv_cache.init_rolling_cache`): the first S tokens (sinks) and the last C - S. Xiao et al. (2023): a pure
+window (S = 0) fails once the first tokens leave, S = 4 is enough (models park attention on them).
 
     nll = rolling_nll(params, cfg, tokens, sinks=4)   # tokens [B, N], N may be >> C -> nll [B, N - 1]
 
-nll[:, t] is -log p(tokens[:, t + 1]) as the model predicts it after reading tokens 0..t through the
-rolling cache: exactly the plain forward's loss for t < C (the cache has evicted nothing yet); past
-it, what the model makes of the sinks and the last C - S tokens. Register tokens (cfg.num_registers)
-stay in the cache for good, before the sinks.
-"""
+nll[:, t] = -log p(tokens[:, t + 1] | tokens 0..t through the rolling cache): the plain forward's for
+t < C; past it, what the model makes of the sinks and the last C - S tokens (registers stay for good)."""
 
 from __future__ import annotations
 

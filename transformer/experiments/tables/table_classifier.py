@@ -5,8 +5,7 @@ fitted on the same standardised training rows (scikit-learn: the `dev` and `note
     evaluation(params, cfg, prior)                        # {data set: accuracies per table or split}
     markdown_table(results), summary(results)             # mean ± spread per method, chance included
     row_attention(params, cfg, rows)                      # the last layer's weights [H, T, T]
-    lookup_over_tables(params, cfg, prior)                # does attention act as a nearest-neighbour look-up?
-"""
+    lookup_over_tables(params, cfg, prior)                # does attention act as a nearest-neighbour look-up?"""
 
 from __future__ import annotations
 

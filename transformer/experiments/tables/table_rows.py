@@ -8,10 +8,8 @@ a new table in one forward pass. A training example is one table of T = train.se
             id on the first n_train rows, UNLABELLED (-1) on the test rows
     targets [B, T] int32: a test row's class; IGNORED on the training rows
 
-Each table draws its sizes and a generator (a Gaussian mixture, or a random MLP's score cut at
-quantiles), then random scales, shifts, skews and orders: what standardisation must undo, and what
-real tables (`real_table`) look like.
-"""
+Each table draws its sizes, a generator (a Gaussian mixture, or a random MLP's score cut at quantiles),
+then random scales, shifts, skews and orders, as real tables (`real_table`) have."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ def load_run(path: str, step: int | None = None) -> tuple[ModelConfig, Any, Any]
 
 def validation_tokens(workdir: str) -> np.ndarray:
     """[N] token ids: the validation split a run's evaluations read (its saved data fields and tokenizer)."""
-    from transformer.data.token_stream import load_corpus
+    from transformer.data.corpus import load_corpus
     from transformer.run.checkpoint import Checkpointer
 
     ckpt = Checkpointer(workdir, read_only=True)

@@ -139,7 +139,7 @@ def check_train_config(config: ConfigDict) -> None:
             f"({jax.device_count()} / mesh.tensor={config.mesh.tensor}); change train.batch_size or train.grad_accum"
         )
     decay_steps = config.optim.decay_steps or t.steps
-    if decay_steps == config.optim.warmup_steps:  # longer: make_optimizer refuses it (check_warmup)
+    if decay_steps == config.optim.warmup_steps:  # longer: a run cut short inside its warm-up (check_warmup)
         warn(f"the learning rate warms up for optim.warmup_steps={config.optim.warmup_steps} steps but decays "
              f"over {decay_steps}: it never decays; lower optim.warmup_steps or raise train.steps")
 

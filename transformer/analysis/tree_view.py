@@ -15,8 +15,6 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class ArrayLeaf:
-    """What the view shows of one array: shape, dtype, elements, bytes, placement."""
-
     shape: tuple[int, ...]
     dtype: str
     size: int

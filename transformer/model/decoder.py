@@ -105,8 +105,7 @@ class Block(nn.Module):
 class Decoder(nn.Module):
     """A decoder-only transformer language model.
 
-    __call__(tokens [B, T], positions [B, T] = None (0..T-1), cache = None, deterministic = True)
-      -> (logits [B, T, V] float32, updated cache or None)
+    tokens [B, T], positions [B, T] (default 0..T-1) -> (logits [B, T, V] float32, the updated cache or None).
 
     With a cache, this call's keys and values go to slots `positions` and each token sees the cached
     slots before its row's first position plus this call's tokens up to itself: prefill and decoding
@@ -117,13 +116,8 @@ class Decoder(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(
-        self,
-        tokens: Array,
-        positions: Array | None = None,
-        cache: Cache | None = None,
-        deterministic: bool = True,
-    ) -> tuple[Array, Cache | None]:
+    def __call__(self, tokens: Array, positions: Array | None = None, cache: Cache | None = None,
+                 deterministic: bool = True) -> tuple[Array, Cache | None]:
         cfg = self.cfg
         cfg.check_resolved()  # dtype / attention_impl 'auto' are chosen before any model is built
         kind = INPUTS[cfg.inputs]  # token ids -> vocabulary logits, or a table's rows -> class logits
@@ -196,5 +190,4 @@ def example_input(cfg: ModelConfig, length: int = 1) -> Array:
 
 
 def count_params(params) -> int:
-    """Total number of parameters in a pytree."""
     return sum(x.size for x in jax.tree.leaves(params))

@@ -22,6 +22,16 @@ from transformer.model.decoder import Decoder, example_input
 Tree = Any  # nested dicts (or other pytrees) of arrays
 
 
+def path_names(path) -> tuple[str, ...]:
+    """A jax key path -> the names along it: ('layers', 'attn', 'q', 'kernel')."""
+    return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def param_shapes(cfg: ModelConfig) -> Tree:
+    """The parameters Decoder(cfg) builds, as jax.ShapeDtypeStructs: nothing is computed."""
+    return jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), example_input(cfg)))["params"]
+
+
 def stack(layers: Sequence[Tree]) -> Tree:
     """L trees of the same structure -> one tree of that structure: each array [...] -> [L, ...]."""
     return jax.tree.map(lambda *a: jnp.stack(a), *layers)
@@ -73,13 +83,10 @@ def relayout_layers(saved: Tree, like: Tree, num_layers: int) -> Tree:
     """`saved`'s arrays arranged as `like` (any trees of parameter-shaped subtrees, as dicts or their
     classes), leaves matched by the names along their paths: a leaf under `layers` [L, ...] stacks
     layers_0 ... layers_{L-1}'s, a leaf under `layers_i` takes slice [i] of `layers`'."""
-    def names(path) -> tuple[str, ...]:
-        return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-
-    source = {names(p): x for p, x in jax.tree_util.tree_leaves_with_path(saved)}
+    source = {path_names(p): x for p, x in jax.tree_util.tree_leaves_with_path(saved)}
 
     def take(path, _) -> Any:
-        path = names(path)
+        path = path_names(path)
         if path in source:
             return source[path]
         if "layers" in path:  # scanned here, unscanned in `saved`: stack layers_0 ... layers_{L-1}
@@ -94,11 +101,9 @@ def relayout_layers(saved: Tree, like: Tree, num_layers: int) -> Tree:
 def layout_differences(cfg: ModelConfig, params: Tree) -> list[str]:
     """'path: got (shape), model (shape)' where `params` (arrays, or anything with a .shape) differs
     from the tree Decoder(cfg) builds; empty when they match. Nothing is computed."""
-    model = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), example_input(cfg)))
-
     def shapes(tree) -> dict[str, tuple]:
         return {jax.tree_util.keystr(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
-    got, want = shapes(params), shapes(model["params"])
+    got, want = shapes(params), shapes(param_shapes(cfg))
     return [f"{k}: got {got.get(k, 'nothing')}, model {want.get(k, 'nothing')}"
             for k in sorted(got.keys() | want.keys()) if got.get(k) != want.get(k)]

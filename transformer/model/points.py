@@ -1,9 +1,8 @@
 """Named points of the forward pass: the activations that can be captured and edited, with shapes.
 
-The model marks each with `point(module, name, value)`: the edit the collection "edits" holds for it
-(model/edits.py), then a Flax `sow` into "intermediates", a no-op unless that collection is mutable
-(analysis/capture.py). A forward pass that captures and edits nothing is the same program as one
-with no points at all. Names follow TransformerLens's hook names, without the `hook_`:
+The model marks each with `point` (edits: model/edits.py; capture: analysis/capture.py); a forward pass
+that captures and edits nothing is the same program as one with no points at all. Names follow
+TransformerLens's hook names, without the `hook_`:
 
     embed                       [B, T, D]   token embeddings E[tokens]
     pos_embed                   [B, T, D]   learned or sinusoidal position embeddings (RoPE: none)

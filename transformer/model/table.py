@@ -60,8 +60,7 @@ def example(cfg: ModelConfig, length: int = 1) -> Array:
 
 def embed(module: nn.Module, cfg: ModelConfig, rows: Array, positions: Array | None, cache, deterministic: bool
           ) -> tuple[Array, Array, Array]:
-    """rows [B, T, F + 1] -> (x [B, T, D] = W_row [features, onehot(label)] + b, positions 0..T-1,
-    `row_order`). `row_embed` W [D, F + C]; a test row's one-hot is zero: its features alone."""
+    """rows [B, T, F + 1] -> (x [B, T, D] = W_row [features, onehot(label)] + b, positions 0..T-1, `row_order`)."""
     if cache is not None:
         raise ValueError("a table model reads a table in one forward pass, without a KV cache; pass cache=None")
     check_rows(cfg, rows)

@@ -22,16 +22,14 @@ Array = jax.Array
 
 
 def cross_entropy(logits: Array, targets: Array) -> Array:
-    """Mean next-token cross-entropy in nats over the targets that are not IGNORED, in float32.
-    logits [B, T, V], targets [B, T]. Zero when nothing is graded."""
+    """logits [B, T, V], targets [B, T] -> the mean over the graded targets, float32 nats (0: none graded)."""
     graded = targets != IGNORED
     losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), jnp.where(graded, targets, 0))
     return jnp.sum(jnp.where(graded, losses, 0.0)) / jnp.maximum(jnp.sum(graded), 1)
 
 
 def loss_fn(params: Any, cfg: ModelConfig, inputs: Array, targets: Array, dropout_key: Array | None) -> Array:
-    """The training objective: cross-entropy of the decoder's logits on [B, T] token windows (or a
-    table's rows [B, T, F + 1])."""
+    """`cross_entropy` of the decoder's logits on inputs [B, T] (or a table's rows [B, T, F + 1])."""
     deterministic = dropout_key is None or cfg.dropout == 0.0
     rngs = None if deterministic else {"dropout": dropout_key}
     logits, _ = Decoder(cfg).apply({"params": params}, inputs, deterministic=deterministic, rngs=rngs)

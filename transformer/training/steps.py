@@ -52,10 +52,8 @@ def create_state(
 
     def build(params):
         params = init_params(cfg, jax.random.fold_in(key, 0)) if params is None else params
-        return TrainState(
-            step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-            rng=jax.random.key_data(jax.random.fold_in(key, 1)),
-        )
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                          rng=jax.random.key_data(jax.random.fold_in(key, 1)))
 
     rules = make_rules(cfg, mesh) if rules is None else rules
     shardings = state_sharding(jax.eval_shape(build, params), mesh, rules)
@@ -82,9 +80,8 @@ def train_step(cfg: ModelConfig, tx: optax.GradientTransformation, rates: Mappin
                 return jax.tree.map(jnp.add, carry, (loss, grads)), None
 
             zeros = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, state.params))
-            (loss, grads), _ = jax.lax.scan(
-                accumulate, zeros, (jnp.arange(grad_accum), (micro(inputs), micro(targets)))
-            )
+            steps = (jnp.arange(grad_accum), (micro(inputs), micro(targets)))  # (i, micro-batch i) for each i
+            (loss, grads), _ = jax.lax.scan(accumulate, zeros, steps)
             loss, grads = jax.tree.map(lambda a: a / grad_accum, (loss, grads))
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)

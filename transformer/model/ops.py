@@ -257,8 +257,7 @@ def rope(x: Array, positions: Array, theta: float = 10000.0) -> Array:
         raise ValueError(f"RoPE needs an even head width, got {d_h}")
     inv_freq = theta ** (-jnp.arange(0, d_h, 2, dtype=jnp.float32) / d_h)  # [K/2]
     angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, K/2]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
+    cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]  # [B, T, 1, K/2]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return rotated.astype(x.dtype)

@@ -18,6 +18,8 @@ import jax.numpy as jnp
 
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder, example_input
+# L trees alike <-> one tree of [L, ...] arrays, as for the caches of a scanned stack
+from transformer.model.kv_cache import per_layer, stacked
 
 Tree = Any  # nested dicts (or other pytrees) of arrays
 
@@ -32,22 +34,12 @@ def param_shapes(cfg: ModelConfig) -> Tree:
     return jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), example_input(cfg)))["params"]
 
 
-def stack(layers: Sequence[Tree]) -> Tree:
-    """L trees of the same structure -> one tree of that structure: each array [...] -> [L, ...]."""
-    return jax.tree.map(lambda *a: jnp.stack(a), *layers)
-
-
-def unstack(stacked: Tree, num_layers: int) -> list[Tree]:
-    """The inverse of `stack`: a tree of [L, ...] arrays -> L trees, the i-th holding slices [i]."""
-    return [jax.tree.map(lambda a: a[i], stacked) for i in range(num_layers)]
-
-
 def split_layers(params: Mapping, num_layers: int) -> tuple[dict, list[Tree]]:
     """Params in either layout -> (the other parameters: embed, pos_embed, final_norm, head;
     [layer 0, ..., layer L-1], each one layer's tree: no L axis)."""
     rest = dict(params)
     if "layers" in rest:
-        layers = unstack(rest.pop("layers"), num_layers)
+        layers = list(per_layer(rest.pop("layers"), num_layers))
     else:
         layers = [rest.pop(f"layers_{i}") for i in range(num_layers)]
     return rest, layers
@@ -57,7 +49,7 @@ def join_layers(rest: Mapping, layers: Sequence[Tree], scanned: bool) -> dict:
     """The inverse of `split_layers`: (the other parameters, L layers) -> params, scanned (one
     `layers`, arrays [L, ...]) or unscanned (layers_0 ... layers_{L-1})."""
     if scanned:
-        return {**rest, "layers": stack(layers)}
+        return {**rest, "layers": stacked(layers)}
     return {**rest, **{f"layers_{i}": layer for i, layer in enumerate(layers)}}
 
 

@@ -110,8 +110,7 @@ def point_axes(cfg: ModelConfig, name: str) -> str:
 
 
 def point_names(cfg: ModelConfig) -> list[str]:
-    """Every point a model of `cfg` has, in forward order: `embed`, ..., `blocks.{l}.resid_post`, ...,
-    `logits` (MLA decoding from a cache, the absorbed form, has no attn.k / attn.v)."""
+    """Every point a model of `cfg` has, in forward order: `embed`, ..., `blocks.{l}.resid_post`, ..., `logits`."""
     top = ["embed"] + (["pos_embed"] if scheme(cfg).embed is not None else [])
     layers = [f"blocks.{l}.{name}" for l in range(cfg.num_layers) for name in layer_points(cfg)]
     return top + layers + (["final_norm.out"] if cfg.prenorm else []) + ["logits"]

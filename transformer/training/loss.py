@@ -1,9 +1,6 @@
 """The training objective: next-token cross-entropy of the decoder's logits, in float32 whatever the
 model's dtype, over the targets that are not `batches.IGNORED` (the needle task grades only the
 answer; a table model's training rows are IGNORED, its test rows graded by class).
-
-    loss = loss_fn(params, cfg, inputs [B, T], targets [B, T], dropout_key)   # float32 scalar, nats
-    loss = cross_entropy(logits [B, T, V], targets [B, T])
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ def cross_entropy(logits: Array, targets: Array) -> Array:
 
 
 def loss_fn(params: Any, cfg: ModelConfig, inputs: Array, targets: Array, dropout_key: Array | None) -> Array:
-    """`cross_entropy` of the decoder's logits on inputs [B, T] (or a table's rows [B, T, F + 1])."""
+    """`cross_entropy` of the decoder's logits on inputs [B, T] (or a table's rows [B, T, F + 1]): float32 nats."""
     deterministic = dropout_key is None or cfg.dropout == 0.0
     rngs = None if deterministic else {"dropout": dropout_key}
     logits, _ = Decoder(cfg).apply({"params": params}, inputs, deterministic=deterministic, rngs=rngs)

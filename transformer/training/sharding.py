@@ -5,10 +5,9 @@
     sharded_jit(fn, mesh, rules, in_shardings)          # jax.jit under the axis rules: every compiled step
 
 Parameters get logical axes from `PARAM_AXES`, activations where they are computed
-(`nn.with_logical_constraint`). Default: batch over (data, fsdp); embed over fsdp (FSDP); heads,
-kv_heads, mlp, vocab over tensor (Megatron: one all-reduce after attention, one after the MLP);
-the rest replicated. Rules apply in `LOGICAL_AXES` order, a mesh axis serving one dimension per
-array. Key/value heads the tensor size does not divide are replicated, as MLA's latent is.
+(`nn.with_logical_constraint`). DEFAULT_RULES: FSDP over embed, Megatron's split over tensor (one
+all-reduce after attention, one after the MLP). Rules apply in `LOGICAL_AXES` order, a mesh axis serving
+one dimension per array. Key/value heads the tensor size does not divide are replicated, as MLA's latent is.
 """
 
 from __future__ import annotations

@@ -80,12 +80,10 @@ class Attention(nn.Module):
         if cached is not None:  # one layer's cache first, [B, G, S, K] as it lies
             ks = [view.cached_keys(cfg, cached.k.astype(k.dtype), slot_axis=2), k]
             vs, heads_first = [cached.v.astype(v.dtype), v], [True, False]
-        at = looking_at(self, cfg, view)  # the weights' points need the reference path
-        out, _ = ops.dot_product_attention(
-            q, ks, vs, view.bias, at=at,
-            implementation="reference" if cached is not None or at else cfg.attention_impl,
-            heads_first=heads_first, sink=sink_logit(self, cfg),
-        )
+        at = looking_at(self, cfg, view)  # the weights' points need the reference path, as a cache does
+        implementation = "reference" if cached is not None or at else cfg.attention_impl
+        out, _ = ops.dot_product_attention(q, ks, vs, view.bias, at=at, implementation=implementation,
+                                           heads_first=heads_first, sink=sink_logit(self, cfg))
         return output_projection(self, cfg, out), KVCache(k=k, v=v)
 
 
@@ -140,11 +138,10 @@ class LatentAttention(nn.Module):
         if not absorb and capturing(self):  # this call's per-head keys and values, as the naive form computes them
             for name, value in zip(("keys", "values"), up_project(latent, w_uk, w_uv)):
                 point(self, name, value)
-        out = latent_attention(
-            q_nope, q_rope, segments, w_uk, w_uv, view.bias, absorb=absorb, sink=sink_logit(self, cfg), at=at,
-            scale=(k_nope + k_r) ** -0.5,  # the width of the original query/key dot product
-            implementation="reference" if cached is not None or at else cfg.attention_impl,
-        )
+        implementation = "reference" if cached is not None or at else cfg.attention_impl
+        out = latent_attention(q_nope, q_rope, segments, w_uk, w_uv, view.bias, absorb=absorb, at=at,
+                               sink=sink_logit(self, cfg), implementation=implementation,
+                               scale=(k_nope + k_r) ** -0.5)  # the width of the original query/key dot product
         return output_projection(self, cfg, out), LatentCache(latent=latent)  # [B, T, D]
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
@@ -178,10 +175,9 @@ class LatentAttention(nn.Module):
         return latent
 
 
-def latent_attention(
-    q_nope: Array, q_rope: Array, segments: list[Array], w_uk: Array, w_uv: Array, masks: list[Array], *,
-    absorb: bool, scale: float, sink: Array | None, implementation: str, at: ops.AttentionPoint | None = None,
-) -> Array:
+def latent_attention(q_nope: Array, q_rope: Array, segments: list[Array], w_uk: Array, w_uv: Array, masks: list[Array],
+                     *, absorb: bool, scale: float, sink: Array | None, implementation: str,
+                     at: ops.AttentionPoint | None = None) -> Array:
     """MLA's attention: q_nope [B, T, H, K], q_rope [B, T, H, Kr] (rotated), segments: latents [B, S_i,
     C + Kr] (cached slots, then this call's), W_UK [H, K, C], W_UV [H, Kv, C], masks: one bias per
     segment (`key_view`) -> out [B, T, H, Kv].

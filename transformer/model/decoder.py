@@ -147,9 +147,8 @@ class Decoder(nn.Module):
         return x, jnp.concatenate([first, positions], axis=1)
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
-    def _layers(
-        self, x: Array, positions: Array, cache: Cache | None, deterministic: bool, order: Array | None = None
-    ) -> tuple[Array, Cache | None]:
+    def _layers(self, x: Array, positions: Array, cache: Cache | None, deterministic: bool,
+                order: Array | None = None) -> tuple[Array, Cache | None]:
         """x [B, T, D] through the L blocks -> (x [B, T, D], the L layers' new cache entries or None).
 
         scan_layers: one `nn.scan` over a block whose params, points and edits have a leading L axis
@@ -161,10 +160,9 @@ class Decoder(nn.Module):
         if cfg.scan_layers:
             mixed = len(set(windows)) > 1  # local and global layers
             if mixed and cache is not None:
-                raise ValueError(
-                    "a scanned stack of local and global layers cannot read a cache (ring buffers and full "
-                    "buffers do not stack): unroll it first, params, cfg = param_tree.unrolled(params, cfg)"
-                )
+                raise ValueError("a scanned stack of local and global layers cannot read a cache (ring buffers and "
+                                 "full buffers do not stack): unroll it first, params, cfg = "
+                                 "param_tree.unrolled(params, cfg)")
             layer_windows = jnp.array([NO_WINDOW if w is None else w for w in windows], jnp.int32) if mixed else None
             layers = nn.scan(
                 block,

@@ -98,11 +98,9 @@ def dot_product_attention(
         firsts = [False] * len(ks)
     if implementation != "reference":
         if at is not None or len(ks) != 1 or sink is not None:
-            raise ValueError(
-                f"implementation={implementation!r} takes one key segment, has no sink logit and computes "
-                "no weights; use implementation='reference' to look at or edit attention maps, to decode "
-                "from a cache or for attention_sink=True"
-            )
+            raise ValueError(f"implementation={implementation!r} takes one key segment, has no sink logit and "
+                             "computes no weights; use implementation='reference' to look at or edit attention "
+                             "maps, to decode from a cache or for attention_sink=True")
         return _fused_attention(q, ks[0], vs[0], masks[0], scale, implementation), None
 
     # Shapes for G < H; multi-head attention (R = 1) has no G, R axes but H: q [B, T, H, K] and so on.
@@ -190,10 +188,8 @@ def _fused_attention(q: Array, k: Array, v: Array, mask: Array | None, scale: fl
     """One sequence-first segment through `jax.nn.dot_product_attention` ('xla', or 'cudnn' on GPU):
     q [B, T, H, K], k [B, S, G, K], v [B, S, G, Kv], mask [B, 1 or H, T, S] or None -> [B, T, H, Kv]."""
     if implementation == "cudnn" and jax.default_backend() != "gpu":
-        raise ValueError(
-            f"implementation='cudnn' needs an NVIDIA GPU with cuDNN; this process runs on "
-            f"{jax.default_backend()!r}: use attention_impl='xla' or 'reference' there"
-        )
+        raise ValueError(f"implementation='cudnn' needs an NVIDIA GPU with cuDNN; this process runs on "
+                         f"{jax.default_backend()!r}: use attention_impl='xla' or 'reference' there")
     # Clip before the cast: a float32 mask value (-1e9) would become -inf in float16.
     bias = None if mask is None else jnp.maximum(mask, mask_value(q.dtype)).astype(q.dtype)
     # jax.nn.dot_product_attention needs one head width for q, k and v; MLA's values may be

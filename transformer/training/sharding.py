@@ -82,10 +82,8 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices: list | No
     if data == -1:
         data = n // (fsdp * tensor)
     if data * fsdp * tensor != n:
-        raise ValueError(
-            f"mesh.data={data} x mesh.fsdp={fsdp} x mesh.tensor={tensor} = {data * fsdp * tensor} devices, "
-            f"but {n} are available; set mesh.data=-1 to use them all"
-        )
+        raise ValueError(f"mesh.data={data} x mesh.fsdp={fsdp} x mesh.tensor={tensor} = {data * fsdp * tensor} "
+                         f"devices, but {n} are available; set mesh.data=-1 to use them all")
     return Mesh(np.asarray(devices).reshape(data, fsdp, tensor), MESH_AXES)
 
 
@@ -118,11 +116,10 @@ def make_rules(cfg: ModelConfig, mesh: Mesh, rules: Mapping[str, str] | None = N
         names = path_names(path)
         for name, dim in zip(param_axes(names, x.ndim), x.shape, strict=True):
             if dim % size(name):
-                raise ValueError(
-                    f"{SIZE_FIELD[name]}: the '{name}' axis of parameter {'/'.join(names)} has size {dim}, not "
-                    f"divisible by the {size(name)} devices of mesh axes {parsed[name]} (mesh.rules.{name}); "
-                    f"choose sizes that divide, or a smaller mesh.{_first_axis(parsed[name])}"
-                )
+                raise ValueError(f"{SIZE_FIELD[name]}: the '{name}' axis of parameter {'/'.join(names)} has size "
+                                 f"{dim}, not divisible by the {size(name)} devices of mesh axes {parsed[name]} "
+                                 f"(mesh.rules.{name}); choose sizes that divide, or a smaller "
+                                 f"mesh.{_first_axis(parsed[name])}")
     return tuple(parsed.items())
 
 

@@ -42,10 +42,8 @@ def init_params(cfg: ModelConfig, key: Array) -> Any:
     return Decoder(cfg).init(key, example_input(cfg, min(8, cfg.max_seq_len)))["params"]
 
 
-def create_state(
-    cfg: ModelConfig, tx: optax.GradientTransformation, seed: int, mesh: Mesh, params: Any | None = None,
-    rules: Rules | None = None,
-) -> TrainState:
+def create_state(cfg: ModelConfig, tx: optax.GradientTransformation, seed: int, mesh: Mesh, params: Any | None = None,
+                 rules: Rules | None = None) -> TrainState:
     """A TrainState at step 0, created on the mesh with its shardings; from `params` (imported
     weights) if given, else a random init."""
     key = jax.random.key(seed)
@@ -85,12 +83,9 @@ def train_step(cfg: ModelConfig, tx: optax.GradientTransformation, rates: Mappin
             loss, grads = jax.tree.map(lambda a: a / grad_accum, (loss, grads))
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = {
-            "loss": loss,
-            "grad_norm": optax.tree.norm(grads),
-            "param_norm": optax.tree.norm(params),  # a NaN here is caught before any save
-            **{name: rate(state.step) for name, rate in rates.items()},
-        }
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
+                   "param_norm": optax.tree.norm(params),  # a NaN here is caught before any save
+                   **{name: rate(state.step) for name, rate in rates.items()}}
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return step

@@ -63,8 +63,7 @@ def attention(q: Array, k: Array, v: Array, mask: Array | None = None) -> tuple[
 def dot_product_attention(
     q: Array, k: Array | Sequence[Array], v: Array | Sequence[Array], mask: Array | Sequence[Array] | None = None,
     *, scale: float | None = None, implementation: str = "reference", heads_first: Sequence[bool] | None = None,
-    sink: Array | None = None, at: AttentionPoint | None = None,
-) -> tuple[Array, Array | None]:
+    sink: Array | None = None, at: AttentionPoint | None = None) -> tuple[Array, Array | None]:
     """`attention` as the model runs it, for G <= H key/value heads in one or more segments along S:
 
         dot_product_attention(q, [k_1, k_2], [v_1, v_2], [m_1, m_2])

@@ -16,15 +16,15 @@ import pytest
 
 from transformer import ModelConfig
 from transformer.model.decoder import Decoder
+from transformer.model.kv_cache import per_layer as unstack
+from transformer.model.kv_cache import stacked as stack
 from transformer.model.param_tree import (
     join_layers,
     layout_differences,
     relayout_layers,
     split_layers,
-    stack,
     stack_layers,
     unrolled,
-    unstack,
     unstack_layers,
 )
 

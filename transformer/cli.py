@@ -45,7 +45,6 @@ def exit_usage(message: str) -> None:
 
 
 def config_path(argv: list[str]) -> str | None:
-    """The --config file named in argv, or None when there is none."""
     for i, arg in enumerate(argv):
         if arg.startswith("--config="):
             return arg.split("=", 1)[1]

@@ -26,8 +26,6 @@ def shares_from_weights(cfg: ModelConfig, weights: Array) -> AttentionShares:
     rows = weights[:, :, :, 1:]  # [L, B, H, T - 1, columns]: rows t >= 1
     mean = lambda x: x.mean(axis=(1, 3))  # noqa: E731  [L, B, H, T - 1] -> [L, H]
     zeros = jnp.zeros(weights.shape[0:1] + weights.shape[2:3], weights.dtype)  # [L, H]
-    return AttentionShares(
-        first_token=mean(rows[..., r]),
-        registers=mean(rows[..., :r].sum(-1)) if r else zeros,
-        sink=mean(rows[..., -1]) if cfg.attention_sink else zeros,
-    )
+    return AttentionShares(first_token=mean(rows[..., r]),
+                           registers=mean(rows[..., :r].sum(-1)) if r else zeros,
+                           sink=mean(rows[..., -1]) if cfg.attention_sink else zeros)

@@ -15,8 +15,6 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class ArrayLeaf:
-    """What the view shows of one array: shape, dtype, elements, bytes, placement."""
-
     shape: tuple[int, ...]
     dtype: str
     size: int
@@ -87,8 +85,7 @@ class TreeView:
         return f"{self.title}: {arrays} arrays, {elements:,} numbers, {human_bytes(nbytes)}"
 
     def _repr_html_(self) -> str:
-        treescope = _treescope()
-        return f"<div><b>{html.escape(self.header())}</b></div>" + treescope.render_to_html(self.summary)
+        return f"<div><b>{html.escape(self.header())}</b></div>" + _treescope().render_to_html(self.summary)
 
     def __repr__(self) -> str:  # the text a terminal (or a notebook without HTML) shows
         return self.header() + "\n" + _treescope().render_to_text(self.summary)

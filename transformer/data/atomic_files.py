@@ -31,5 +31,4 @@ def write_atomically(path: str | os.PathLike, text: str) -> None:
 
 
 def save_json(path: str | os.PathLike, obj: Any) -> None:
-    """Writes `obj` as indented JSON to `path`, atomically (see `atomic_path`)."""
     write_atomically(path, json.dumps(obj, indent=2))

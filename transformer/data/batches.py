@@ -33,7 +33,6 @@ def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[np.n
 
 
 def _last_start(tokens: np.ndarray, seq_len: int) -> int:
-    """The last start of a window of T + 1 tokens; ValueError when there is none."""
     if len(tokens) < seq_len + 1:
         raise ValueError(f"The token array has {len(tokens)} tokens, fewer than seq_len + 1 = {seq_len + 1} "
                          "needed for one (inputs, targets) window. Use a shorter seq_len or more text (for "
@@ -70,5 +69,4 @@ def with_start_token(batch: tuple[np.ndarray, np.ndarray], start_token: int) -> 
 
 
 def text_task(config: Any) -> DataTask:
-    """data.task='text': windows of the corpus."""
     return DataTask(batch_at, eval_batches)

@@ -12,8 +12,6 @@ from typing import Any
 
 @dataclass(frozen=True)
 class DataTask:
-    """A task's two batch functions (the module docstring gives their arguments)."""
-
     batch_at: Callable[..., tuple[Any, Any]]
     eval_batches: Callable[..., list[tuple[Any, Any]]]
     text: bool = True  # reads the corpus's token stream; False: no tokenizer, corpus, bits per byte or sample

@@ -97,13 +97,12 @@ class BPETokenizer:
         except TypeError:  # HF raises "TextInputSequence must be str" for lone surrogates
             _utf8(text)  # raises the clear error
             raise
-        ids = encoding.ids
-        if self._unk_id is not None and self._unk_id in ids:
+        if self._unk_id is not None and self._unk_id in encoding.ids:
             unknown = sorted({text[a:b] for i, (a, b) in zip(encoding.ids, encoding.offsets) if i == self._unk_id})
             raise ValueError(f"The tokenizer cannot represent {unknown[:10]!r} (encoded as its unknown token, id "
                              f"{self._unk_id}). Remove or replace these characters, or use a byte-level tokenizer "
                              "('bytes', or a BPE trained here), which encodes every string.")
-        return ids
+        return encoding.ids
 
     def encode_array(self, text: str) -> np.ndarray:
         """`encode` as an int32 array [N]."""
@@ -171,7 +170,6 @@ def tokenizer_to_json(tok: Tokenizer | None) -> dict:
 
 
 def tokenizer_from_json(obj: dict) -> Tokenizer | None:
-    """Inverse of `tokenizer_to_json`."""
     kind = obj.get("kind")
     if kind not in ("none", *KINDS):
         raise ValueError(f"unknown tokenizer record {str(obj)[:100]!r}; expected kind 'bytes' or 'bpe'")
@@ -181,7 +179,6 @@ def tokenizer_from_json(obj: dict) -> Tokenizer | None:
 
 
 def _utf8(text: str) -> bytes:
-    """UTF-8 bytes of `text`, with a clear error for strings that have none (lone surrogates)."""
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError as e:

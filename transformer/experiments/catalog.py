@@ -39,7 +39,6 @@ METRICS: list[tuple[EvalMetric, Callable[[ConfigDict], bool]]] = [  # (metric, d
 
 
 def data_task(config: ConfigDict) -> DataTask:
-    """The DataTask of `config.data.task`, checked against the config."""
     name = config.data.task
     if name not in TASKS:
         raise ValueError(f"data.task={name!r} is not known; use one of {', '.join(map(repr, sorted(TASKS)))} "
@@ -48,7 +47,6 @@ def data_task(config: ConfigDict) -> DataTask:
 
 
 def eval_metrics(config: ConfigDict) -> list[EvalMetric]:
-    """The metrics that `config` asks for, in the table's order."""
     return [metric for metric, wanted in METRICS if wanted(config)]
 
 

@@ -1,9 +1,8 @@
 """Self-attention modules: multi-head / grouped-query attention and multi-head latent attention.
 
-Both take one layer's cache (or None) and return, beside their output, this call's new cache entries,
-which the decoder writes after the layer stack (kv_cache.write). The keys a query sees and their
-biases come from one `key_view.KeyView` (the cached slots, then this call's keys): segments that
-`ops.dot_product_attention` softmaxes together, the lecture's softmax(q k^T / sqrt(d_h) + mask) v.
+Both take one layer's cache (or None) and return this call's new entries beside their output (the
+decoder writes them: kv_cache.write). What a query sees comes from one `key_view.KeyView`: segments
+that `ops.dot_product_attention` softmaxes together, the lecture's softmax(q k^T / sqrt(d_h) + mask) v.
 """
 
 from __future__ import annotations
@@ -40,8 +39,7 @@ def attention_point(module: nn.Module, cfg: ModelConfig, view: KeyView, name: st
 
 
 def looking_at(module: nn.Module, cfg: ModelConfig, view: KeyView):
-    """`attention_point` when this call captures or edits the scores or the pattern (only the
-    reference attention computes them), else None."""
+    """`attention_point` when this call captures or edits the scores or pattern (reference attention), else None."""
     return functools.partial(attention_point, module, cfg, view) if touched(module, "scores", "pattern") else None
 
 
@@ -56,9 +54,8 @@ def sink_logit(module: nn.Module, cfg: ModelConfig) -> Array | None:
 class Attention(nn.Module):
     """Multi-head attention with learned W_q, W_k, W_v, W_o; G < H key/value heads = grouped-query.
 
-    x [B, T, D] -> out [B, T, D] and this call's cache entries KVCache(k, v [B, T, G, K]). window:
-    this layer's sliding window W, or None; order: the input's own order of this call's keys [B, 1, T,
-    T] (model/inputs.py), or None: both go to the key view."""
+    x [B, T, D] -> out [B, T, D] and this call's cache entries KVCache(k, v [B, T, G, K]); window and
+    order (as Block's) go to the key view."""
 
     cfg: ModelConfig
 
@@ -80,23 +77,19 @@ class Attention(nn.Module):
 
         view = key_view(cfg, positions, cached, window, order)
         ks, vs, heads_first = [k], [v], [False]
-        if cached is not None:  # one layer's cache, [B, G, S, K] as it lies
-            ks.insert(0, view.cached_keys(cfg, cached.k.astype(k.dtype), slot_axis=2))
-            vs.insert(0, cached.v.astype(v.dtype))
-            heads_first.insert(0, True)
-        at = looking_at(self, cfg, view)  # the weights' points need the reference path
-        out, _ = ops.dot_product_attention(
-            q, ks, vs, view.bias, at=at,
-            implementation="reference" if cached is not None or at else cfg.attention_impl,
-            heads_first=heads_first, sink=sink_logit(self, cfg),
-        )
+        if cached is not None:  # one layer's cache first, [B, G, S, K] as it lies
+            ks = [view.cached_keys(cfg, cached.k.astype(k.dtype), slot_axis=2), k]
+            vs, heads_first = [cached.v.astype(v.dtype), v], [True, False]
+        at = looking_at(self, cfg, view)  # the weights' points need the reference path, as a cache does
+        implementation = "reference" if cached is not None or at else cfg.attention_impl
+        out, _ = ops.dot_product_attention(q, ks, vs, view.bias, at=at, implementation=implementation,
+                                           heads_first=heads_first, sink=sink_logit(self, cfg))
         return output_projection(self, cfg, out), KVCache(k=k, v=v)
 
 
 def output_projection(module: nn.Module, cfg: ModelConfig, heads: Array) -> Array:
-    """W_o [D, H, Kv]: [B, T, H, Kv] -> [B, T, D], a projection `o` of `module`. Points: attn.z (the
-    heads: an edit there ablates or patches heads), attn.head_out (each head's W_o[:, h] z_h
-    [B, T, H, D], computed only in a capture) and attn.out."""
+    """W_o [D, H, Kv]: heads [B, T, H, Kv] -> [B, T, D], a projection `o` of `module`, with the points
+    attn.z (edit it to ablate or patch heads), attn.head_out [B, T, H, D] (in a capture only), attn.out."""
     heads = point(module, "z", heads)
     w_o = Linear(cfg.d_model, in_axes=2, use_bias=cfg.use_bias, dtype=cfg.dtype,
                  kernel_init=dense_init(cfg, output=True), name="o")
@@ -143,14 +136,12 @@ class LatentAttention(nn.Module):
         absorb = cached is not None if self.absorb is None else self.absorb
         at = looking_at(self, cfg, view)
         if not absorb and capturing(self):  # this call's per-head keys and values, as the naive form computes them
-            k_new, v_new = up_project(latent, w_uk, w_uv)
-            point(self, "keys", k_new)
-            point(self, "values", v_new)
-        out = latent_attention(
-            q_nope, q_rope, segments, w_uk, w_uv, view.bias, absorb=absorb, sink=sink_logit(self, cfg), at=at,
-            scale=(k_nope + k_r) ** -0.5,  # the width of the original query/key dot product
-            implementation="reference" if cached is not None or at else cfg.attention_impl,
-        )
+            for name, value in zip(("keys", "values"), up_project(latent, w_uk, w_uv)):
+                point(self, name, value)
+        implementation = "reference" if cached is not None or at else cfg.attention_impl
+        out = latent_attention(q_nope, q_rope, segments, w_uk, w_uv, view.bias, absorb=absorb, at=at,
+                               sink=sink_logit(self, cfg), implementation=implementation,
+                               scale=(k_nope + k_r) ** -0.5)  # the width of the original query/key dot product
         return output_projection(self, cfg, out), LatentCache(latent=latent)  # [B, T, D]
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
@@ -184,10 +175,9 @@ class LatentAttention(nn.Module):
         return latent
 
 
-def latent_attention(
-    q_nope: Array, q_rope: Array, segments: list[Array], w_uk: Array, w_uv: Array, masks: list[Array], *,
-    absorb: bool, scale: float, sink: Array | None, implementation: str, at: ops.AttentionPoint | None = None,
-) -> Array:
+def latent_attention(q_nope: Array, q_rope: Array, segments: list[Array], w_uk: Array, w_uv: Array, masks: list[Array],
+                     *, absorb: bool, scale: float, sink: Array | None, implementation: str,
+                     at: ops.AttentionPoint | None = None) -> Array:
     """MLA's attention: q_nope [B, T, H, K], q_rope [B, T, H, Kr] (rotated), segments: latents [B, S_i,
     C + Kr] (cached slots, then this call's), W_UK [H, K, C], W_UV [H, Kv, C], masks: one bias per
     segment (`key_view`) -> out [B, T, H, Kv].

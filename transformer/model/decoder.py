@@ -105,8 +105,7 @@ class Block(nn.Module):
 class Decoder(nn.Module):
     """A decoder-only transformer language model.
 
-    __call__(tokens [B, T], positions [B, T] = None (0..T-1), cache = None, deterministic = True)
-      -> (logits [B, T, V] float32, updated cache or None)
+    tokens [B, T], positions [B, T] (default 0..T-1) -> (logits [B, T, V] float32, the updated cache or None).
 
     With a cache, this call's keys and values go to slots `positions` and each token sees the cached
     slots before its row's first position plus this call's tokens up to itself: prefill and decoding
@@ -117,13 +116,8 @@ class Decoder(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(
-        self,
-        tokens: Array,
-        positions: Array | None = None,
-        cache: Cache | None = None,
-        deterministic: bool = True,
-    ) -> tuple[Array, Cache | None]:
+    def __call__(self, tokens: Array, positions: Array | None = None, cache: Cache | None = None,
+                 deterministic: bool = True) -> tuple[Array, Cache | None]:
         cfg = self.cfg
         cfg.check_resolved()  # dtype / attention_impl 'auto' are chosen before any model is built
         kind = INPUTS[cfg.inputs]  # token ids -> vocabulary logits, or a table's rows -> class logits
@@ -153,9 +147,8 @@ class Decoder(nn.Module):
         return x, jnp.concatenate([first, positions], axis=1)
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
-    def _layers(
-        self, x: Array, positions: Array, cache: Cache | None, deterministic: bool, order: Array | None = None
-    ) -> tuple[Array, Cache | None]:
+    def _layers(self, x: Array, positions: Array, cache: Cache | None, deterministic: bool,
+                order: Array | None = None) -> tuple[Array, Cache | None]:
         """x [B, T, D] through the L blocks -> (x [B, T, D], the L layers' new cache entries or None).
 
         scan_layers: one `nn.scan` over a block whose params, points and edits have a leading L axis
@@ -167,10 +160,9 @@ class Decoder(nn.Module):
         if cfg.scan_layers:
             mixed = len(set(windows)) > 1  # local and global layers
             if mixed and cache is not None:
-                raise ValueError(
-                    "a scanned stack of local and global layers cannot read a cache (ring buffers and full "
-                    "buffers do not stack): unroll it first, params, cfg = param_tree.unrolled(params, cfg)"
-                )
+                raise ValueError("a scanned stack of local and global layers cannot read a cache (ring buffers and "
+                                 "full buffers do not stack): unroll it first, params, cfg = "
+                                 "param_tree.unrolled(params, cfg)")
             layer_windows = jnp.array([NO_WINDOW if w is None else w for w in windows], jnp.int32) if mixed else None
             layers = nn.scan(
                 block,
@@ -196,5 +188,4 @@ def example_input(cfg: ModelConfig, length: int = 1) -> Array:
 
 
 def count_params(params) -> int:
-    """Total number of parameters in a pytree."""
     return sum(x.size for x in jax.tree.leaves(params))

@@ -1,16 +1,10 @@
 """`auto` execution settings: the compute dtype and attention path chosen for the backend JAX runs on.
 
 A config may leave ModelConfig.dtype and ModelConfig.attention_impl as 'auto' (the named configs in
-configs/ do). `resolve_auto` replaces them once, at start-up, by what suits the backend:
-
-    backend   dtype      attention_impl
-    gpu       bfloat16   cudnn  (xla where cuDNN's fused attention cannot run the model)
-    tpu       bfloat16   xla
-    cpu       float32    reference
-
-The parameters stay float32 whatever the compute dtype (transformer/model/linear.py casts them per use).
-On a CPU bfloat16 gains nothing (XLA:CPU computes it in float32 and converts), and the reference
-einsum path is the one the tests check against.
+configs/ do); `resolve_auto` replaces them once, at start-up, by CHOICES[backend]. The parameters stay
+float32 whatever the compute dtype (model/linear.py casts them per use). On a CPU bfloat16 gains
+nothing (XLA:CPU computes it in float32 and converts), and the reference einsum path is the one the
+tests check against.
 
     resolved = resolve_auto(cfg)               # on jax.default_backend()
     resolved = resolve_auto(cfg, "gpu", 256)   # as on a GPU, for a training length of 256
@@ -28,7 +22,7 @@ from transformer.model.config import AUTO, ModelConfig
 
 AUTO_FIELDS = ("dtype", "attention_impl")  # the ModelConfig fields that accept 'auto'
 CHOICES = {  # backend -> what 'auto' becomes there
-    "gpu": {"dtype": "bfloat16", "attention_impl": "cudnn"},
+    "gpu": {"dtype": "bfloat16", "attention_impl": "cudnn"},  # xla where cuDNN's fused attention cannot run the model
     "tpu": {"dtype": "bfloat16", "attention_impl": "xla"},
     "cpu": {"dtype": "float32", "attention_impl": "reference"},
 }
@@ -58,8 +52,7 @@ def resolve_auto(cfg: ModelConfig, backend: str | None = None, seq_len: int | No
     """`cfg` with dtype and attention_impl chosen for `backend` where they are 'auto'.
 
     backend: 'gpu', 'tpu' or 'cpu' (default: jax.default_backend()); another name gets the CPU's
-    choices. seq_len: the training sequence length, if known (cuDNN needs it even).
-    """
+    choices. seq_len: the training sequence length, if known (cuDNN needs it even)."""
     backend = backend or jax.default_backend()
     auto = tuple(name for name in AUTO_FIELDS if getattr(cfg, name) == AUTO)
     if not auto:
@@ -84,9 +77,8 @@ def cudnn_cannot_run(cfg: ModelConfig, dtype: str, seq_len: int | None = None) -
     (the constraints jax.nn.dot_product_attention(implementation='cudnn') checks)."""
     if dtype not in ("bfloat16", "float16"):
         return f"it runs in bfloat16 or float16, not {dtype}"
-    width = cfg.head_dim  # the head width attention sees; MLA pads q, k and v to the widest
-    if cfg.attention == "mla":
-        width = max(cfg.head_dim + (cfg.rope_head_dim or 0), cfg.v_head_dim)
+    # The head width attention sees; MLA pads q, k and v to the widest.
+    width = max(cfg.head_dim + (cfg.rope_head_dim or 0), cfg.v_head_dim) if cfg.attention == "mla" else cfg.head_dim
     if width % 8 or width > CUDNN_MAX_HEAD_DIM:
         return f"it needs a head width that is a multiple of 8 and at most {CUDNN_MAX_HEAD_DIM}, not {width}"
     if seq_len is not None and seq_len % 2:

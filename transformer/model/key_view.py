@@ -68,11 +68,9 @@ def slot_positions(cached: LayerCache, batch: int) -> Array:
 
 def key_view(cfg, positions: Array, cached: LayerCache | None = None, window: int | Array | None = None,
              order: Array | None = None) -> KeyView:
-    """The keys this call's queries at `positions` [B, T] see, in one layer whose cache is `cached` (or
-    None) and whose sliding window is `window` (or None). order: [B, 1, T, T] additive, the input's own
-    order of this call's keys in place of the causal mask (read without a cache)."""
-    sinks = None
-    kept, shift = 0, None
+    """The keys that queries at `positions` [B, T] see in one layer, its cache `cached` and sliding window
+    `window` each or None; order [B, 1, T, T]: the input's own additive order of this call's keys (no cache)."""
+    sinks, kept, shift = None, 0, None
     segments = []  # (positions, valid or None), cached slots first
     if cached is not None:
         if order is not None:
@@ -91,10 +89,8 @@ def key_view(cfg, positions: Array, cached: LayerCache | None = None, window: in
     view = KeyView([], [], kept, shift)
     for i, (k_positions, valid) in enumerate(segments):
         is_new = i == len(segments) - 1
-        if is_new and order is not None:
-            mask = order
-        else:
-            mask = ops.causal_mask(positions, k_positions, valid, window=window, sinks=sinks)
+        own_order = is_new and order is not None
+        mask = order if own_order else ops.causal_mask(positions, k_positions, valid, window=window, sinks=sinks)
         if bias_of is not None:  # measured from the kept slots' positions moved `shift` towards the queries
             scored = k_positions
             if shift is not None and not is_new:

@@ -30,13 +30,12 @@ class Linear(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         out = (self.features,) if isinstance(self.features, int) else tuple(self.features)
-        n_in = self.in_axes
-        in_shape = x.shape[x.ndim - n_in:]
+        in_shape = x.shape[x.ndim - self.in_axes:]
         w = self.param("kernel", self.kernel_init, out + in_shape, jnp.float32)
         # One 2-D product [..., in] x [out, in]^T: flattening is free (row-major), while a
         # dot_general over several axes makes XLA:CPU transpose the kernel on every call.
         n_out, n_in_flat = math.prod(out), math.prod(in_shape)
-        x2 = x.reshape(*x.shape[: x.ndim - n_in], n_in_flat).astype(self.dtype)
+        x2 = x.reshape(*x.shape[: x.ndim - self.in_axes], n_in_flat).astype(self.dtype)
         y = jnp.einsum("...i,oi->...o", x2, w.reshape(n_out, n_in_flat).astype(self.dtype))
         y = y.reshape(*y.shape[:-1], *out)
         if self.use_bias:

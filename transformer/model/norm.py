@@ -13,8 +13,7 @@ from transformer.model.points import point
 
 
 class Norm(nn.Module):
-    """Layer norm or RMSNorm (never a bias) over the last axis, [..., D] -> [..., D], with an optional
-    learned gain ('scale') and bias."""
+    """Layer norm or RMSNorm (no bias) over the last axis, [..., D] -> [..., D], with optional gain and bias."""
 
     kind: str = "layernorm"
     use_scale: bool = True
@@ -32,7 +31,6 @@ class Norm(nn.Module):
 
 
 def config_norm(cfg: ModelConfig, name: str) -> Norm:
-    """The config's norm (layer norm or RMSNorm, with or without gain and bias) as a module `name`."""
     return Norm(cfg.norm, cfg.norm_scale, cfg.norm_bias, cfg.norm_eps, name=name)
 
 

@@ -1,6 +1,5 @@
 """Pure functions of the transformer: masks, attention, norms and positions, logit soft-capping.
-Arrays in, arrays out, so each can be called, tested and plotted on its own; the modules hold the
-parameters and call these.
+Arrays in, arrays out, so each can be called, tested and plotted on its own; the modules call these.
 
 Axes: B batch, T query length, S key length, D model width, H query heads, G key/value heads, K head
 width (d_h), R = H // G query heads per key/value head.
@@ -64,33 +63,29 @@ def attention(q: Array, k: Array, v: Array, mask: Array | None = None) -> tuple[
 def dot_product_attention(
     q: Array, k: Array | Sequence[Array], v: Array | Sequence[Array], mask: Array | Sequence[Array] | None = None,
     *, scale: float | None = None, implementation: str = "reference", heads_first: Sequence[bool] | None = None,
-    sink: Array | None = None, at: AttentionPoint | None = None,
-) -> tuple[Array, Array | None]:
+    sink: Array | None = None, at: AttentionPoint | None = None) -> tuple[Array, Array | None]:
     """`attention` as the model runs it, for G <= H key/value heads in one or more segments along S:
 
         dot_product_attention(q, [k_1, k_2], [v_1, v_2], [m_1, m_2])
         == attention(q, repeat(concat(k_1, k_2)), repeat(concat(v_1, v_2)), concat(m_1, m_2))
 
-    (repeat: each key/value head R = H // G times) with neither copy made: the query heads are grouped
-    rather than k and v repeated, and each segment (the cache, then this call's keys) is scored on its
-    own before one softmax over all. A heads-first segment [B, G, S, K], as the cache lies, is scored
-    as it lies by multi-head attention (XLA:CPU would copy a transposed cache every step). Scores and
-    softmax in float32 (a bfloat16 softmax loses too much).
+    (repeat: each key/value head R = H // G times) with neither copy made: the query heads are grouped,
+    and each segment (the cache, then this call's keys) is scored on its own before one softmax over all.
+    Multi-head attention scores a heads-first segment [B, G, S, K] (the cache's layout) as it lies:
+    XLA:CPU would copy a transposed cache every step. Scores and softmax in float32 (bfloat16 loses too much).
 
-    q [B, T, H, K]; k [B, S, G, K], v [B, S, G, Kv] (or lists of segments, with one mask each); mask
-    additive [B, 1 or H, T, S] or None; scale: default 1 / sqrt(K); implementation: 'reference' (the
-    einsums), or 'xla' / 'cudnn' through `jax.nn.dot_product_attention` (one segment, no sink, no
-    weights); sink: [H] logits, one more column per row that meets no value; at: f(name, value) ->
-    value, given "scores" (scaled, plus mask) then "pattern" [B, H, T, S_total (+1)] float32, its result
-    used. -> out [B, T, H, Kv] in q's dtype, weights [B, H, T, S_total (+1, last)] float32 (None fused)."""
+    q [B, T, H, K]; k [B, S, G, K], v [B, S, G, Kv] (or lists of segments, one mask each); mask additive
+    [B, 1 or H, T, S] or None; scale: default 1 / sqrt(K); implementation: 'reference' (the einsums), or
+    'xla' / 'cudnn' through `jax.nn.dot_product_attention` (one segment, no sink, no weights); sink: [H]
+    logits, one more column per row that meets no value; at: f(name, value) -> value, given "scores"
+    (scaled, plus mask) then "pattern" [B, H, T, S_total (+1)] float32, its result used.
+    -> out [B, T, H, Kv] in q's dtype, weights [B, H, T, S_total (+1, last)] float32 (None fused)."""
     # Only a list or tuple is a sequence of segments: a NumPy array must not be split along its batch axis.
     ks, vs = (list(a) if isinstance(a, (list, tuple)) else [a] for a in (k, v))
     masks = list(mask) if isinstance(mask, (list, tuple)) else [mask] * len(ks)
     firsts = list(heads_first) if heads_first is not None else [False] * len(ks)
     if not len(ks) == len(vs) == len(masks) == len(firsts):
-        raise ValueError(
-            f"got {len(ks)} key, {len(vs)} value, {len(masks)} mask and {len(firsts)} heads_first segments"
-        )
+        raise ValueError(f"got {len(ks)} key, {len(vs)} value, {len(masks)} mask, {len(firsts)} heads_first segments")
     b, t, h, d_h = q.shape  # [B, T, H, K]
     g = ks[0].shape[1 if firsts[0] else 2]  # G key/value heads
     if h % g:
@@ -102,18 +97,14 @@ def dot_product_attention(
         firsts = [False] * len(ks)
     if implementation != "reference":
         if at is not None or len(ks) != 1 or sink is not None:
-            raise ValueError(
-                f"implementation={implementation!r} takes one key segment, has no sink logit and computes "
-                "no weights; use implementation='reference' to look at or edit attention maps, to decode "
-                "from a cache or for attention_sink=True"
-            )
+            raise ValueError(f"implementation={implementation!r} takes one key segment, has no sink logit and "
+                             "computes no weights; use implementation='reference' to look at or edit attention "
+                             "maps, to decode from a cache or for attention_sink=True")
         return _fused_attention(q, ks[0], vs[0], masks[0], scale, implementation), None
 
     # Shapes for G < H; multi-head attention (R = 1) has no G, R axes but H: q [B, T, H, K] and so on.
     q, masks = _group_query_heads(q, masks, g)  # [B, T, G, R, K]; [B, 1 or G, 1 or R, T, S_i]
-    scores = [  # per segment [B, G, R, T, S_i]
-        _segment_scores(q, k_i, m, scale, f) for k_i, m, f in zip(ks, masks, firsts)
-    ]
+    scores = [_segment_scores(q, k_i, m, scale, f) for k_i, m, f in zip(ks, masks, firsts)]  # [B, G, R, T, S_i] each
     if sink is not None:  # [H] -> [G, R, 1, 1] grouped or [H, 1, 1]: one logit per row of each head
         sink = (sink if g == h else sink.reshape(g, h // g))[..., None, None].astype(jnp.float32)
     if at is not None:  # the points see [B, H, T, S]: query head h = g R + r, as grouped
@@ -196,10 +187,8 @@ def _fused_attention(q: Array, k: Array, v: Array, mask: Array | None, scale: fl
     """One sequence-first segment through `jax.nn.dot_product_attention` ('xla', or 'cudnn' on GPU):
     q [B, T, H, K], k [B, S, G, K], v [B, S, G, Kv], mask [B, 1 or H, T, S] or None -> [B, T, H, Kv]."""
     if implementation == "cudnn" and jax.default_backend() != "gpu":
-        raise ValueError(
-            f"implementation='cudnn' needs an NVIDIA GPU with cuDNN; this process runs on "
-            f"{jax.default_backend()!r}: use attention_impl='xla' or 'reference' there"
-        )
+        raise ValueError(f"implementation='cudnn' needs an NVIDIA GPU with cuDNN; this process runs on "
+                         f"{jax.default_backend()!r}: use attention_impl='xla' or 'reference' there")
     # Clip before the cast: a float32 mask value (-1e9) would become -inf in float16.
     bias = None if mask is None else jnp.maximum(mask, mask_value(q.dtype)).astype(q.dtype)
     # jax.nn.dot_product_attention needs one head width for q, k and v; MLA's values may be
@@ -230,14 +219,8 @@ def layer_norm(x: Array, scale: Array | None = None, bias: Array | None = None, 
     """(x - mean) / sqrt(var + eps) over the last axis, then the optional gain and bias (the lecture's
     has neither, GPT-2's both); statistics in float32. x [..., D], scale, bias [D] -> [..., D]."""
     x32 = x.astype(jnp.float32)
-    mean = x32.mean(-1, keepdims=True)
-    var = jnp.square(x32 - mean).mean(-1, keepdims=True)
-    y = (x32 - mean) * jax.lax.rsqrt(var + eps)
-    if scale is not None:
-        y = y * scale.astype(jnp.float32)
-    if bias is not None:
-        y = y + bias.astype(jnp.float32)
-    return y.astype(x.dtype)
+    y = rms_norm(x32 - x32.mean(-1, keepdims=True), scale, eps)  # var is the centred x's mean square
+    return (y if bias is None else y + bias.astype(jnp.float32)).astype(x.dtype)
 
 
 def rms_norm(x: Array, scale: Array | None = None, eps: float = 1e-5) -> Array:
@@ -269,8 +252,7 @@ def rope(x: Array, positions: Array, theta: float = 10000.0) -> Array:
         raise ValueError(f"RoPE needs an even head width, got {d_h}")
     inv_freq = theta ** (-jnp.arange(0, d_h, 2, dtype=jnp.float32) / d_h)  # [K/2]
     angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, K/2]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
+    cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]  # [B, T, 1, K/2]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return rotated.astype(x.dtype)

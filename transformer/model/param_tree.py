@@ -18,18 +18,20 @@ import jax.numpy as jnp
 
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder, example_input
+# L trees alike <-> one tree of [L, ...] arrays, as for the caches of a scanned stack
+from transformer.model.kv_cache import per_layer, stacked
 
 Tree = Any  # nested dicts (or other pytrees) of arrays
 
 
-def stack(layers: Sequence[Tree]) -> Tree:
-    """L trees of the same structure -> one tree of that structure: each array [...] -> [L, ...]."""
-    return jax.tree.map(lambda *a: jnp.stack(a), *layers)
+def path_names(path) -> tuple[str, ...]:
+    """A jax key path -> the names along it: ('layers', 'attn', 'q', 'kernel')."""
+    return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
 
-def unstack(stacked: Tree, num_layers: int) -> list[Tree]:
-    """The inverse of `stack`: a tree of [L, ...] arrays -> L trees, the i-th holding slices [i]."""
-    return [jax.tree.map(lambda a: a[i], stacked) for i in range(num_layers)]
+def param_shapes(cfg: ModelConfig) -> Tree:
+    """The parameters Decoder(cfg) builds, as jax.ShapeDtypeStructs: nothing is computed."""
+    return jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), example_input(cfg)))["params"]
 
 
 def split_layers(params: Mapping, num_layers: int) -> tuple[dict, list[Tree]]:
@@ -37,7 +39,7 @@ def split_layers(params: Mapping, num_layers: int) -> tuple[dict, list[Tree]]:
     [layer 0, ..., layer L-1], each one layer's tree: no L axis)."""
     rest = dict(params)
     if "layers" in rest:
-        layers = unstack(rest.pop("layers"), num_layers)
+        layers = list(per_layer(rest.pop("layers"), num_layers))
     else:
         layers = [rest.pop(f"layers_{i}") for i in range(num_layers)]
     return rest, layers
@@ -47,7 +49,7 @@ def join_layers(rest: Mapping, layers: Sequence[Tree], scanned: bool) -> dict:
     """The inverse of `split_layers`: (the other parameters, L layers) -> params, scanned (one
     `layers`, arrays [L, ...]) or unscanned (layers_0 ... layers_{L-1})."""
     if scanned:
-        return {**rest, "layers": stack(layers)}
+        return {**rest, "layers": stacked(layers)}
     return {**rest, **{f"layers_{i}": layer for i, layer in enumerate(layers)}}
 
 
@@ -73,13 +75,10 @@ def relayout_layers(saved: Tree, like: Tree, num_layers: int) -> Tree:
     """`saved`'s arrays arranged as `like` (any trees of parameter-shaped subtrees, as dicts or their
     classes), leaves matched by the names along their paths: a leaf under `layers` [L, ...] stacks
     layers_0 ... layers_{L-1}'s, a leaf under `layers_i` takes slice [i] of `layers`'."""
-    def names(path) -> tuple[str, ...]:
-        return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-
-    source = {names(p): x for p, x in jax.tree_util.tree_leaves_with_path(saved)}
+    source = {path_names(p): x for p, x in jax.tree_util.tree_leaves_with_path(saved)}
 
     def take(path, _) -> Any:
-        path = names(path)
+        path = path_names(path)
         if path in source:
             return source[path]
         if "layers" in path:  # scanned here, unscanned in `saved`: stack layers_0 ... layers_{L-1}
@@ -94,11 +93,9 @@ def relayout_layers(saved: Tree, like: Tree, num_layers: int) -> Tree:
 def layout_differences(cfg: ModelConfig, params: Tree) -> list[str]:
     """'path: got (shape), model (shape)' where `params` (arrays, or anything with a .shape) differs
     from the tree Decoder(cfg) builds; empty when they match. Nothing is computed."""
-    model = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), example_input(cfg)))
-
     def shapes(tree) -> dict[str, tuple]:
         return {jax.tree_util.keystr(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
-    got, want = shapes(params), shapes(model["params"])
+    got, want = shapes(params), shapes(param_shapes(cfg))
     return [f"{k}: got {got.get(k, 'nothing')}, model {want.get(k, 'nothing')}"
             for k in sorted(got.keys() | want.keys()) if got.get(k) != want.get(k)]

@@ -1,9 +1,8 @@
 """Named points of the forward pass: the activations that can be captured and edited, with shapes.
 
-The model marks each with `point(module, name, value)`: the edit the collection "edits" holds for it
-(model/edits.py), then a Flax `sow` into "intermediates", a no-op unless that collection is mutable
-(analysis/capture.py). A forward pass that captures and edits nothing is the same program as one
-with no points at all. Names follow TransformerLens's hook names, without the `hook_`:
+The model marks each with `point` (edits: model/edits.py; capture: analysis/capture.py); a forward pass
+that captures and edits nothing is the same program as one with no points at all. Names follow
+TransformerLens's hook names, without the `hook_`:
 
     embed                       [B, T, D]   token embeddings E[tokens]
     pos_embed                   [B, T, D]   learned or sinusoidal position embeddings (RoPE: none)
@@ -111,8 +110,7 @@ def point_axes(cfg: ModelConfig, name: str) -> str:
 
 
 def point_names(cfg: ModelConfig) -> list[str]:
-    """Every point a model of `cfg` has, in forward order: `embed`, ..., `blocks.{l}.resid_post`, ...,
-    `logits` (MLA decoding from a cache, the absorbed form, has no attn.k / attn.v)."""
+    """Every point a model of `cfg` has, in forward order: `embed`, ..., `blocks.{l}.resid_post`, ..., `logits`."""
     top = ["embed"] + (["pos_embed"] if scheme(cfg).embed is not None else [])
     layers = [f"blocks.{l}.{name}" for l in range(cfg.num_layers) for name in layer_points(cfg)]
     return top + layers + (["final_norm.out"] if cfg.prenorm else []) + ["logits"]

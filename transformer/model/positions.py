@@ -26,9 +26,8 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class PositionScheme:
-    """relative: scores depend on q_t - k_s only. embed(module, cfg, positions [B, T]) -> [B, T, D];
-    rotate(x [B, T, N, K], positions [B, T], cfg) -> x turned; score_bias(cfg, q [B, T], k [B, S]) ->
-    [B, H, T, S]. None where the scheme does not do it."""
+    """embed(module, cfg, positions [B, T]) -> [B, T, D]; rotate(x [B, T, N, K], positions [B, T], cfg) -> x
+    turned; score_bias(cfg, q [B, T], k [B, S]) -> [B, H, T, S]; None where the scheme does not do it."""
 
     relative: bool
     embed: Callable | None = None
@@ -75,5 +74,4 @@ SCHEMES = {
 
 
 def scheme(cfg) -> PositionScheme:
-    """The position scheme of a ModelConfig (its `position` field)."""
     return SCHEMES[cfg.position]

@@ -60,8 +60,7 @@ def example(cfg: ModelConfig, length: int = 1) -> Array:
 
 def embed(module: nn.Module, cfg: ModelConfig, rows: Array, positions: Array | None, cache, deterministic: bool
           ) -> tuple[Array, Array, Array]:
-    """rows [B, T, F + 1] -> (x [B, T, D] = W_row [features, onehot(label)] + b, positions 0..T-1,
-    `row_order`). `row_embed` W [D, F + C]; a test row's one-hot is zero: its features alone."""
+    """rows [B, T, F + 1] -> (x [B, T, D] = W_row [features, onehot(label)] + b, positions 0..T-1, `row_order`)."""
     if cache is not None:
         raise ValueError("a table model reads a table in one forward pass, without a KV cache; pass cache=None")
     check_rows(cfg, rows)
@@ -83,22 +82,18 @@ def check_rows(cfg: ModelConfig, rows: Array) -> None:
     """Raises a clear error for rows that are not [B, T, F + 1] with labels in {-1, 0..C-1}, when known
     (under jit a label >= C has a zero one-hot and is still a training row)."""
     if rows.ndim != 3 or rows.shape[-1] != cfg.row_width:
-        raise ValueError(
-            f"a table model of num_features={cfg.num_features} reads rows [B, T, {cfg.row_width}] (the features, "
-            f"then the label), got an array of shape {tuple(rows.shape)}; build batches with "
-            "transformer.experiments.tables.table_rows (features zero-padded to num_features)"
-        )
+        raise ValueError(f"a table model of num_features={cfg.num_features} reads rows [B, T, {cfg.row_width}] (the "
+                         f"features, then the label), got an array of shape {tuple(rows.shape)}; build batches with "
+                         "transformer.experiments.tables.table_rows (features zero-padded to num_features)")
     if isinstance(rows, jax.core.Tracer):
         return
     labels = np.round(np.asarray(rows)[..., -1]).astype(np.int64)
     bad = (labels < UNLABELLED) | (labels >= cfg.num_classes)
     if bad.any():
         b, t = np.argwhere(bad)[0]
-        raise ValueError(
-            f"row {t} of table {b} has the label {labels[b, t]}, outside 0..{cfg.num_classes - 1} (num_classes="
-            f"{cfg.num_classes}) and not {UNLABELLED} (a row to classify); relabel the classes 0..C-1, or train a "
-            "model with more classes"
-        )
+        raise ValueError(f"row {t} of table {b} has the label {labels[b, t]}, outside 0..{cfg.num_classes - 1} "
+                         f"(num_classes={cfg.num_classes}) and not {UNLABELLED} (a row to classify); relabel the "
+                         "classes 0..C-1, or train a model with more classes")
 
 
 ROWS = types.SimpleNamespace(example=example, embed=embed, logits=logits)  # an input kind (model/inputs.py)

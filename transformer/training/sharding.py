@@ -5,10 +5,9 @@
     sharded_jit(fn, mesh, rules, in_shardings)          # jax.jit under the axis rules: every compiled step
 
 Parameters get logical axes from `PARAM_AXES`, activations where they are computed
-(`nn.with_logical_constraint`). Default: batch over (data, fsdp); embed over fsdp (FSDP); heads,
-kv_heads, mlp, vocab over tensor (Megatron: one all-reduce after attention, one after the MLP);
-the rest replicated. Rules apply in `LOGICAL_AXES` order, a mesh axis serving one dimension per
-array. Key/value heads the tensor size does not divide are replicated, as MLA's latent is.
+(`nn.with_logical_constraint`). DEFAULT_RULES: FSDP over embed, Megatron's split over tensor (one
+all-reduce after attention, one after the MLP). Rules apply in `LOGICAL_AXES` order, a mesh axis serving
+one dimension per array. Key/value heads the tensor size does not divide are replicated, as MLA's latent is.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from transformer.model.config import ModelConfig
+from transformer.model.param_tree import param_shapes, path_names
 
 MESH_AXES = ("data", "fsdp", "tensor")
 # Logical axis names, in the order the rules are applied.
@@ -82,16 +82,14 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices: list | No
     if data == -1:
         data = n // (fsdp * tensor)
     if data * fsdp * tensor != n:
-        raise ValueError(
-            f"mesh.data={data} x mesh.fsdp={fsdp} x mesh.tensor={tensor} = {data * fsdp * tensor} devices, "
-            f"but {n} are available; set mesh.data=-1 to use them all"
-        )
+        raise ValueError(f"mesh.data={data} x mesh.fsdp={fsdp} x mesh.tensor={tensor} = {data * fsdp * tensor} "
+                         f"devices, but {n} are available; set mesh.data=-1 to use them all")
     return Mesh(np.asarray(devices).reshape(data, fsdp, tensor), MESH_AXES)
 
 
-def parse_rules(rules: Mapping[str, str] | None = None) -> Rules:
-    """Config rules {logical name: 'axis,axis' or ''} -> flax's ((name, axes or None), ...), in
-    LOGICAL_AXES order; names left out keep DEFAULT_RULES'."""
+def parse_rules(rules: Mapping[str, str] | Rules | None = None) -> Rules:
+    """Config rules {logical name: 'axis,axis' or ''} (or rules already parsed) -> flax's ((name, axes or
+    None), ...), in LOGICAL_AXES order; names left out keep DEFAULT_RULES'."""
     rules = dict(rules or {})
     unknown = sorted(set(rules) - set(LOGICAL_AXES))
     if unknown:
@@ -114,14 +112,14 @@ def make_rules(cfg: ModelConfig, mesh: Mesh, rules: Mapping[str, str] | None = N
     size = lambda name: _mesh_size(mesh, parsed[name])  # noqa: E731
     if cfg.attention == "mha" and cfg.num_kv_heads % size("kv_heads"):
         parsed["kv_heads"] = None
-    for path, shape in _param_shapes(cfg):
-        for name, dim in zip(param_axes(path, len(shape)), shape, strict=True):
+    for path, x in jax.tree_util.tree_leaves_with_path(param_shapes(cfg)):
+        names = path_names(path)
+        for name, dim in zip(param_axes(names, x.ndim), x.shape, strict=True):
             if dim % size(name):
-                raise ValueError(
-                    f"{SIZE_FIELD[name]}: the '{name}' axis of parameter {'/'.join(path)} has size {dim}, not "
-                    f"divisible by the {size(name)} devices of mesh axes {parsed[name]} (mesh.rules.{name}); "
-                    f"choose sizes that divide, or a smaller mesh.{_first_axis(parsed[name])}"
-                )
+                raise ValueError(f"{SIZE_FIELD[name]}: the '{name}' axis of parameter {'/'.join(names)} has size "
+                                 f"{dim}, not divisible by the {size(name)} devices of mesh axes {parsed[name]} "
+                                 f"(mesh.rules.{name}); choose sizes that divide, or a smaller "
+                                 f"mesh.{_first_axis(parsed[name])}")
     return tuple(parsed.items())
 
 
@@ -146,10 +144,10 @@ def param_axes(path: tuple[str, ...], ndim: int) -> tuple[str, ...]:
 def state_sharding(state: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
     """NamedShardings for a pytree holding parameters (params, a TrainState): each parameter-shaped
     array as the rules place its logical axes, the rest (step counts, PRNG keys) replicated."""
-    rules = parse_rules() if rules is None else rules
+    rules = parse_rules(rules)
 
     def place(path, x) -> NamedSharding:
-        names = _names(path)
+        names = path_names(path)
         try:
             spec = nn.logical_to_mesh_axes(param_axes(names, np.ndim(x)), rules)
         except KeyError:
@@ -163,15 +161,13 @@ def state_sharding(state: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
 
 def batch_sharding(mesh: Mesh, rules: Rules | None = None) -> NamedSharding:
     """[B, T] batches: rows split over the mesh axes of the 'batch' rule (default data and fsdp)."""
-    return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch", "length"), parse_rules() if rules is None else rules))
+    return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch", "length"), parse_rules(rules)))
 
 
 @contextlib.contextmanager
 def axis_rules(mesh: Mesh, rules: Rules | None = None) -> Iterator[None]:
     """While active, `nn.with_logical_constraint` places activations by `rules` on `mesh`."""
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(
-        parse_rules() if rules is None else rules
-    ):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(parse_rules(rules)):
         yield
 
 
@@ -183,10 +179,6 @@ def sharded_jit(fn: Callable, mesh: Mesh, rules: Rules, in_shardings: Any, out_s
                    donate_argnums=donate_argnums)
 
 
-def _names(path) -> tuple[str, ...]:
-    return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-
-
 def _mesh_size(mesh: Mesh, axes: Any) -> int:
     axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
     return int(np.prod([mesh.shape[a] for a in axes]))
@@ -194,11 +186,3 @@ def _mesh_size(mesh: Mesh, axes: Any) -> int:
 
 def _first_axis(axes: Any) -> str:
     return axes if isinstance(axes, str) else axes[0]
-
-
-def _param_shapes(cfg: ModelConfig) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
-    """(path, shape) of every parameter Decoder(cfg) has (abstract: nothing is allocated)."""
-    from transformer.model.decoder import Decoder, example_input
-
-    shapes = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), example_input(cfg)))["params"]
-    return [(_names(p), tuple(x.shape)) for p, x in jax.tree_util.tree_leaves_with_path(shapes)]

@@ -42,20 +42,16 @@ def init_params(cfg: ModelConfig, key: Array) -> Any:
     return Decoder(cfg).init(key, example_input(cfg, min(8, cfg.max_seq_len)))["params"]
 
 
-def create_state(
-    cfg: ModelConfig, tx: optax.GradientTransformation, seed: int, mesh: Mesh, params: Any | None = None,
-    rules: Rules | None = None,
-) -> TrainState:
+def create_state(cfg: ModelConfig, tx: optax.GradientTransformation, seed: int, mesh: Mesh, params: Any | None = None,
+                 rules: Rules | None = None) -> TrainState:
     """A TrainState at step 0, created on the mesh with its shardings; from `params` (imported
     weights) if given, else a random init."""
     key = jax.random.key(seed)
 
     def build(params):
         params = init_params(cfg, jax.random.fold_in(key, 0)) if params is None else params
-        return TrainState(
-            step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-            rng=jax.random.key_data(jax.random.fold_in(key, 1)),
-        )
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                          rng=jax.random.key_data(jax.random.fold_in(key, 1)))
 
     rules = make_rules(cfg, mesh) if rules is None else rules
     shardings = state_sharding(jax.eval_shape(build, params), mesh, rules)
@@ -82,18 +78,14 @@ def train_step(cfg: ModelConfig, tx: optax.GradientTransformation, rates: Mappin
                 return jax.tree.map(jnp.add, carry, (loss, grads)), None
 
             zeros = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, state.params))
-            (loss, grads), _ = jax.lax.scan(
-                accumulate, zeros, (jnp.arange(grad_accum), (micro(inputs), micro(targets)))
-            )
+            steps = (jnp.arange(grad_accum), (micro(inputs), micro(targets)))  # (i, micro-batch i) for each i
+            (loss, grads), _ = jax.lax.scan(accumulate, zeros, steps)
             loss, grads = jax.tree.map(lambda a: a / grad_accum, (loss, grads))
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = {
-            "loss": loss,
-            "grad_norm": optax.tree.norm(grads),
-            "param_norm": optax.tree.norm(params),  # a NaN here is caught before any save
-            **{name: rate(state.step) for name, rate in rates.items()},
-        }
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
+                   "param_norm": optax.tree.norm(params),  # a NaN here is caught before any save
+                   **{name: rate(state.step) for name, rate in rates.items()}}
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return step

@@ -9,6 +9,7 @@ copy costs ln 94 nats a byte, the repeat is free to an induction head (and to no
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -34,10 +35,8 @@ def write_copying_corpus(path: str, num_bytes: int = 2_000_000, seed: int = 0, m
                          max_length: int = 40) -> str:
     """Writes `copying_text(...)` to `path` (atomically; kept if it already holds that text) -> path."""
     text = copying_text(num_bytes, seed, min_length, max_length)
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            if f.read() == text:
-                return path
+    if os.path.isfile(path) and Path(path).read_text(encoding="utf-8") == text:
+        return path
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_atomically(path, text)
     return path

@@ -131,7 +131,6 @@ def _bytes(text: str) -> np.ndarray:
 
 
 def random_key(rng: np.random.Generator) -> str:
-    """A made-up name of KEY_LENGTH letters, alternating consonants and vowels: "Kelav"."""
     letters = ["bcdfghjklmnprstvz" if i % 2 == 0 else "aeiou" for i in range(KEY_LENGTH)]  # consonants, vowels
     return "".join(rng.choice(list(choices)) for choices in letters).capitalize()
 

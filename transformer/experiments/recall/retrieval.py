@@ -101,9 +101,12 @@ def score_from_attention(attention: Array, value_positions: np.ndarray, copied: 
     value_positions int [B, A] (the key of the digit step a copies) and copied bool [B, A] (the steps counted)."""
     top = np.asarray(jnp.argmax(attention, axis=-1))  # [L, B, H, A]
     hits = (top == value_positions[None, :, None, :]) & copied[None, :, None, :]  # [L, B, H, A]
-    if per_step:
-        return hits.sum(axis=1) / np.maximum(copied.sum(axis=0), 1)
-    return hits.sum(axis=(1, 3)) / max(int(copied.sum()), 1)
+    return _share(hits.sum(axis=1), copied.sum(axis=0), per_step)
+
+
+def _share(hits: np.ndarray, counted: np.ndarray, per_step: bool) -> np.ndarray:
+    """hits [L, H, A] / counted steps [A]: per answer step [L, H, A], or over all steps [L, H]."""
+    return hits / np.maximum(counted, 1) if per_step else hits.sum(axis=-1) / max(counted.sum(), 1)
 
 
 def retrieval_scores(params: dict, cfg: ModelConfig, documents: list[Document], batch_size: int = 32,
@@ -122,9 +125,7 @@ def retrieval_scores(params: dict, cfg: ModelConfig, documents: list[Document], 
         copied = got == _values(batch)
         hits += score_from_attention(steps, value_positions, copied, per_step=True) * copied.sum(axis=0)
         counted += copied.sum(axis=0)
-    if per_step:
-        return hits / np.maximum(counted, 1)
-    return hits.sum(axis=-1) / max(counted.sum(), 1)
+    return _share(hits, counted, per_step)
 
 
 _attention = jax.jit(attention_maps, static_argnames=("cfg", "scores"))  # (params, cfg, tokens [B, T], edits)

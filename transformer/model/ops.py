@@ -219,8 +219,14 @@ def layer_norm(x: Array, scale: Array | None = None, bias: Array | None = None, 
     """(x - mean) / sqrt(var + eps) over the last axis, then the optional gain and bias (the lecture's
     has neither, GPT-2's both); statistics in float32. x [..., D], scale, bias [D] -> [..., D]."""
     x32 = x.astype(jnp.float32)
-    y = rms_norm(x32 - x32.mean(-1, keepdims=True), scale, eps)  # var is the centred x's mean square
-    return (y if bias is None else y + bias.astype(jnp.float32)).astype(x.dtype)
+    mean = x32.mean(-1, keepdims=True)
+    var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + eps)
+    if scale is not None:
+        y = y * scale.astype(jnp.float32)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
 
 
 def rms_norm(x: Array, scale: Array | None = None, eps: float = 1e-5) -> Array:

@@ -41,7 +41,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer.cli import config_flags_parser, exit_on_storage_error, exit_with_error
+from transformer.cli import config_flags_parser, exit_on_storage_error, exit_with_error, out_of_memory
 from transformer.sampling.text import generate_text
 from transformer.run.checkpoint import CheckpointError, quiet_checkpoint_failures
 from transformer.experiments.catalog import train
@@ -107,18 +107,6 @@ def main(argv: list[str]) -> None:
         exit_on_storage_error(e)
     except jax.errors.JaxRuntimeError as e:  # XLA's out-of-memory: one line with the fields that shrink a step
         exit_with_error(out_of_memory(e, FLAGS.config))
-
-
-def out_of_memory(error: Exception, config) -> Exception:
-    """The one-line error for XLA's RESOURCE_EXHAUSTED, naming the fields that shrink a step; `error` otherwise."""
-    if "RESOURCE_EXHAUSTED" not in str(error):
-        raise error
-    t, m = config.train, config.model
-    return ValueError(
-        f"out of memory on {jax.default_backend()} ({str(error).splitlines()[0][:160]}): a step of "
-        f"train.batch_size={t.batch_size} sequences of train.seq_len={t.seq_len} tokens (train.grad_accum="
-        f"{t.grad_accum}, model.remat={m.get('remat')!r}) does not fit; lower --config.train.batch_size, or raise "
-        "--config.train.grad_accum (the same batch in micro-batches), or set --config.model.remat=True")
 
 
 if __name__ == "__main__":

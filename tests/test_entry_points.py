@@ -236,17 +236,16 @@ def test_a_hugging_face_config_that_leaves_out_a_width_says_the_default_was_take
 
 
 def test_out_of_memory_is_one_line_naming_the_fields_that_shrink_a_step():
-    import train
-
+    from transformer.cli import out_of_memory
     from transformer.run.config_files import load_config
 
     config = load_config(os.path.join(ROOT, "configs", "tiny.py"))
-    error = train.out_of_memory(RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 52634183096 bytes.\nmore"),
+    error = out_of_memory(RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 52634183096 bytes.\nmore"),
                                 config)
     assert "\n" not in str(error) and f"train.batch_size={config.train.batch_size}" in str(error)
     assert "--config.train.grad_accum" in str(error) and "--config.model.remat=True" in str(error)
     with pytest.raises(RuntimeError, match="INTERNAL"):
-        train.out_of_memory(RuntimeError("INTERNAL: something else"), config)
+        out_of_memory(RuntimeError("INTERNAL: something else"), config)
 
 
 def test_eval_tables_names_a_missing_run_and_a_text_model(tmp_path, monkeypatch, capsys):

@@ -97,3 +97,17 @@ def exit_with_error(error: Exception, code: int = 1) -> None:
         raise error
     print(f"error: {error}", file=sys.stderr)
     sys.exit(code)
+
+
+def out_of_memory(error: Exception, config) -> Exception:
+    """The one-line error for XLA's RESOURCE_EXHAUSTED, naming the fields that shrink a step; `error` otherwise."""
+    if "RESOURCE_EXHAUSTED" not in str(error):
+        raise error
+    import jax  # only here: the config flag's helpers load no JAX
+
+    t, m = config.train, config.model
+    return ValueError(
+        f"out of memory on {jax.default_backend()} ({str(error).splitlines()[0][:160]}): a step of "
+        f"train.batch_size={t.batch_size} sequences of train.seq_len={t.seq_len} tokens (train.grad_accum="
+        f"{t.grad_accum}, model.remat={m.get('remat')!r}) does not fit; lower --config.train.batch_size, or raise "
+        "--config.train.grad_accum (the same batch in micro-batches), or set --config.model.remat=True")

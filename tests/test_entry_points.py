@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
 
+import transformer
 from tests.helpers.decoder import make_cfg, random_params
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
@@ -544,3 +547,65 @@ def test_the_ablation_loss_grid_is_each_head_switched_off_alone(tiny):
         mask = np.ones((cfg.num_layers, cfg.num_heads)); mask[l, h] = 0
         alone = float(transformer.loss(params, cfg, tokens, [edits.ablate_heads(cfg, mask)]))
         assert grid[l, h] == pytest.approx(alone - clean, abs=1e-5)
+
+
+def test_a_train_step_larger_than_the_device_is_refused_before_it_runs_and_writes_nothing(tmp_path, monkeypatch):
+    """Case 22 before allocating: the compiled step's own memory need against the device's."""
+    from configs import tiny
+    from transformer.experiments.catalog import data_task, eval_metrics
+    from transformer.training import setup
+
+    config = tiny.get_config()
+    config.train.update(batch_size=512, sample_tokens=0)
+    config.data.cache_dir = str(tmp_path / "tokens")
+    monkeypatch.setattr(setup, "device_bytes", lambda: 2**20)  # a device of 1 MiB
+    workdir = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"^out of memory on cpu \(the train step needs [\d.]+ GiB, the device holds "
+                                         r"0.0 GiB\): a step of train.batch_size=512 .*--config.model.remat=True$"):
+        setup.set_up(config, str(workdir), data_task(config), eval_metrics(config))
+    assert not workdir.exists()
+    monkeypatch.setattr(setup, "device_bytes", lambda: 2**40)  # a device of 1 TiB: the same run sets up
+    assert setup.set_up(config, str(workdir), data_task(config), eval_metrics(config)).steps.train is not None
+
+
+RUN = os.path.join(ROOT, "tests", "data", "before_redesign_run")  # a committed run: one checkpoint, step 20
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda d: transformer.load_run(os.path.join(d, "nope")), FileNotFoundError, r"'.*nope' does not exist; pass the --workdir"),
+    (lambda d: transformer.load_run(__file__), FileNotFoundError, r"test_entry_points.py' is a file; pass the --workdir"),
+    (lambda d: transformer.load_run(d), Exception, r"no checkpoints in '.*' \(expected a folder .*/checkpoints\); train first"),
+    (lambda d: transformer.load_run(RUN, step=999), Exception, r"no checkpoint at step 999 in .*; available: \[20\]"),
+    (lambda d: transformer.load_run(os.path.join(RUN, "checkpoints", "20"), step=10), ValueError, r"checkpoint of step 20, not step 10"),
+    (lambda d: transformer.load_run(123), TypeError, r"takes a run's folder and an int step, not 123, None"),
+    (lambda d: transformer.load_run(RUN, step="20"), TypeError, r"an int step, not '.*', '20'"),
+    (lambda d: transformer.validation_tokens(d), Exception, r"no checkpoints in '.*'; train first|no checkpoints in '.*' \(expected"),
+    (lambda d: transformer.config_from_file(os.path.join(d, "nope.py")), FileNotFoundError, r"no config file '.*nope.py'; pass a path"),
+    (lambda d: transformer.config_from_file(os.path.join(ROOT, "configs", "tiny.py"), num_heads=3), ValueError,
+     r"d_model=64 is not divisible by num_heads=3; choose num_heads dividing d_model"),
+    (lambda d: transformer.config_from_file(os.path.join(ROOT, "configs", "tiny.py"), num_headz=3), ValueError,
+     r"unknown model config field\(s\) \['num_headz'\]"),
+], ids=["missing", "a file", "no checkpoints", "no such step", "two steps", "not a path", "step not an int",
+        "validation of no run", "no config file", "a bad field value", "an unknown field"])
+def test_the_loading_functions_refuse_bad_values_in_one_line(tmp_path, call, error, message):
+    """The public loaders the README shows (load_run, validation_tokens, config_from_file), fed bad values."""
+    with pytest.raises(error, match=message) as raised:
+        call(str(tmp_path))
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, message", [
+    (["--sweep", "nope.py", "--workdir", "W"], r"^error: .*nope.py"),
+    (["--sweep", "BROKEN", "--workdir", "W"], r"^error: .*broken.py"),
+    (["--sweep", "configs/sweeps/tiny.py", "--workdir", "W", "--jobs", "0"], r"^error: --jobs=0: give the number"),
+    (["--sweep", "configs/sweeps/tiny.py", "--workdir", "W", "--run", "nope"], r"^error: .* has no run named 'nope'"),
+], ids=["no sweep file", "a syntax error", "no jobs", "no such run"])
+def test_the_sweep_command_line_refuses_bad_values_in_one_line_and_exits_2(tmp_path, args, message):
+    broken = tmp_path / "broken.py"
+    broken.write_text("def get_config(:\n")
+    args = [str(broken) if a == "BROKEN" else str(tmp_path / "runs") if a == "W" else a for a in args]
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "sweep.py"), *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert re.match(message, done.stderr.strip()), done.stderr

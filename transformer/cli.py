@@ -100,14 +100,9 @@ def exit_with_error(error: Exception, code: int = 1) -> None:
 
 
 def out_of_memory(error: Exception, config) -> Exception:
-    """The one-line error for XLA's RESOURCE_EXHAUSTED, naming the fields that shrink a step; `error` otherwise."""
+    """The one-line error for XLA's RESOURCE_EXHAUSTED (`setup.out_of_memory`); `error` otherwise."""
     if "RESOURCE_EXHAUSTED" not in str(error):
         raise error
-    import jax  # only here: the config flag's helpers load no JAX
+    from transformer.training.setup import out_of_memory  # the sampler's command line loads no training code
 
-    t, m = config.train, config.model
-    return ValueError(
-        f"out of memory on {jax.default_backend()} ({str(error).splitlines()[0][:160]}): a step of "
-        f"train.batch_size={t.batch_size} sequences of train.seq_len={t.seq_len} tokens (train.grad_accum="
-        f"{t.grad_accum}, model.remat={m.get('remat')!r}) does not fit; lower --config.train.batch_size, or raise "
-        "--config.train.grad_accum (the same batch in micro-batches), or set --config.model.remat=True")
+    return out_of_memory(str(error).splitlines()[0][:160], config)

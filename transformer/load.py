@@ -39,6 +39,8 @@ def load_run(path: str, step: int | None = None) -> tuple[ModelConfig, Any, Any]
     `step`, default the latest) or one checkpoint folder, RUN/checkpoints/STEP."""
     from transformer.run.checkpoint import restore_for_inference
 
+    if not isinstance(path, (str, os.PathLike)) or not (step is None or isinstance(step, int)):
+        raise TypeError(f"load_run(path, step) takes a run's folder and an int step, not {path!r}, {step!r}")
     match = _CHECKPOINT.match(os.path.normpath(path))
     if match:
         if step is not None and step != int(match["step"]):

@@ -259,10 +259,8 @@ def restore_for_inference(workdir: str, step: int | None = None) -> tuple[ModelC
     """(model config, params, tokenizer) of a run's checkpoint `step` (default: the latest), its
     'auto' fields chosen again for this backend (`saved_model_config`)."""
     if not os.path.isdir(workdir):
-        raise FileNotFoundError(
-            f"workdir {workdir!r} does not exist; pass the --workdir of a training run "
-            "(e.g. runs/shakespeare after `make train`)"
-        )
+        raise FileNotFoundError(f"workdir {workdir!r} {'is a file' if os.path.exists(workdir) else 'does not exist'}; "
+                                "pass the --workdir of a training run (e.g. runs/shakespeare after `make train`)")
     ckpt = Checkpointer(workdir, read_only=True)
     step = ckpt._step_or_latest(step)
     cfg = saved_model_config(ckpt.config(step))

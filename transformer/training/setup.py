@@ -211,6 +211,10 @@ def set_up(config: ConfigDict, workdir: str, task: DataTask, metrics: list[EvalM
     eval_set = [(put(x), put(y)) for x, y in (with_start_token(b, config.data.get("start_token", -1)) for b in batches)]
     # Compiled for the fresh state: a checkpoint restores into its shapes and shardings.
     steps = compile_steps(cfg, t.grad_accum, tx, checked.rates, metrics, mesh, rules, state, eval_set[0], put)
+    analysis, have = steps.train.memory_analysis(), device_bytes()  # either None where the backend does not say
+    need = analysis.argument_size_in_bytes + analysis.temp_size_in_bytes if analysis else 0
+    if have and need > have:  # refused before the first step allocates it, and before the loop writes anything
+        raise out_of_memory(f"the train step needs {need / 2**30:.1f} GiB, the device holds {have / 2**30:.1f} GiB", config)
     if ckpt is not None:  # each device reads its own shard of each array
         state = ckpt.restore_state(state, checked.record["model"])
         print(f"resumed from the checkpoint at step {int(state.step)} in {ckpt.directory}")
@@ -224,6 +228,22 @@ def set_up(config: ConfigDict, workdir: str, task: DataTask, metrics: list[EvalM
     return Run(workdir=workdir, config=config, record=checked.record, cfg=cfg, tokenizer=tokenizer, task=task,
                corpus=corpus, train_tokens=train_tokens, eval_set=eval_set, bytes_per_token=bytes_per_token,
                state=state, ckpt=ckpt, steps=steps, flops_per_token=flops, host=host, hosts=hosts)
+
+
+def device_bytes() -> int | None:
+    """The memory of this process's first device: the allocator's limit (GPU, TPU), or the machine's (CPU)."""
+    stats = jax.local_devices()[0].memory_stats()
+    return stats.get("bytes_limit") if stats else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def out_of_memory(what: str, config: ConfigDict) -> ValueError:
+    """The one line for a train step that does not fit (`what`: by how much), naming the fields that shrink it."""
+    t, m = config.train, config.model
+    return ValueError(
+        f"out of memory on {jax.default_backend()} ({what}): a step of train.batch_size={t.batch_size} sequences of "
+        f"train.seq_len={t.seq_len} tokens (train.grad_accum={t.grad_accum}, model.remat={m.get('remat')!r}) does not "
+        "fit; lower --config.train.batch_size, or raise --config.train.grad_accum (the same batch in micro-batches), "
+        "or set --config.model.remat=True")
 
 
 def load_text(checked: CheckedConfig, workdir: str, ckpt: Checkpointer | None, host: int) -> tuple:

@@ -80,10 +80,11 @@ notebook: .venv/.installed-notebooks
 	$(JUPYTER) nbconvert --to notebook --execute --inplace notebooks/$(NB:.ipynb=).ipynb
 
 # The committed pictures: docs/loss_curve.png from runs/shakespeare (`make train` first), then every
-# notebook run in place (outputs kept, figures into docs/figures; trains runs/notebook_model if missing).
+# notebook run in place (outputs kept, figures into docs/figures, results files into docs/experiments;
+# trains runs/notebook_model if missing).
 figures: .venv/.installed-notebooks
 	$(PY) scripts/plot_metrics.py runs/shakespeare/metrics.jsonl docs/loss_curve.png --target 1.77
-	NOTEBOOK_FIGURES=$(CURDIR)/docs/figures $(JUPYTER) nbconvert --to notebook --execute --inplace notebooks/*.ipynb
+	NOTEBOOK_FIGURES=$(CURDIR)/docs/figures NOTEBOOK_RESULTS=$(CURDIR)/docs/experiments $(JUPYTER) nbconvert --to notebook --execute --inplace notebooks/*.ipynb
 
 tensorboard: .venv/.installed-tensorboard
 	.venv/bin/tensorboard --logdir runs

@@ -19,6 +19,8 @@ paths from the root, so NOTEBOOK_CHECKPOINT=runs/NAME works from either):
   NOTEBOOK_FIGURES      folder for the figures the notebooks save (default: figures/ in the run's
                         folder, the one of the two above in use). Only `make figures` sets it, to
                         docs/figures: exploring never rewrites the committed figures.
+  NOTEBOOK_RESULTS      folder for the results files of the numbers a docs page quotes (`save_results`;
+                        default: beside the figures). Only `make figures` sets it, to docs/experiments.
   NOTEBOOK_DATA         the text a run was trained on (file, folder or glob), when the run's own
                         data.path is not found (a relative data.path is read from the repository root,
                         where train.py runs).
@@ -86,6 +88,23 @@ def save_figure(fig, name: str, workdir: str | None = None) -> str:
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{name}.png")
     fig.savefig(path, bbox_inches="tight", facecolor="white")
+    return path
+
+
+def save_results(page: str, values: Mapping, note: str = "", notebook: str | None = None) -> str:
+    """Writes the numbers docs/experiments/<page>.md quotes (`values`), with the command and commit that
+    made them, to <page>.json in NOTEBOOK_RESULTS (`make figures`: docs/experiments, where
+    tests/test_docs_numbers.py reads them against the page), else beside the figures. Returns the path."""
+    folder = resolve(os.environ["NOTEBOOK_RESULTS"]) if os.environ.get("NOTEBOOK_RESULTS") else figures_folder()
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{page}.json")
+    notebook = notebook or page
+    record = {"command": f"make figures (notebooks/{notebook}.ipynb)",
+              "source": f"written by notebooks/{notebook}.ipynb at commit {commit()}" + (f"; {note}" if note else ""),
+              **values}
+    with open(path + ".tmp", "w") as f:
+        f.write(json.dumps(record, indent=1, default=lambda x: x.item()) + "\n")  # NumPy scalars as numbers
+    os.replace(path + ".tmp", path)  # whole or not at all
     return path
 
 

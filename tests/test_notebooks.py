@@ -52,6 +52,7 @@ def test_every_notebook_is_tested():
 
 FIX = ("Re-execute the notebooks with today's code: `make figures` (it trains runs/notebook_model first if "
        "it is missing), or without redrawing docs/loss_curve.png: NOTEBOOK_FIGURES=$PWD/docs/figures "
+       "NOTEBOOK_RESULTS=$PWD/docs/experiments "
        "JUPYTER_PATH=$PWD/.venv/share/jupyter .venv/bin/jupyter nbconvert --to notebook --execute --inplace "
        "notebooks/*.ipynb; then read the new outputs against the notebooks' text and commit notebooks/ and "
        "docs/figures/.")

@@ -2,8 +2,9 @@
 
     python bench/same_program.py --against /tmp/old     # e.g. `git worktree add /tmp/old <commit>`
 
-Compiles, for configs/modern.py's model at its training shape (and the same model with scanned
-layers), the forward pass and the gradient of a loss under jax.jit in each checkout, in its own
+Compiles, for configs/modern.py's model and the default run's (configs/shakespeare.py: layer norm, learned
+positions, GELU) at their training shapes (and each with scanned layers), the forward pass and the gradient
+of a loss under jax.jit in each checkout, in its own
 process, and compares XLA's optimised HLO with the source locations (file names, lines, stack
 frames) stripped: equal text is the same program, so the same speed, with nothing to time. This is
 how a change to the model's code that must cost nothing (a named point, an edit that is not asked
@@ -24,15 +25,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = r"""
 import re, sys
 import jax, jax.numpy as jnp
-from configs import modern
+from configs import modern, shakespeare
 from transformer import ModelConfig
 from transformer.model.decoder import Decoder
 from transformer.model.execution import resolve_auto
 
-base = resolve_auto(ModelConfig(**modern.get_config().model.to_dict()), "cpu").cfg
-for scan in (False, True):
-    cfg = base.replace(scan_layers=scan)
-    x = jnp.zeros((modern.get_config().train.batch_size, cfg.max_seq_len), jnp.int32)
+for config, scan in [(c, s) for c in (modern.get_config(), shakespeare.get_config()) for s in (False, True)]:
+    cfg = resolve_auto(ModelConfig(**config.model.to_dict()), "cpu").cfg.replace(scan_layers=scan)
+    x = jnp.zeros((config.train.batch_size, cfg.max_seq_len), jnp.int32)
     params = jax.eval_shape(lambda: Decoder(cfg).init(jax.random.key(0), x))["params"]
     forward = lambda p, x: Decoder(cfg).apply({"params": p}, x)[0]
     grad = jax.grad(lambda p, x: jax.nn.log_softmax(forward(p, x)).mean())
@@ -47,7 +47,7 @@ for scan in (False, True):
 
 
 def programs(checkout: str) -> list[str]:
-    """The programs of `checkout` (forward and gradient, unscanned then scanned), as text."""
+    """The programs of `checkout` (per config: forward and gradient, unscanned then scanned), as text."""
     out = subprocess.run([sys.executable, "-c", PROGRAMS], cwd=checkout, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": checkout, "JAX_PLATFORMS": "cpu"})
     if out.returncode:
@@ -60,7 +60,8 @@ def main() -> None:
     parser.add_argument("--against", required=True, help="another checkout (e.g. a git worktree of an older commit)")
     parser.add_argument("--checkout", default=ROOT, help="this checkout (default: the repository of this script)")
     args = parser.parse_args()
-    names = ["forward", "gradient", "forward, scan_layers", "gradient, scan_layers"]
+    names = [f"{config}: {f}{layout}" for config in ("modern", "shakespeare") for layout in ("", ", scan_layers")
+             for f in ("forward", "gradient")]
     ours, theirs = programs(args.checkout), programs(args.against)
     for name, a, b in zip(names, ours, theirs):
         print(f"{name}: {'the same program' if a == b else 'DIFFERENT'} ({len(a.splitlines())} lines of HLO)")

@@ -98,24 +98,6 @@ def test_streaming_refuses_what_would_print_nan_before_loading_anything(argv, me
     assert message in err
 
 
-@pytest.mark.parametrize("body, message", [
-    ('dict(base="tiny", variants={"a": {}}, seeds=[0, 0])', "seeds=[0, 0] repeats a seed"),
-    ('dict(base="tiny", variants={"a": {}}', "failed to load (SyntaxError"),
-    ('[1, 2]', "get_config() returned list"),
-])
-def test_a_sweep_file_with_repeated_seeds_or_broken_python_is_a_sweep_error(tmp_path, body, message):
-    from transformer.experiments import sweep
-
-    path = tmp_path / "bad.py"
-    path.write_text(f"def get_config():\n    return {body}\n")
-    with pytest.raises(sweep.SweepError) as error:
-        sweep.run_sweep(str(path), str(tmp_path / "w"))
-    assert message in str(error.value) and "\n" not in str(error.value), error.value
-    (tmp_path / "none.py").write_text("x = 1\n")
-    with pytest.raises(sweep.SweepError, match="failed to load .AttributeError"):
-        sweep.load_sweep(str(tmp_path / "none.py"))
-
-
 @pytest.mark.parametrize("field, message", [
     (dict(norm_eps=math.nan), "norm_eps=nan must be positive and finite"),
     (dict(rope_theta=math.inf), "rope_theta=inf must be positive and finite"),

@@ -112,6 +112,9 @@ def test_a_run_folder_of_another_config_is_refused(swept):
     ('dict(base="shakespear", variants={"a": {}})', "did you mean 'shakespeare'?"),
     ('dict(base="tiny", variant={"a": {}})', "unknown key 'variant'; did you mean 'variants'?"),
     ('dict(base="tiny", variants={"a": {"model.num_kv_heads": 3}})', "variant 'a': ModelConfig: num_heads=4"),
+    ('dict(base="tiny", variants={"a": {}}, seeds=[0, 0])', "seeds=[0, 0] repeats a seed"),
+    ('dict(base="tiny", variants={"a": {}}', "failed to load (SyntaxError"),
+    ('[1, 2]', "get_config() returned list"),
 ])
 def test_a_bad_sweep_file_is_a_one_line_error(tmp_path, sweep_file, message):
     path = tmp_path / "bad.py"
@@ -120,6 +123,12 @@ def test_a_bad_sweep_file_is_a_one_line_error(tmp_path, sweep_file, message):
         sweep.run_sweep(str(path), str(tmp_path / "w"))
     assert message in str(error.value) and "\n" not in str(error.value), error.value
     assert not (tmp_path / "w").exists()
+
+
+def test_a_sweep_file_without_get_config_is_a_sweep_error(tmp_path):
+    (tmp_path / "none.py").write_text("x = 1\n")
+    with pytest.raises(sweep.SweepError, match="failed to load .AttributeError"):
+        sweep.load_sweep(str(tmp_path / "none.py"))
 
 
 def test_the_command_line_reports_a_bad_sweep_file_in_one_line_and_exits_2(tmp_path):

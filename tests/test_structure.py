@@ -13,7 +13,11 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "transformer"
-MAX_LINES = 6_900  # lines neither blank nor comment-only, docstrings included (8,616 before the redesign)
+# Lines neither blank nor comment-only, docstrings included. The core was cut to 6,900 (from 8,616) by
+# the redesign; each feature since is allowed what it added, a ratchet: lower its line when it shrinks.
+CORE_LINES = 6_900
+FEATURE_LINES: dict[str, int] = {}
+MAX_LINES = CORE_LINES + sum(FEATURE_LINES.values())
 
 
 def module_of(path: pathlib.Path, package: pathlib.Path) -> str:

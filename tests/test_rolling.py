@@ -12,7 +12,8 @@ import pytest
 
 from tests.helpers.decoder import jit, random_params
 from transformer import ModelConfig, sampling
-from transformer.model import kv_cache
+from transformer.analysis.capture import sown_points
+from transformer.model import kv_cache, points
 from transformer.model.decoder import Decoder
 from transformer.sampling.sampler import _start, decode, SamplingOptions
 
@@ -55,6 +56,30 @@ def test_one_rolling_layer_is_streaming_llm(kind, sinks):
         np.testing.assert_allclose(logits[:, 0], forward(params, x[:, kept])[:, -1], rtol=1e-5, atol=1e-5,
                                    err_msg=f"t={t}")
         assert [a.shape for a in jax.tree.leaves(cache)] == shapes  # constant memory
+
+
+@pytest.mark.parametrize("kind", ["gqa-rope-registers", "mla-rope-registers"])
+def test_a_captured_step_past_the_context_computes_what_decoding_does(kind):
+    """Past the context, decoding joins the turned kept slots to the new token's key and masks
+    their cache slots (no copy of the cache); a step that captures turns them in place, one column
+    per slot. Both give the same logits, and the captured pattern has R + C + 1 columns summing to 1."""
+    cfg = ModelConfig(**BASE, num_layers=2, **KINDS[kind])
+    model = Decoder(cfg)
+    params = random_params(model)
+    step = jit(lambda p, x, pos, c: model.apply({"params": p}, x, pos, c))
+    captured = jit(lambda p, x, pos, c: model.apply({"params": p}, x, pos, c, mutable=[points.COLLECTION]))
+    x = np.random.default_rng(1).integers(0, 64, (2, 14)).astype(np.int32)
+    cache = kv_cache.init_rolling_cache(cfg, 2, S)
+    _, cache = step(params, x[:, :CONTEXT], np.broadcast_to(np.arange(CONTEXT), (2, CONTEXT)), cache)
+    for t in range(CONTEXT, 14):
+        pos = np.full((2, 1), t)
+        logits, cache_after = step(params, x[:, t : t + 1], pos, cache)
+        (seen, _), sown = captured(params, x[:, t : t + 1], pos, cache)
+        np.testing.assert_allclose(seen, logits, rtol=1e-5, atol=1e-5, err_msg=f"t={t}")
+        pattern = sown_points(sown[points.COLLECTION], cfg, 0)["blocks.0.attn.pattern"]  # [B, H, 1, R + C + 1]
+        assert pattern.shape[-1] == cfg.num_registers + CONTEXT + 1
+        np.testing.assert_allclose(pattern.sum(-1), 1.0, rtol=1e-5)
+        cache = cache_after
 
 
 @pytest.mark.slow  # make test-all only (the default set's time: docs/performance.md)

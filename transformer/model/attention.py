@@ -75,11 +75,11 @@ class Attention(nn.Module):
             q, k = rotate(q, positions, cfg), rotate(k, positions, cfg)
         q, k, v = point(self, "queries", q), point(self, "keys", k), point(self, "values", v)  # attn.q, .k, .v
 
-        view = key_view(cfg, positions, cached, window, order)
+        view = key_view(cfg, positions, cached, window, order, join=not touched(self, "scores", "pattern"))
         ks, vs, heads_first = [k], [v], [False]
         if cached is not None:  # one layer's cache first, [B, G, S, K] as it lies
-            ks = [view.cached_keys(cfg, cached.k.astype(k.dtype), slot_axis=2), k]
-            vs, heads_first = [cached.v.astype(v.dtype), v], [True, False]
+            ks = view.segments(cfg, cached.k.astype(k.dtype), k, slot_axis=2)
+            vs, heads_first = view.segments(cfg, cached.v.astype(v.dtype), v, slot_axis=2, rotary=None), [True, False]
         at = looking_at(self, cfg, view)  # the weights' points need the reference path, as a cache does
         implementation = "reference" if cached is not None or at else cfg.attention_impl
         out, _ = ops.dot_product_attention(q, ks, vs, view.bias, at=at, implementation=implementation,
@@ -129,10 +129,10 @@ class LatentAttention(nn.Module):
         w_uk = self.param("k_up", dense_init(cfg), (h, k_nope, c_kv), jnp.float32).astype(cfg.dtype)
         w_uv = self.param("v_up", dense_init(cfg), (h, k_v, c_kv), jnp.float32).astype(cfg.dtype)
 
-        view = key_view(cfg, positions, cached, window, order)
+        view = key_view(cfg, positions, cached, window, order, join=not touched(self, "scores", "pattern"))
         segments = [latent]
         if cached is not None:  # a rolling layer's kept slots turned in their rotary part (Kr features after C)
-            segments.insert(0, view.cached_keys(cfg, cached.latent.astype(latent.dtype), 1, slice(c_kv, None)))
+            segments = view.segments(cfg, cached.latent.astype(latent.dtype), latent, 1, slice(c_kv, None))
         absorb = cached is not None if self.absorb is None else self.absorb
         at = looking_at(self, cfg, view)
         if not absorb and capturing(self):  # this call's per-head keys and values, as the naive form computes them

@@ -10,8 +10,8 @@ may bring its own order of this call's keys instead (`order`: a table's rows).
 
 A rolling layer with sinks or registers numbers its cache as StreamingLLM does once a query q runs
 past sinks + W - 1: the keys kept for good move `shift` = q - (sinks + W - 1) towards it, so the
-rolling keys keep their true distances. RoPE turns the kept keys by `shift` (`cached_keys`), a score
-bias measures from the shifted positions.
+rolling keys keep their true distances: RoPE turns the kept keys by `shift`, a score bias measures
+from the shifted positions. Decoding joins the turned keys to this call's (in place: a copy of the cache).
 """
 
 from __future__ import annotations
@@ -31,30 +31,37 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class KeyView:
-    """positions [B, S_i] and bias [B, 1 or H, T, S_i] per key segment (cached slots first). kept: the
-    leading cached slots kept for good (R + sinks); shift [B]: how far they move, or None."""
+    """positions [B, S_i] and bias [B, 1 or H, T, S_i] per key segment: the cached slots, then this
+    call's keys. kept: the leading cached slots kept for good (R + sinks); shift [B]: how far they
+    move, or None; joined: the kept slots come (turned) before this call's keys, masked in the cache's."""
 
     positions: list[Array]
     bias: list[Array]
     kept: int = 0
     shift: Array | None = None
+    joined: bool = False
 
     def all_positions(self) -> Array:
         """[B, S_total]: every key's position, the segments joined (cached slots first)."""
         return jnp.concatenate(self.positions, axis=1) if len(self.positions) > 1 else self.positions[0]
 
-    def cached_keys(self, cfg, keys: Array, slot_axis: int, rotary: slice = slice(None)) -> Array:
-        """One layer's cached keys [B, G, slots, K] (slot_axis 2) or MLA's latent [B, slots, C + Kr]
-        (slot_axis 1, rotary: its last Kr features) as the queries see them: a rolling layer's kept
-        slots turned by `shift` when the scheme rotates (RoPE depends on differences only)."""
+    def segments(self, cfg, cached: Array, new: Array, slot_axis: int, rotary: slice | None = slice(None)) -> list:
+        """[cached, new] as the queries see them: one layer's cache [B, G, slots, K] (slot_axis 2) or
+        MLA's latent [B, slots, C + Kr] (slot_axis 1), and this call's [B, T, ...]. A rolling layer's
+        kept slots turned by `shift` in their `rotary` features (None: values, not turned; RoPE depends
+        on differences only), in place or joined before `new`."""
         rotate = scheme(cfg).rotate
         if self.shift is None or rotate is None:
-            return keys
-        head = jnp.moveaxis(keys, slot_axis, 1)  # [B, slots, ...]
-        kept = head[:, : self.kept, ..., rotary]  # [B, R + S, G, Kr] or [B, R + S, Kr]
-        flat = kept if kept.ndim == 4 else kept[:, :, None]  # [B, R + S, G or 1, Kr]
-        turned = rotate(flat, jnp.broadcast_to(self.shift[:, None], flat.shape[:2]), cfg).reshape(kept.shape)
-        return jnp.moveaxis(head.at[:, : self.kept, ..., rotary].set(turned), 1, slot_axis)
+            return [cached, new]
+        kept = jnp.moveaxis(jax.lax.slice_in_dim(cached, 0, self.kept, axis=slot_axis), slot_axis, 1)
+        if rotary is not None:  # kept [B, R + S, G, K] or [B, R + S, C + Kr]
+            part = kept[..., rotary]
+            flat = part if part.ndim == 4 else part[:, :, None]  # [B, R + S, G or 1, Kr]
+            turned = rotate(flat, jnp.broadcast_to(self.shift[:, None], flat.shape[:2]), cfg)
+            kept = kept.at[..., rotary].set(turned.reshape(part.shape))
+        if self.joined:
+            return [cached, jnp.concatenate([kept.astype(new.dtype), new], axis=1)]
+        return [jax.lax.dynamic_update_slice_in_dim(cached, jnp.moveaxis(kept, 1, slot_axis), 0, slot_axis), new]
 
 
 def slot_positions(cached: LayerCache, batch: int) -> Array:
@@ -67,11 +74,14 @@ def slot_positions(cached: LayerCache, batch: int) -> Array:
 
 
 def key_view(cfg, positions: Array, cached: LayerCache | None = None, window: int | Array | None = None,
-             order: Array | None = None) -> KeyView:
+             order: Array | None = None, join: bool = True) -> KeyView:
     """The keys that queries at `positions` [B, T] see in one layer, its cache `cached` and sliding window
-    `window` each or None; order [B, 1, T, T]: the input's own additive order of this call's keys (no cache)."""
+    `window` each or None; order [B, 1, T, T]: the input's own additive order of this call's keys (no cache).
+    join: a rolling layer's turned kept slots joined to this call's keys (False: in place, one column
+    per slot, as captured attention maps show them)."""
     sinks, kept, shift = None, 0, None
-    segments = []  # (positions, valid or None), cached slots first
+    segments = []  # per segment its parts (positions, valid or None, leading slots kept for good): cache first
+    new = [(positions, None, 0)]
     if cached is not None:
         if order is not None:
             raise ValueError("an input with its own order of keys (a table's rows) is read in one forward "
@@ -83,19 +93,27 @@ def key_view(cfg, positions: Array, cached: LayerCache | None = None, window: in
                 sinks, kept = ring_sinks, cached.registers + ring_sinks
                 last = jnp.where(positions < PAD_POSITION, positions, -1).max(axis=1)  # [B]
                 shift = jnp.maximum(last - (ring_sinks + window - 1), 0)
-        segments.append((slots, slots < positions[:, :1]))  # slots at or after the first new position are stale
-    segments.append((positions, None))
+        valid = slots < positions[:, :1]  # slots at or after the first new position are stale
+        join = join and shift is not None and scheme(cfg).rotate is not None
+        if join:  # the kept slots move to this call's keys
+            new.insert(0, (slots[:, :kept], valid[:, :kept], kept))
+            valid = valid & (jnp.arange(slots.shape[1]) >= kept)
+        segments.append([(slots, valid, 0 if join else kept)])
+    segments.append(new)
     bias_of = scheme(cfg).score_bias
-    view = KeyView([], [], kept, shift)
-    for i, (k_positions, valid) in enumerate(segments):
-        is_new = i == len(segments) - 1
-        own_order = is_new and order is not None
+
+    def bias(k_positions: Array, valid: Array | None, leading: int) -> Array:
+        own_order = valid is None and order is not None  # this call's keys, in the input's own order
         mask = order if own_order else ops.causal_mask(positions, k_positions, valid, window=window, sinks=sinks)
         if bias_of is not None:  # measured from the kept slots' positions moved `shift` towards the queries
             scored = k_positions
-            if shift is not None and not is_new:
-                scored = jnp.where(jnp.arange(k_positions.shape[1]) < kept, k_positions + shift[:, None], k_positions)
+            if shift is not None and leading:
+                scored = jnp.where(jnp.arange(k_positions.shape[1]) < leading, k_positions + shift[:, None], k_positions)
             mask = mask + bias_of(cfg, positions, scored)  # [B, H, T, S_i]
-        view.positions.append(k_positions)
-        view.bias.append(mask)
+        return mask
+
+    view = KeyView([], [], kept, shift, cached is not None and join)
+    for parts in segments:
+        view.positions.append(jnp.concatenate([part[0] for part in parts], axis=1))
+        view.bias.append(jnp.concatenate([bias(*part) for part in parts], axis=-1))
     return view

@@ -36,7 +36,8 @@ MODEL = qwen3_model()
 
 def test_import_gives_the_same_logits_and_reads_qk_norm(tmp_path):
     cfg, params = from_hf(MODEL)
-    assert (cfg.qk_norm, cfg.head_dim, cfg.num_kv_heads, cfg.activation, cfg.tie_embeddings) == (True, 24, 2, "swiglu", False)
+    assert (cfg.qk_norm, cfg.head_dim, cfg.num_kv_heads, cfg.activation, cfg.tie_embeddings) == (
+        True, 24, 2, "swiglu", False)
     assert params["layers"]["attn"]["q_norm"]["scale"].shape == (2, 24)  # [L, K], shared by the heads
     assert max_diff(cfg, params, MODEL, tokens()) < TOL
     # Without its q_norm / k_norm gains the model is another function: the test sees them.

@@ -86,8 +86,9 @@ def layout(cfg: ModelConfig) -> Layout:
 
     def layer(i: int) -> list[Tensor]:
         p = f"model.layers.{i}."
-        tensors = [dataclasses.replace(t, parts="attn_out_norm/scale") if t.name == f"{p}post_attention_layernorm.weight"
-                   else t for t in qwen3.attention(cfg, i)]
+        out_norm = f"{p}post_attention_layernorm.weight"  # Llama's MLP norm, Gemma's attention output norm
+        tensors = [dataclasses.replace(t, parts="attn_out_norm/scale") if t.name == out_norm else t
+                   for t in qwen3.attention(cfg, i)]
         return [*tensors, *norm(p + "pre_feedforward_layernorm", "mlp_norm", d, bias=False),
                 *norm(p + "post_feedforward_layernorm", "mlp_out_norm", d, bias=False),
                 *llama.swiglu(cfg, p, bias=False)]
@@ -130,7 +131,8 @@ def family(cfg: ModelConfig) -> types.SimpleNamespace:
 def _family(version: int, model_type: str, defaults: dict) -> types.SimpleNamespace:
     return types.SimpleNamespace(
         ARCH=f"Gemma{version}ForCausalLM", MODEL_TYPE=model_type, DEFAULTS=defaults, layout=layout,
-        import_config=functools.partial(import_config, version=version), export=functools.partial(export, version=version))
+        import_config=functools.partial(import_config, version=version),
+        export=functools.partial(export, version=version))
 
 
 GEMMA2, GEMMA3 = _family(2, "gemma2", GEMMA2_DEFAULTS), _family(3, "gemma3_text", GEMMA3_DEFAULTS)

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
 
 from tests.test_hf import TOL, V, T, assert_trees_equal, config_dir, max_diff, random_params, tokens
-from transformer.analysis.capture import attention_maps
+from transformer.analysis.capture import attention_maps, capture
 from transformer.hf import from_hf, to_hf
 from transformer.model.config import ModelConfig
 from transformer.sampling.sampler import generate
@@ -173,3 +173,16 @@ def test_a_gemma_model_from_scratch_starts_with_unit_gains_and_exports_only_as_g
     learned = cfg.replace(position="learned", activation="gelu_tanh")
     with pytest.raises(ValueError, match="norm_unit_offset=True.*with learned positions"):
         to_hf(learned, init_params(learned, jax.random.key(0)), tmp_path)
+
+
+def test_embed_scale_rounds_sqrt_d_to_the_compute_dtype_as_gemmas_normaliser():
+    """sqrt(48) = 6.93 is 6.9375 in bfloat16: Hugging Face multiplies by the rounded value, and so do we."""
+    cfg = ModelConfig(**{**GEMMA, "d_model": 48, "dtype": "bfloat16"})
+    params = init_params(cfg, jax.random.key(0))
+    toks = tokens(1, 6)
+    embed = np.asarray(capture(params, cfg, toks, ["embed"])[2]["embed"], np.float32)  # [1, T, D]
+    table = np.asarray(jax.numpy.asarray(params["embed"]["embedding"], jax.numpy.bfloat16), np.float32)
+    rounded = float(jax.numpy.asarray(48 ** 0.5, jax.numpy.bfloat16))
+    assert rounded == 6.9375
+    np.testing.assert_array_equal(embed, np.asarray(jax.numpy.asarray(table[toks] * rounded, jax.numpy.bfloat16),
+                                                    np.float32))

@@ -109,6 +109,7 @@ def test_capture_of_a_gemma3_shaped_models_attention_pattern_equals_transformers
 EXPORTS = {
     "Gemma2ForCausalLM": dict(attn_scale_dim=20.0, attn_softcap=3.0, logit_softcap=5.0, global_every=2),
     "Gemma3ForCausalLM": dict(qk_norm=True, rope_local_theta=50.0, global_every=3, num_layers=6),
+    "Gemma3ForCausalLM-no-window": dict(qk_norm=True, attention_window=0),  # transformers still needs a window
 }
 GEMMA = dict(vocab_size=V, max_seq_len=T, d_model=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=24,
              mlp_dim=96, position="rope", rope_theta=1000.0, activation="geglu", norm="rmsnorm", norm_bias=False,
@@ -121,7 +122,7 @@ def test_export_loads_in_transformers_and_round_trips_exactly(arch, tmp_path):
     params = random_params(cfg)
     to_hf(cfg, params, tmp_path)
     model = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
-    assert type(model).__name__ == arch
+    assert type(model).__name__ == arch.split("-")[0]
     assert max_diff(cfg, params, model, tokens()) < TOL
     cfg_back, params_back = from_hf(tmp_path)
     assert cfg_back == cfg
@@ -133,6 +134,7 @@ def test_export_loads_in_transformers_and_round_trips_exactly(arch, tmp_path):
     ("gemma3", dict(attention_bias=True), "Gemma 3 with attention_bias=True"),
     ("gemma2", dict(attention_dropout=0.1), "Gemma 2 with attention_dropout=0.1"),
     ("gemma3", dict(use_bidirectional_attention=True), "use_bidirectional_attention=True"),
+    ("gemma3", dict(attn_logit_softcapping=50.0), "Gemma 3 with attn_logit_softcapping=50.0"),
     ("gemma3", dict(layer_types=[GLOBAL, LOCAL, LOCAL] * 2), "layer_types=.*is not supported"),
     ("gemma2", dict(sliding_window=None), "sliding_window=None is not supported"),
     ("gemma3", dict(rope_parameters={GLOBAL: {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
@@ -170,6 +172,9 @@ def test_a_gemma_model_from_scratch_starts_with_unit_gains_and_exports_only_as_g
                for n in ("attn_norm", "attn_out_norm", "mlp_norm", "mlp_out_norm"))  # gain 1 + 0
     with pytest.raises(ValueError, match="cannot export this config as Gemma2ForCausalLM: embed_scale=False"):
         to_hf(cfg.replace(embed_scale=False), params, tmp_path)
+    with pytest.raises(ValueError, match="as Gemma3ForCausalLM: attn_softcap=3.0"):  # transformers' would ignore it
+        to_hf(cfg.replace(qk_norm=True, attn_softcap=3.0), init_params(cfg.replace(qk_norm=True), jax.random.key(0)),
+              tmp_path)
     learned = cfg.replace(position="learned", activation="gelu_tanh")
     with pytest.raises(ValueError, match="norm_unit_offset=True.*with learned positions"):
         to_hf(learned, init_params(learned, jax.random.key(0)), tmp_path)

@@ -32,11 +32,13 @@ FIELDS = ("norm_unit_offset", "sublayer_out_norm", "embed_scale", "attn_scale_di
 def import_config(hf: dict, version: int) -> tuple[ModelConfig, Layout]:
     name = f"Gemma {version}"
     qwen3.check_dense_attention(hf, name)
-    for key, ok in (("hidden_activation", hf["hidden_activation"] == "gelu_pytorch_tanh"),
-                    ("use_bidirectional_attention", not hf.get("use_bidirectional_attention"))):
+    for key, ok, why in (
+            ("hidden_activation", hf["hidden_activation"] == "gelu_pytorch_tanh", "only tanh GELU, gelu_pytorch_tanh"),
+            ("use_bidirectional_attention", not hf.get("use_bidirectional_attention"), "the decoder is causal"),
+            ("attn_logit_softcapping", version == 2 or hf["attn_logit_softcapping"] is None,
+             "transformers' Gemma 3 does not apply it (qk_norm took its place), so set it to null")):
         if not ok:
-            raise ValueError(f"{name} with {key}={hf.get(key)!r} is not supported: ModelConfig has the gated MLP "
-                             "with tanh GELU (gelu_pytorch_tanh) and causal attention only")
+            raise ValueError(f"{name} with {key}={hf.get(key)!r} is not supported: {why}")
     window, every = layer_windows(hf, name)
     theta, local_theta = rope_thetas(hf, name)
     cfg, _ = llama.import_config({**hf, "hidden_act": "silu", "mlp_bias": False, "rope_scaling": None,
@@ -101,11 +103,11 @@ def export(cfg: ModelConfig, version: int) -> dict:
     check_export(cfg, f"Gemma{version}ForCausalLM", {
         "norm": ("rmsnorm",), "activation": ("geglu",), "use_bias": (False,), "attention": ("mha",),
         "qk_norm": (version == 3,), **{k: (True,) for k in ("norm_unit_offset", "sublayer_out_norm", "embed_scale")},
-        **({"rope_local_theta": (0.0,)} if version == 2 else {})})
+        **({"rope_local_theta": (0.0,)} if version == 2 else {"attn_softcap": (0.0,)})})
     hf = llama.export(cfg.replace(activation="swiglu"))
     del hf["hidden_act"], hf["mlp_bias"]
     scale_dim = cfg.attn_scale_dim or cfg.head_dim
-    hf |= {"hidden_activation": "gelu_pytorch_tanh", "sliding_window": cfg.attention_window or None,
+    hf |= {"hidden_activation": "gelu_pytorch_tanh", "sliding_window": cfg.attention_window or cfg.max_seq_len,
            "query_pre_attn_scalar": int(scale_dim) if float(scale_dim).is_integer() else scale_dim,
            "layer_types": ["full_attention" if w is None else "sliding_attention" for w in cfg.layer_windows()],
            "final_logit_softcapping": cfg.logit_softcap or None, "attn_logit_softcapping": cfg.attn_softcap or None}

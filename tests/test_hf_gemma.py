@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, 
 
 from tests.test_hf import TOL, V, T, assert_trees_equal, config_dir, max_diff, random_params, tokens
 from transformer.analysis.capture import attention_maps, capture
-from transformer.hf import from_hf, to_hf
+from transformer.hf import from_hf, gemma, to_hf
 from transformer.model.config import ModelConfig
 from transformer.sampling.sampler import generate
 from transformer.training.steps import init_params
@@ -191,3 +191,33 @@ def test_embed_scale_rounds_sqrt_d_to_the_compute_dtype_as_gemmas_normaliser():
     assert rounded == 6.9375
     np.testing.assert_array_equal(embed, np.asarray(jax.numpy.asarray(table[toks] * rounded, jax.numpy.bfloat16),
                                                     np.float32))
+
+
+# The released models' config.json, as written by transformers 4.4x-4.50 (no layer_types; Gemma 3's two
+# RoPE bases at the top level), weights left out: the fields map as transformers reads them.
+GEMMA2_2B = dict(architectures=["Gemma2ForCausalLM"], attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                 head_dim=256, hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+                 hidden_size=2304, intermediate_size=9216, max_position_embeddings=8192, model_type="gemma2",
+                 num_attention_heads=8, num_hidden_layers=26, num_key_value_heads=4, query_pre_attn_scalar=256,
+                 rms_norm_eps=1e-06, rope_theta=10000.0, sliding_window=4096, vocab_size=256000)
+GEMMA3_1B = dict(architectures=["Gemma3ForCausalLM"], attn_logit_softcapping=None, final_logit_softcapping=None,
+                 head_dim=256, hidden_activation="gelu_pytorch_tanh", hidden_size=1152, intermediate_size=6912,
+                 max_position_embeddings=32768, model_type="gemma3_text", num_attention_heads=4,
+                 num_hidden_layers=26, num_key_value_heads=1, query_pre_attn_scalar=256, rms_norm_eps=1e-06,
+                 rope_local_base_freq=10000, rope_scaling=None, rope_theta=1000000, sliding_window=512,
+                 sliding_window_pattern=6, vocab_size=262144)
+
+
+def test_released_configs_map_as_transformers_reads_them():
+    cfg2, _ = gemma.GEMMA2.import_config({**gemma.GEMMA2.DEFAULTS, **GEMMA2_2B})
+    assert (cfg2.attention_window, cfg2.global_every, cfg2.attn_softcap, cfg2.logit_softcap, cfg2.attn_scale_dim,
+            cfg2.head_dim, cfg2.num_kv_heads, cfg2.qk_norm) == (4096, 2, 50.0, 30.0, 0.0, 256, 4, False)
+    assert cfg2.layer_windows()[:2] == (4096, None)  # transformers 4.42: even layers slide
+    cfg3, _ = gemma.GEMMA3.import_config({**gemma.GEMMA3.DEFAULTS, **GEMMA3_1B})
+    assert (cfg3.attention_window, cfg3.global_every, cfg3.rope_theta, cfg3.rope_local_theta, cfg3.qk_norm,
+            cfg3.logit_softcap, cfg3.tie_embeddings) == (512, 6, 1e6, 1e4, True, 0.0, True)
+    assert [i for i, w in enumerate(cfg3.layer_windows()) if w is None] == [5, 11, 17, 23]
+    assert cfg3 == gemma.GEMMA3.import_config(Gemma3TextConfig(**GEMMA3_1B).to_dict())[0]  # transformers 5's form
+    with pytest.raises(ValueError, match="Gemma 3 with rope scaling of type 'linear'"):  # Gemma 3 4B's global layers
+        gemma.GEMMA3.import_config({**gemma.GEMMA3.DEFAULTS, **GEMMA3_1B,
+                                    "rope_scaling": {"rope_type": "linear", "factor": 8.0}})

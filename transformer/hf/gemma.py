@@ -1,7 +1,8 @@
 """Gemma2ForCausalLM and Gemma3ForCausalLM (the text model) <-> ModelConfig: RMSNorm with a (1 + w) gain
 (norm_unit_offset), four norms per block (sublayer_out_norm: post_attention_layernorm is the attention's
 output norm), GeGLU with tanh GELU, embeddings times sqrt(D) (embed_scale), the query scale from
-query_pre_attn_scalar (attn_scale_dim), attention and final logit soft-caps, local layers with
+query_pre_attn_scalar (attn_scale_dim), the attention (Gemma 2 only: transformers' Gemma 3 does not apply
+it) and final logit soft-caps, local layers with
 `sliding_window` from `layer_types` (a global layer every k-th: global_every) and, Gemma 3, qk_norm and
 the local layers' RoPE base (rope_local_theta). The two differ only in their defaults and those fields."""
 

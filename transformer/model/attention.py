@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from transformer.model import ops
 from transformer.model.config import ModelConfig
 from transformer.model.key_view import KeyView, key_view
-from transformer.model.kv_cache import KVCache, LatentCache
+from transformer.model.kv_cache import PAD_POSITION, KVCache, LatentCache
 from transformer.model.linear import Linear, dense, dense_init
 from transformer.model.norm import rms_norm_module
 from transformer.model.positions import scheme
@@ -70,21 +70,31 @@ class Attention(nn.Module):
         k, v = (nn.with_logical_constraint(a, ("batch", "length", "kv_heads", "head_dim")) for a in (k, v))
         if cfg.qk_norm:  # each head's q and k to RMS 1 over K (gains [K] shared by the heads), before RoPE
             q, k = rms_norm_module(cfg, "q_norm")(q), rms_norm_module(cfg, "k_norm")(k)
-        rotate = scheme(cfg).rotate
+        rotate, theta = scheme(cfg).rotate, layer_rope_theta(cfg, window)
         if rotate is not None:
-            q, k = rotate(q, positions, cfg), rotate(k, positions, cfg)
+            q, k = rotate(q, positions, cfg, theta), rotate(k, positions, cfg, theta)
         q, k, v = point(self, "queries", q), point(self, "keys", k), point(self, "values", v)  # attn.q, .k, .v
 
         view = key_view(cfg, positions, cached, window, order, join=not touched(self, "scores", "pattern"))
         ks, vs, heads_first = [k], [v], [False]
         if cached is not None:  # one layer's cache first, [B, G, S, K] as it lies
-            ks = view.segments(cfg, cached.k.astype(k.dtype), k, slot_axis=2)
+            ks = view.segments(cfg, cached.k.astype(k.dtype), k, slot_axis=2, theta=theta)
             vs, heads_first = view.segments(cfg, cached.v.astype(v.dtype), v, slot_axis=2, rotary=None), [True, False]
         at = looking_at(self, cfg, view)  # the weights' points need the reference path, as a cache does
         implementation = "reference" if cached is not None or at else cfg.attention_impl
         out, _ = ops.dot_product_attention(q, ks, vs, view.bias, at=at, implementation=implementation,
-                                           heads_first=heads_first, sink=sink_logit(self, cfg))
+                                           heads_first=heads_first, sink=sink_logit(self, cfg),
+                                           scale=cfg.attn_scale_dim ** -0.5 if cfg.attn_scale_dim else None,
+                                           cap=cfg.attn_softcap or None)
         return output_projection(self, cfg, out), KVCache(k=k, v=v)
+
+
+def layer_rope_theta(cfg: ModelConfig, window: int | Array | None) -> float | Array:
+    """A layer's RoPE base: cfg.rope_local_theta in a windowed layer when set (Gemma 3), else rope_theta.
+    window: W, None (global) or, in a scanned stack of both, the traced window (PAD_POSITION: global)."""
+    if not cfg.rope_local_theta or window is None:
+        return cfg.rope_theta
+    return jnp.where(jnp.asarray(window) < PAD_POSITION, cfg.rope_local_theta, cfg.rope_theta)
 
 
 def output_projection(module: nn.Module, cfg: ModelConfig, heads: Array) -> Array:

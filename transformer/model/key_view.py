@@ -45,11 +45,12 @@ class KeyView:
         """[B, S_total]: every key's position, the segments joined (cached slots first)."""
         return jnp.concatenate(self.positions, axis=1) if len(self.positions) > 1 else self.positions[0]
 
-    def segments(self, cfg, cached: Array, new: Array, slot_axis: int, rotary: slice | None = slice(None)) -> list:
+    def segments(self, cfg, cached: Array, new: Array, slot_axis: int, rotary: slice | None = slice(None),
+                 theta: float | Array | None = None) -> list:
         """[cached, new] as the queries see them: one layer's cache [B, G, slots, K] (slot_axis 2) or
         MLA's latent [B, slots, C + Kr] (slot_axis 1), and this call's [B, T, ...]. A rolling layer's
         kept slots turned by `shift` in their `rotary` features (None: values, not turned; RoPE depends
-        on differences only), in place or joined before `new`."""
+        on differences only) with the layer's RoPE base `theta`, in place or joined before `new`."""
         rotate = scheme(cfg).rotate
         if self.shift is None or rotate is None:
             return [cached, new]
@@ -57,7 +58,7 @@ class KeyView:
         if rotary is not None:  # kept [B, R + S, G, K] or [B, R + S, C + Kr]
             part = kept[..., rotary]
             flat = part if part.ndim == 4 else part[:, :, None]  # [B, R + S, G or 1, Kr]
-            turned = rotate(flat, jnp.broadcast_to(self.shift[:, None], flat.shape[:2]), cfg)
+            turned = rotate(flat, jnp.broadcast_to(self.shift[:, None], flat.shape[:2]), cfg, theta)
             kept = kept.at[..., rotary].set(turned.reshape(part.shape))
         if self.joined:
             return [cached, jnp.concatenate([kept.astype(new.dtype), new], axis=1)]

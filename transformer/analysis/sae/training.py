@@ -31,6 +31,7 @@ from transformer.analysis.sae.splice import Splice
 from transformer.data.batches import batch_at, eval_batches
 from transformer.data.corpus import load_corpus
 from transformer.model.edits import zero
+from transformer.model.param_tree import unrolled
 from transformer.run.checkpoint import Checkpointer, latest_step, restore_for_inference
 from transformer.run.metrics import MetricWriter
 from transformer.run.signals import StopOnSignal
@@ -54,6 +55,7 @@ def train_sae(config: ConfigDict, workdir: str, hard_exit: bool = False, **unuse
     s = config.sae
     check_workdir(workdir)
     cfg, params, _ = restore_for_inference(s.run)
+    params, cfg = unrolled(params, cfg)  # a splice goes into one layer of an unrolled stack
     sae = init(jax.random.key(s.seed), point=s.point, width=cfg.d_model, features=s.features,
                architecture=s.architecture, k=s.k, threshold=s.threshold, bandwidth=s.bandwidth)
     check_fits(sae, cfg)

@@ -17,7 +17,7 @@ from safetensors.numpy import load_file, save_file
 from tests.helpers.runs import quiet_train, tiny_config
 from tests.test_capture import model, tokens
 from transformer.analysis.capture import capture
-from transformer.analysis.sae import layouts
+from transformer.analysis.sae import features as F, layouts
 from transformer.analysis.sae.autoencoder import SAE, init, jump_relu, step
 from transformer.analysis.sae.splice import Splice
 from transformer.model import edits
@@ -50,7 +50,8 @@ def test_splicing_with_the_error_term_leaves_the_logits_and_reads_the_features(a
 
 def test_an_edit_of_the_features_is_an_edit_of_the_point_through_the_decoder():
     """Steering feature i by alpha is adding alpha W_dec[i]; patching features f' is x + decode(f') - decode(f);
-    zero ablation of feature i removes f_i W_dec[i]; all with the error term, in a forward pass and the sampler."""
+    zeroing every feature at a position removes decode(f) - b_dec there; all with the error term, in a forward
+    pass and the sampler."""
     cfg, params = model("mha")
     x, sae, i = tokens(), trained_like(cfg), 7
     _, _, got = capture(params, cfg, x, [FEATURES, POINT], edits=[Splice(sae)])
@@ -64,7 +65,7 @@ def test_an_edit_of_the_features_is_an_edit_of_the_point_through_the_decoder():
     by_hand, _ = edits.run(params, cfg, x, [edits.patch(cfg, POINT, a + sae.decode(source) - sae.decode(f))])
     np.testing.assert_allclose(patched, by_hand, rtol=1e-5, atol=1e-5)
     ablated, _ = edits.run(params, cfg, x, [Splice(sae), edits.zero(cfg, FEATURES, position=2, length=x.shape[1])])
-    minus = jnp.zeros_like(a).at[:, 2].set(-f[:, 2, i:i + 1] * 0 - f[:, 2] @ sae.W_dec)
+    minus = jnp.zeros_like(a).at[:, 2].set(-(f[:, 2] @ sae.W_dec))  # every feature at position 2 zeroed
     by_hand, _ = edits.run(params, cfg, x, [edits.patch(cfg, POINT, a + minus)])
     np.testing.assert_allclose(ablated, by_hand, rtol=1e-5, atol=1e-5)
     prompts = [[1, 2, 3], [4, 5]]
@@ -183,6 +184,30 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     for name, (call, expected) in cases.items():
         message = error_of(call)
         assert expected in message and "\n" not in message, (name, message)
+
+
+def test_reading_features_top_contexts_density_rule_and_ablation():
+    """top_contexts finds the planted largest activations; density counts the active tokens; the rule
+    passes a feature on one byte (or after one byte) and fails one on varied bytes or active too rarely;
+    ablating feature i with the error term subtracts f_i W_dec[i] from the point."""
+    windows = np.array([[1, 2, 3, 4, 5, 6, 7, 8], [2, 3, 2, 3, 2, 3, 2, 3]])
+    f = np.zeros((2, 8, 4), np.float32)
+    f[1, [1, 3, 5, 7], 0] = [4, 3, 2, 1]  # on byte 3 (after byte 2): passes
+    f[0, [0, 2, 4, 6], 1] = [4, 3, 2, 1]  # on bytes 1, 3, 5, 7 after varied bytes: fails
+    f[1, [2, 4], 2] = [1, 1]  # byte 2, but only twice: fails
+    f[0, [1, 3, 5, 7], 3] = 1.0  # varied bytes: fails
+    values, where = F.top_contexts(f, 4)
+    assert sorted(where[0]) == [9, 11, 13, 15] and values[0].tolist() == [4, 3, 2, 1]
+    np.testing.assert_allclose(F.density(f), [4 / 16, 4 / 16, 2 / 16, 4 / 16])
+    assert F.token_rule(where, values, windows).tolist() == [True, False, False, False]
+    cfg, params = model("mha")
+    x, sae, i = tokens(), trained_like(cfg), 3
+    _, _, got = capture(params, cfg, x, [FEATURES, POINT], edits=[Splice(sae)])
+    ablated, _ = edits.run(params, cfg, x, [Splice(sae), F.ablate(cfg, sae, [i])])
+    minus = got[POINT] - got[FEATURES][..., i:i + 1] * sae.W_dec[i]
+    by_hand, _ = edits.run(params, cfg, x, [edits.patch(cfg, POINT, minus)])
+    np.testing.assert_allclose(ablated, by_hand, rtol=1e-5, atol=1e-5)
+    assert F.logit_effect(params, cfg, sae).shape == (N, cfg.vocab_size)
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ resumes like any run; the SAE itself is written in our layout (layouts.py) under
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import flax.struct
@@ -52,7 +53,7 @@ class SAEState:
 def train_sae(config: ConfigDict, workdir: str, hard_exit: bool = False, **unused: Any) -> dict:
     """Trains the SAE of `config.sae` to sae.steps in `workdir` (resuming from its latest checkpoint);
     returns the last evaluation. Metrics go to workdir/metrics.jsonl, the SAE to workdir/sae."""
-    s = config.sae
+    s, started = config.sae, time.perf_counter()
     check_workdir(workdir)
     cfg, params, _ = restore_for_inference(s.run)
     params, cfg = unrolled(params, cfg)  # a splice goes into one layer of an unrolled stack
@@ -67,7 +68,7 @@ def train_sae(config: ConfigDict, workdir: str, hard_exit: bool = False, **unuse
         ckpt = Checkpointer(workdir, keep=1)
         state = resume(ckpt, state, config, workdir)
         with StopOnSignal(training=True) as stop:
-            state, last = train_loop(state, update, stream, ckpt, config, workdir, stop)
+            state, last = train_loop(state, update, stream, ckpt, config, workdir, stop, started)
         ckpt.close()
         save(state.sae, os.path.join(workdir, "sae"))
     if stop.requested:
@@ -76,8 +77,9 @@ def train_sae(config: ConfigDict, workdir: str, hard_exit: bool = False, **unuse
 
 
 def train_loop(state: SAEState, update: Any, stream: ActivationStream, ckpt: Checkpointer, config: ConfigDict,
-               workdir: str, stop: StopOnSignal) -> tuple[SAEState, dict]:
-    """Steps from state.step to sae.steps, logging, evaluating and saving; stops early on a signal."""
+               workdir: str, stop: StopOnSignal, started: float) -> tuple[SAEState, dict]:
+    """Steps from state.step to sae.steps, logging, evaluating and saving; stops early on a signal.
+    An evaluation's row holds the seconds since `started` (this process's set-up began)."""
     s, start = config.sae, int(state.step)
     writer, fired, seen, last = MetricWriter(workdir, start_step=start), 0, 0, {}
     for i in range(start, s.steps):
@@ -88,7 +90,8 @@ def train_loop(state: SAEState, update: Any, stream: ActivationStream, ckpt: Che
         if (i + 1) % s.eval_every == 0 or i + 1 == s.steps or stop.requested:
             share = np.asarray(fired) / seen  # each feature's firing rate over the steps since the last evaluation
             last = {"step": i + 1, **evaluate(stream.params, stream.cfg, state.sae, stream.val_windows),
-                    "dead": float(np.mean(share == 0)), "dense": float(np.mean(share > DENSE))}
+                    "dead": float(np.mean(share == 0)), "dense": float(np.mean(share > DENSE)),
+                    "seconds": round(time.perf_counter() - started, 1)}
             writer.write(last)
             ckpt.save(i + 1, state, config.to_dict(), None, last["fvu"])
             fired, seen = 0, 0

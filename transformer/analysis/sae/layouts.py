@@ -99,14 +99,20 @@ def from_arrays(arrays: dict[str, np.ndarray], where: str, **static: Any) -> SAE
 
 def check_fits(sae: SAE, cfg: ModelConfig) -> None:
     """Raises ValueError, in one line, for an SAE whose point the model lacks or whose width is not the point's."""
-    check_name(sae.point, cfg, point_names(cfg))
-    axes = point_axes(cfg, sae.point)
+    width = point_width(cfg, sae.point)
+    if sae.width != width:
+        raise ValueError(f"the SAE reads vectors of width {sae.width} but {sae.point!r} of this model has width "
+                         f"{width}; load an SAE trained on this model's point")
+
+
+def point_width(cfg: ModelConfig, point: str) -> int:
+    """The width of point `point` [B, T, width] of a model of `cfg`; ValueError for another point or shape."""
+    check_name(point, cfg, point_names(cfg))
+    axes = point_axes(cfg, point)
     widths = {"d": cfg.d_model, "f": cfg.mlp_dim, "v": cfg.vocab_size}
     if len(axes) != 3 or axes[-1] not in widths:
-        raise ValueError(f"an SAE reads a point of shape [B, T, width]; {sae.point!r} is [{', '.join(axes.upper())}]")
-    if sae.width != widths[axes[-1]]:
-        raise ValueError(f"the SAE reads vectors of width {sae.width} but {sae.point!r} of this model has width "
-                         f"{widths[axes[-1]]}; load an SAE trained on this model's point")
+        raise ValueError(f"an SAE reads a point of shape [B, T, width]; {point!r} is [{', '.join(axes.upper())}]")
+    return widths[axes[-1]]
 
 
 def hook_name(point: str) -> str:

@@ -27,7 +27,7 @@ from ml_collections import ConfigDict
 
 from transformer.analysis.capture import capture, loss
 from transformer.analysis.sae.autoencoder import SAE, init, step
-from transformer.analysis.sae.layouts import check_fits, save
+from transformer.analysis.sae.layouts import point_width, save
 from transformer.analysis.sae.splice import Splice
 from transformer.data.batches import batch_at, eval_batches
 from transformer.data.corpus import load_corpus
@@ -45,6 +45,8 @@ DENSE = 0.1  # a feature firing on more than this share of tokens is dense
 
 @flax.struct.dataclass
 class SAEState:
+    """What a checkpoint holds: the step, the SAE and Adam's state."""
+
     step: Array
     sae: SAE
     opt_state: Any
@@ -54,17 +56,17 @@ def train_sae(config: ConfigDict, workdir: str, hard_exit: bool = False, **unuse
     """Trains the SAE of `config.sae` to sae.steps in `workdir` (resuming from its latest checkpoint);
     returns the last evaluation. Metrics go to workdir/metrics.jsonl, the SAE to workdir/sae."""
     s, started = config.sae, time.perf_counter()
-    check_workdir(workdir)
-    cfg, params, _ = restore_for_inference(s.run)
-    params, cfg = unrolled(params, cfg)  # a splice goes into one layer of an unrolled stack
-    sae = init(jax.random.key(s.seed), point=s.point, width=cfg.d_model, features=s.features,
-               architecture=s.architecture, k=s.k, threshold=s.threshold, bandwidth=s.bandwidth)
-    check_fits(sae, cfg)
-    stream = ActivationStream(params, cfg, s, run_tokens(s.run))
+    with StopOnSignal(hard_exit):  # a signal during the set-up stops it at once
+        check_workdir(workdir)
+        cfg, params, _ = restore_for_inference(s.run)
+        params, cfg = unrolled(params, cfg)  # a splice goes into one layer of an unrolled stack
+        sae = init(jax.random.key(s.seed), point=s.point, width=point_width(cfg, s.point), features=s.features,
+                   architecture=s.architecture, k=s.k, threshold=s.threshold, bandwidth=s.bandwidth)
+        stream = ActivationStream(params, cfg, sae, s, run_tokens(s.run))
     optimizer = optax.adam(s.learning_rate)
     state = SAEState(jnp.asarray(0), sae, optimizer.init(sae))
     update = jax.jit(lambda state, x: train_step(state, x, optimizer, stream.variance, s.l0_coefficient))
-    with StopOnSignal(hard_exit), WorkdirLock(workdir):
+    with WorkdirLock(workdir):
         ckpt = Checkpointer(workdir, keep=1)
         state = resume(ckpt, state, config, workdir)
         with StopOnSignal(training=True) as stop:
@@ -141,9 +143,9 @@ def run_tokens(workdir: str) -> Any:
 class ActivationStream:
     """The point's activations on the run's training windows, chunk by chunk, shuffled within a chunk."""
 
-    def __init__(self, params: Any, cfg: Any, s: ConfigDict, corpus: Any):
+    def __init__(self, params: Any, cfg: Any, sae: SAE, s: ConfigDict, corpus: Any):
         self.params, self.cfg, self.s, self.tokens = params, cfg, s, corpus.train
-        self.read = jax.jit(lambda p, t: capture(p, cfg, t, [s.point])[2][s.point].reshape(-1, cfg.d_model))
+        self.read = jax.jit(lambda p, t: capture(p, cfg, t, [s.point])[2][s.point].reshape(-1, sae.width))
         self.val_windows = np.concatenate([x for x, _ in eval_batches(
             corpus.val, num_batches=s.eval_batches, batch_size=s.model_batch_size, seq_len=s.seq_len)])
         self.chunk_index, self.chunk = -1, None

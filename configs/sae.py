@@ -14,6 +14,7 @@ from ml_collections import ConfigDict
 def get_config():
     return ConfigDict(dict(sae=dict(
         run="runs/shakespeare",  # the trained run whose activations it reads (`make train`)
+        data_path="",  # its text, if not at the run's saved data.path ("": there, or the bundled plays)
         point="blocks.1.resid_post",  # any point of shape [B, T, width] (transformer/model/points.py)
         architecture="topk",  # or "jumprelu"
         features=512,  # N, the dictionary's size

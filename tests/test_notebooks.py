@@ -84,7 +84,8 @@ def builds_now(name):
         from configs import modern, sae
 
         config = modern.get_config()
-        fields = {**_setup.run_fields(config), **{f"sae.{k}": v for k, v in sae.get_config().sae.items() if k != "run"}}
+        fields = {**_setup.run_fields(config), **{f"sae.{k}": v for k, v in sae.get_config().sae.items()
+                                                   if k not in ("run", "data_path")}}
         return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, fields, "configs/modern.py"
     model_free = {"attention_basics": lambda: {"section 4": _setup.lecture_layer_config()},
                   "kv_cache": lambda: _setup.kv_cache_variants(smoke=False)}

@@ -62,7 +62,7 @@ def train_sae(config: ConfigDict, workdir: str, hard_exit: bool = False, **unuse
         params, cfg = unrolled(params, cfg)  # a splice goes into one layer of an unrolled stack
         sae = init(jax.random.key(s.seed), point=s.point, width=point_width(cfg, s.point), features=s.features,
                    architecture=s.architecture, k=s.k, threshold=s.threshold, bandwidth=s.bandwidth)
-        stream = ActivationStream(params, cfg, sae, s, run_tokens(s.run))
+        stream = ActivationStream(params, cfg, sae, s, run_tokens(s.run, s.data_path or None))
     optimizer = optax.adam(s.learning_rate)
     state = SAEState(jnp.asarray(0), sae, optimizer.init(sae))
     update = jax.jit(lambda state, x: train_step(state, x, optimizer, stream.variance, s.l0_coefficient))
@@ -133,11 +133,12 @@ def resume(ckpt: Checkpointer, fresh: SAEState, config: ConfigDict, workdir: str
     return ckpt._restore(step, state=ocp.args.StandardRestore(fresh)).state
 
 
-def run_tokens(workdir: str) -> Any:
-    """The run's corpus as its evaluations read it (train and validation splits), from its saved fields."""
+def run_tokens(workdir: str, path: str | None = None) -> Any:
+    """The run's corpus as its evaluations read it (train and validation splits), from its saved fields;
+    `path`: where its text is now, if not at its saved data.path."""
     ckpt = Checkpointer(workdir, read_only=True)
     data = ckpt.config()["data"]
-    return load_corpus(data["path"] or None, ckpt.tokenizer(), data["cache_dir"], data["val_fraction"])
+    return load_corpus(path or data["path"] or None, ckpt.tokenizer(), data["cache_dir"], data["val_fraction"])
 
 
 class ActivationStream:

@@ -19,9 +19,12 @@ def get_config():
         architecture="topk",  # or "jumprelu"
         features=512,  # N, the dictionary's size
         k=16,  # TopK: features active per token
-        l0_coefficient=1e-3,  # JumpReLU: the L0 penalty's weight against the fraction of variance unexplained
-        threshold=0.1,  # JumpReLU: the thresholds' start
-        bandwidth=0.05,  # JumpReLU: the straight-through estimator's window
+        # JumpReLU: the L0 penalty's weight against the fraction of variance unexplained, the thresholds'
+        # start and the straight-through window. Adam moves a threshold by about learning_rate a step, so
+        # they start near the pre-activations' scale (tried briefly on the default run; not tuned).
+        l0_coefficient=1e-2,
+        threshold=5.0,
+        bandwidth=2.0,
         learning_rate=1e-3,
         steps=2000,
         batch_size=1024,  # activations per SAE step

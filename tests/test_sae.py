@@ -167,8 +167,16 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     np.savez(tmp_path / "params.npz", **published_arrays(cfg.d_model, N))
     bad_npz = tmp_path / "bad.npz"
     np.savez(bad_npz, **{k: v for k, v in published_arrays(cfg.d_model, N).items() if k != "threshold"})
+    wrong_shape = tmp_path / "wrong_shape.npz"
+    np.savez(wrong_shape, **{**published_arrays(cfg.d_model, N), "b_dec": np.zeros(cfg.d_model + 1, np.float32)})
+    normalized = tmp_path / "normalized"
+    layouts.save(trained_like(cfg), str(normalized))
+    fields = json.loads((normalized / "cfg.json").read_text())
+    (normalized / "cfg.json").write_text(json.dumps({**fields, "normalize_activations": "expected_average_only_in"}))
     cases = {
         "width": (lambda: layouts.check_fits(narrow, cfg), "width 31"),
+        "wrong shape": (lambda: layouts.load_gemma_scope(str(wrong_shape), POINT), "b_dec has shape (33,)"),
+        "normalized": (lambda: layouts.load(str(normalized), cfg), "fold the scaling into the weights"),
         "no such point": (lambda: layouts.load_gemma_scope(str(tmp_path / "params.npz"), "blocks.1.resid_middle", cfg),
                           "is not a point of this model"),
         "no such layer": (lambda: layouts.load_gemma_scope(str(tmp_path / "params.npz"), "blocks.9.resid_post", cfg),

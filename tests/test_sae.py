@@ -27,9 +27,9 @@ POINT, N = "blocks.1.resid_post", 48
 FEATURES = POINT + ".features"
 
 
-def trained_like(cfg, architecture="topk", seed=0) -> SAE:
-    """An SAE on POINT with random biases (so every term of the formulas counts)."""
-    sae = init(jax.random.key(seed), point=POINT, width=cfg.d_model, features=N, architecture=architecture, k=5)
+def trained_like(cfg, architecture="topk", seed=0, point=POINT) -> SAE:
+    """An SAE on `point` with random biases (so every term of the formulas counts)."""
+    sae = init(jax.random.key(seed), point=point, width=cfg.d_model, features=N, architecture=architecture, k=5)
     b_enc, b_dec, threshold = jax.random.normal(jax.random.key(seed + 1), (3, N))[:, None] * jnp.array([[0.1], [0.1], [0.2]])
     return sae.replace(b_enc=b_enc[0], b_dec=b_dec[0, :cfg.d_model], threshold=jnp.abs(threshold[0]))
 
@@ -48,30 +48,32 @@ def test_splicing_with_the_error_term_leaves_the_logits_and_reads_the_features(a
     np.testing.assert_allclose(got[FEATURES], sae.encode(got[POINT]), atol=1e-6)
 
 
-def test_an_edit_of_the_features_is_an_edit_of_the_point_through_the_decoder():
+@pytest.mark.parametrize("point", [POINT, "final_norm.out"])  # a layer's point and a top one
+def test_an_edit_of_the_features_is_an_edit_of_the_point_through_the_decoder(point):
     """Steering feature i by alpha is adding alpha W_dec[i]; patching features f' is x + decode(f') - decode(f);
     zeroing every feature at a position removes decode(f) - b_dec there; all with the error term, in a forward
     pass and the sampler."""
     cfg, params = model("mha")
-    x, sae, i = tokens(), trained_like(cfg), 7
-    _, _, got = capture(params, cfg, x, [FEATURES, POINT], edits=[Splice(sae)])
-    f, a = got[FEATURES], got[POINT]
-    steer = edits.steer(cfg, FEATURES, 3.0 * jnp.eye(N)[i])
+    x, sae, i = tokens(), trained_like(cfg, point=point), 7
+    features = point + ".features"
+    _, _, got = capture(params, cfg, x, [features, point], edits=[Splice(sae)])
+    f, a = got[features], got[point]
+    steer = edits.steer(cfg, features, 3.0 * jnp.eye(N)[i])
     steered, _ = edits.run(params, cfg, x, [Splice(sae), steer])
-    by_hand, _ = edits.run(params, cfg, x, [edits.steer(cfg, POINT, 3.0 * sae.W_dec[i])])
+    by_hand, _ = edits.run(params, cfg, x, [edits.steer(cfg, point, 3.0 * sae.W_dec[i])])
     np.testing.assert_allclose(steered, by_hand, rtol=1e-5, atol=1e-5)
     source = jnp.roll(f, 1, axis=0)
-    patched, _ = edits.run(params, cfg, x, [Splice(sae), edits.patch(cfg, FEATURES, source)])
-    by_hand, _ = edits.run(params, cfg, x, [edits.patch(cfg, POINT, a + sae.decode(source) - sae.decode(f))])
+    patched, _ = edits.run(params, cfg, x, [Splice(sae), edits.patch(cfg, features, source)])
+    by_hand, _ = edits.run(params, cfg, x, [edits.patch(cfg, point, a + sae.decode(source) - sae.decode(f))])
     np.testing.assert_allclose(patched, by_hand, rtol=1e-5, atol=1e-5)
-    ablated, _ = edits.run(params, cfg, x, [Splice(sae), edits.zero(cfg, FEATURES, position=2, length=x.shape[1])])
+    ablated, _ = edits.run(params, cfg, x, [Splice(sae), edits.zero(cfg, features, position=2, length=x.shape[1])])
     minus = jnp.zeros_like(a).at[:, 2].set(-(f[:, 2] @ sae.W_dec))  # every feature at position 2 zeroed
-    by_hand, _ = edits.run(params, cfg, x, [edits.patch(cfg, POINT, a + minus)])
+    by_hand, _ = edits.run(params, cfg, x, [edits.patch(cfg, point, a + minus)])
     np.testing.assert_allclose(ablated, by_hand, rtol=1e-5, atol=1e-5)
     prompts = [[1, 2, 3], [4, 5]]
     with_splice = generate(params, cfg, prompts, jax.random.key(0), 5, edits=[Splice(sae), steer], temperature=0)
     with_steer = generate(params, cfg, prompts, jax.random.key(0), 5, temperature=0,
-                          edits=[edits.steer(cfg, POINT, 3.0 * sae.W_dec[i])])
+                          edits=[edits.steer(cfg, point, 3.0 * sae.W_dec[i])])
     np.testing.assert_array_equal(with_splice.tokens, with_steer.tokens)
 
 

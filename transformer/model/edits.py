@@ -113,7 +113,7 @@ def selection(cfg: ModelConfig, name: str, head: Any, position: Any, length: int
 def at_layer(cfg: ModelConfig, name: str, scale: Array, add: Array, stacked: bool = False) -> Edit:
     """An Edit of `name` from scale and add shaped as the point (`stacked`: either may be [L, ...]),
     held for every layer: identity (scale 1, add 0) outside the named layer."""
-    if name in TOP:
+    if name.removesuffix(FEATURES) in TOP:  # a top point, or its SAE features
         return Edit(name, scale, add)
     layer, rest = _layer(name), name.split(".", 2)[2]
     if stacked or layer == "*":  # the L axis in front, where an array has none yet
@@ -146,7 +146,7 @@ def variables(cfg: ModelConfig, edits: Sequence[Edit], cache: Cache | None = Non
     for splice in [e for e in edits if not isinstance(e, Edit)]:  # an SAE in place of a point (analysis/sae/)
         _put(tree, _splice_path(cfg, splice.name), splice)
     for name, (scale, add) in compose([e for e in edits if isinstance(e, Edit)]).items():
-        if name in TOP:
+        if name.removesuffix(FEATURES) in TOP:  # a top point, or its SAE features
             _put(tree, _sown_path(name), (scale, add))
             continue
         rest = name.split(".", 2)[2]
@@ -199,7 +199,7 @@ def check_editable(cfg: ModelConfig, name: str) -> None:
 def check_for_sampling(edits: Sequence[Edit], cfg: ModelConfig) -> None:
     """Raises ValueError for an edit that selects positions: sampling runs one token at a time."""
     for edit in [e for e in edits if isinstance(e, Edit)]:
-        t = (edit.name not in TOP) + point_axes(cfg, edit.name).index("t")
+        t = (edit.name.removesuffix(FEATURES) not in TOP) + point_axes(cfg, edit.name).index("t")
         if max(edit.scale.shape[t], edit.add.shape[t]) > 1:
             raise ValueError(f"the edit of {edit.name!r} selects positions; the sampler's calls see one new token "
                              "each, so an edit there must apply at every position (position=None)")

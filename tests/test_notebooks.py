@@ -29,7 +29,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = ["attention_basics", "attention_maps", "attention_sinks", "head_ablation", "kv_cache", "looking_inside",
-             "retrieval_heads", "tables"]
+             "retrieval_heads", "tables", "features"]
 OWN_MODELS = ("looking_inside", "retrieval_heads", "tables")  # they train models of their own tasks or lengths: no user's run
 KERNEL = "transformer-notebook-test"
 import _setup  # noqa: E402  (the notebooks' shared set-up; notebooks/ is on pytest's pythonpath)
@@ -80,6 +80,13 @@ def builds_now(name):
         runs = _setup.looking_configs(smoke=False)
         return ({k: resolve_auto(ModelConfig.from_dict(c.model)).cfg for k, c in runs.items()},
                 {k: _setup.run_fields(c) for k, c in runs.items()}, None)
+    if name == "features":  # the default run (`make train`) and configs/sae.py's SAEs on it
+        from configs import modern, sae
+
+        config = modern.get_config()
+        fields = {**_setup.run_fields(config), **{f"sae.{k}": v for k, v in sae.get_config().sae.items()
+                                                   if k not in ("run", "data_path")}}
+        return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, fields, "configs/modern.py"
     model_free = {"attention_basics": lambda: {"section 4": _setup.lecture_layer_config()},
                   "kv_cache": lambda: _setup.kv_cache_variants(smoke=False)}
     return model_free[name](), None, None

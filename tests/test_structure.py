@@ -19,6 +19,7 @@ CORE_LINES = 6_900
 FEATURE_LINES: dict[str, int] = {
     "rolling cache: its kept keys turned beside the new ones, no cache copy": 20,
     "families: Qwen3, Gemma 2 and 3": 230,
+    "sparse autoencoders": 490,
 }
 MAX_LINES = CORE_LINES + sum(FEATURE_LINES.values())
 

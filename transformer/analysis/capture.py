@@ -28,7 +28,7 @@ from transformer.model.edits import Edit
 from transformer.model.edits import run, variables as edit_variables
 from transformer.model.inputs import as_tokens
 from transformer.training.loss import cross_entropy
-from transformer.model.points import COLLECTION, EDITS, LAYER, SOWN, layer_points, point_names
+from transformer.model.points import COLLECTION, EDITS, FEATURES, LAYER, SOWN, layer_points, point_names
 
 Array = jax.Array
 
@@ -63,6 +63,9 @@ def capture(params: Any, cfg: ModelConfig, tokens: Array, names: Sequence[str], 
             got[name] = jnp.stack([found[f"blocks.{l}.{match[2]}"] for l in range(cfg.num_layers)])
         elif name in found:
             got[name] = found[name]
+        elif name.endswith(FEATURES):
+            raise ValueError(f"the point {name!r} exists only with an SAE spliced in at {name.removesuffix(FEATURES)!r}: "
+                             "pass edits=[transformer.analysis.sae.splice.Splice(...)] (analysis/sae/splice.py)")
         else:  # e.g. attn.k of MLA's absorbed decoding
             raise ValueError(f"the point {name!r} is not computed by this call (MLA decoding from a cache uses "
                              "the absorbed form, which has no per-head keys and values)")
@@ -87,6 +90,8 @@ def loss(params: Any, cfg: ModelConfig, tokens: Array, edits: Sequence[Edit] = (
 
 def check_name(name: str, cfg: ModelConfig, known: list[str]) -> None:
     """Raises ValueError for a name that is no point of `cfg`, listing the points it has."""
+    if name.endswith(FEATURES):  # an SAE's features at a point (analysis/sae/splice.py)
+        return check_name(name.removesuffix(FEATURES), cfg, known)
     match = _LAYER_NAME.match(name)
     if match:
         layer, rest = match[1], match[2]
@@ -109,11 +114,12 @@ def sown_points(tree: dict, cfg: ModelConfig, registers: int) -> dict[str, Array
     out = {}
     for path, (leaf,) in flatten_dict(tree).items():
         *modules, key = path
-        first, name = path[0], ".".join([*modules, PUBLIC.get(key, key)])
+        key, features = key.removesuffix(FEATURES), FEATURES * key.endswith(FEATURES)  # an SAE's features
+        first, name = path[0], ".".join([*modules, PUBLIC.get(key, key) + features])
         if first == "layers" or first.startswith("layers_"):
             rest = name.split(".", 1)[1]  # the name within a layer, e.g. attn.q
             stacked = first == "layers"  # nn.scan: one array with a leading L axis
-            axis = LAYER[rest].index("t")
+            axis = LAYER[rest.removesuffix(FEATURES)].index("t")
             for l in range(cfg.num_layers) if stacked else [int(first.removeprefix("layers_"))]:
                 value = leaf[l] if stacked else leaf
                 if registers:

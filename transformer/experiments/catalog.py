@@ -53,6 +53,9 @@ def eval_metrics(config: ConfigDict) -> list[EvalMetric]:
 def train(config: ConfigDict, workdir: str, hard_exit: bool = False, **options: Any) -> dict:
     """The run of `config` set up with its data task and evaluation metrics, then trained
     (`loop.train`'s options); a signal during the set-up stops it at once (`StopOnSignal`)."""
+    if "sae" in config:  # a sparse autoencoder on a trained run's point (configs/sae.py)
+        from transformer.analysis.sae.training import train_sae
+        return train_sae(config, workdir, hard_exit)
     task, metrics = data_task(config), eval_metrics(config)
     with StopOnSignal(hard_exit):
         run = setup.set_up(config, workdir, task, metrics)

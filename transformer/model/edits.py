@@ -20,7 +20,7 @@ import numpy as np
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
 from transformer.model.kv_cache import Cache, registers_to_run
-from transformer.model.points import CAPTURE_ONLY, EDITS, SOWN, TOP, layer_points, point_axes
+from transformer.model.points import CAPTURE_ONLY, EDITS, FEATURES, SOWN, SPLICE, TOP, layer_points, point_axes
 
 Array = jax.Array
 
@@ -113,7 +113,7 @@ def selection(cfg: ModelConfig, name: str, head: Any, position: Any, length: int
 def at_layer(cfg: ModelConfig, name: str, scale: Array, add: Array, stacked: bool = False) -> Edit:
     """An Edit of `name` from scale and add shaped as the point (`stacked`: either may be [L, ...]),
     held for every layer: identity (scale 1, add 0) outside the named layer."""
-    if name in TOP:
+    if name.removesuffix(FEATURES) in TOP:  # a top point, or its SAE features
         return Edit(name, scale, add)
     layer, rest = _layer(name), name.split(".", 2)[2]
     if stacked or layer == "*":  # the L axis in front, where an array has none yet
@@ -143,8 +143,10 @@ def variables(cfg: ModelConfig, edits: Sequence[Edit], cache: Cache | None = Non
     for the registers when they run, so positions count tokens."""
     tree: dict = {}
     r = registers_to_run(cfg, cache)
-    for name, (scale, add) in compose(edits).items():
-        if name in TOP:
+    for splice in [e for e in edits if not isinstance(e, Edit)]:  # an SAE in place of a point (analysis/sae/)
+        _put(tree, _splice_path(cfg, splice.name), splice)
+    for name, (scale, add) in compose([e for e in edits if isinstance(e, Edit)]).items():
+        if name.removesuffix(FEATURES) in TOP:  # a top point, or its SAE features
             _put(tree, _sown_path(name), (scale, add))
             continue
         rest = name.split(".", 2)[2]
@@ -178,6 +180,8 @@ def run(params: Any, cfg: ModelConfig, tokens: Array, edits: Sequence[Edit], pos
 
 def check_editable(cfg: ModelConfig, name: str) -> None:
     """Raises ValueError for a name that is no point of `cfg` or a point that cannot be edited."""
+    if name.endswith(FEATURES):  # an SAE's features: editable where the SAE is spliced in
+        return check_editable(cfg, name.removesuffix(FEATURES))
     if name in TOP:
         return
     layer = _layer(name)
@@ -194,8 +198,8 @@ def check_editable(cfg: ModelConfig, name: str) -> None:
 
 def check_for_sampling(edits: Sequence[Edit], cfg: ModelConfig) -> None:
     """Raises ValueError for an edit that selects positions: sampling runs one token at a time."""
-    for edit in edits:
-        t = (edit.name not in TOP) + point_axes(cfg, edit.name).index("t")
+    for edit in [e for e in edits if isinstance(e, Edit)]:
+        t = (edit.name.removesuffix(FEATURES) not in TOP) + point_axes(cfg, edit.name).index("t")
         if max(edit.scale.shape[t], edit.add.shape[t]) > 1:
             raise ValueError(f"the edit of {edit.name!r} selects positions; the sampler's calls see one new token "
                              "each, so an edit there must apply at every position (position=None)")
@@ -207,10 +211,25 @@ def _layer(name: str) -> str | None:
     return parts[1] if len(parts) == 3 and parts[0] == "blocks" else None
 
 
-def _sown_path(name: str) -> tuple[str, ...]:
-    """A point's path in the collections: attn.out -> ("attn", "output"), embed -> ("token_embedding",)."""
+def _sown_path(name: str, suffix: str = "") -> tuple[str, ...]:
+    """A point's path in the collections: attn.out -> ("attn", "output"), embed -> ("token_embedding",),
+    an SAE's resid_post.features -> ("resid_post.features",); `suffix` joins the last key."""
+    if name.endswith(FEATURES):
+        return _sown_path(name.removesuffix(FEATURES), FEATURES + suffix)
     *modules, key = name.split(".")
-    return (*modules, SOWN.get(key, key))
+    return (*modules, SOWN.get(key, key) + suffix)
+
+
+def _splice_path(cfg: ModelConfig, name: str) -> tuple[str, ...]:
+    """Where an SAE spliced in at point `name` goes in the edits collection (one layer, unrolled stack)."""
+    check_editable(cfg, name)
+    if name in TOP:
+        return _sown_path(name, SPLICE)
+    if _layer(name) == "*" or cfg.scan_layers:
+        raise ValueError(f"an SAE splices into one layer's point of an unrolled stack, not {name!r}"
+                         f"{' with scan_layers=True' if cfg.scan_layers else ''}; name the layer (blocks.1.resid_post) and "
+                         "unroll a scanned model first (param_tree.unrolled(params, cfg))")
+    return (f"layers_{_layer(name)}", *_sown_path(name.split(".", 2)[2], SPLICE))
 
 
 def _put(tree: dict, path: tuple[str, ...], value: tuple[Array, Array]) -> None:

@@ -66,6 +66,9 @@ SOWN = {"embed": "token_embedding", "pos_embed": "position_embedding", "q": "que
         "v": "values", "out": "output"}
 # Points computed from others for the capture alone: edit the point they come from (z, the pattern).
 CAPTURE_ONLY = ("attn.sink_share", "attn.register_share", "attn.head_out")
+# A sparse autoencoder spliced in at a point P (the edits collection holds it under P's key + SPLICE)
+# makes the point P.features [B, T, N] (axes "..n"), captured and edited like any other.
+SPLICE, FEATURES = ".splice", ".features"
 
 
 def point(module: nn.Module, name: str, value: jax.Array) -> jax.Array:
@@ -75,6 +78,9 @@ def point(module: nn.Module, name: str, value: jax.Array) -> jax.Array:
         scale, add = module.get_variable(EDITS, name)
         value = value * scale.astype(value.dtype) + add.astype(value.dtype)
     module.sow(COLLECTION, name, value)  # a no-op unless the collection is mutable (a capture)
+    if module.has_variable(EDITS, name + SPLICE):  # an SAE in place of the value (analysis/sae/splice.py)
+        mark = lambda features: point(module, name + FEATURES, features)  # noqa: E731
+        value = module.get_variable(EDITS, name + SPLICE).spliced(value, mark)
     return value
 
 
@@ -106,6 +112,8 @@ def layer_points(cfg: ModelConfig) -> list[str]:
 def point_axes(cfg: ModelConfig, name: str) -> str:
     """The axes of point `name` (`embed`, `blocks.3.attn.z`, `blocks.*.attn.z`) in a model of `cfg`,
     as LAYER's letters: "bthk" for z. MLA's query latent norm is "btc" (no heads)."""
+    if name.endswith(FEATURES):  # an SAE's features at a point: its axes with N in place of the width
+        return point_axes(cfg, name.removesuffix(FEATURES))[:-1] + "n"
     if name in TOP:
         return TOP[name]
     rest = name.split(".", 2)[2]

@@ -5,6 +5,8 @@ estimate towards actual patching where the attention is saturated; bad inputs ge
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,6 +21,7 @@ from transformer.analysis import attribution_patching as atp
 from transformer.analysis import patching
 from transformer.analysis.capture import capture
 from transformer.analysis.patching import logit_difference
+from transformer.model import edits
 from transformer.model.decoder import Decoder
 
 TOL = dict(rtol=1e-4, atol=1e-4)
@@ -108,19 +111,46 @@ def test_atp_star_recomputes_a_saturated_softmax_that_the_linear_estimate_misses
         params[last]["attn"][w]["kernel"] = params[last]["attn"][w]["kernel"] * 6.0
     clean, corrupted = pair()
     metric = logit_difference(jnp.array([1, 2]), jnp.array([3, 4]))
-    weights = capture(params, cfg, corrupted, ["blocks.*.attn.pattern"])[2]["blocks.*.attn.pattern"][-1]
+    names = ("blocks.*.attn.q", "blocks.*.attn.k")
+
+    @jit
+    def grids(p):
+        weights = capture(p, cfg, corrupted, ["blocks.*.attn.pattern"])[2]["blocks.*.attn.pattern"][-1]
+        return weights, [[f(p, cfg, clean, corrupted, metric, name, axes=(0, 3)) for f in (
+            patching._patch, atp.attribute, functools.partial(atp.attribute, saturation=True))] for name in names]
+
+    weights, results = grids(params)
     assert float(weights.max(-1).mean()) > 0.99
     moved = {}
-    for name in ("blocks.*.attn.q", "blocks.*.attn.k"):
-        actual = patching._patch(params, cfg, clean, corrupted, metric, name, axes=(0, 3)).grid[-1]
-        linear = atp.attribute(params, cfg, clean, corrupted, metric, name, axes=(0, 3))
-        star = atp.attribute(params, cfg, clean, corrupted, metric, name, axes=(0, 3), saturation=True)
-        linear_error = np.abs(np.asarray(linear.grid[-1] - actual)).sum()
-        star_error = np.abs(np.asarray(star.grid[-1] - actual)).sum()
+    for name, (actual, linear, star) in zip(names, results):
+        linear_error = np.abs(np.asarray(linear.grid[-1] - actual.grid[-1])).sum()
+        star_error = np.abs(np.asarray(star.grid[-1] - actual.grid[-1])).sum()
         assert star_error < 0.6 * linear_error and linear_error > 0.05, (name, star_error, linear_error)
-        moved[name] = (np.asarray(actual - linear.corrupted), np.asarray(linear.grid[-1] - linear.corrupted))
+        moved[name] = (np.asarray(actual.grid[-1] - linear.corrupted), np.asarray(linear.grid[-1] - linear.corrupted))
     actual_change, estimated_change = moved["blocks.*.attn.q"]  # head 0's queries: patching moves it, AtP sees ~0
     assert abs(actual_change[0]) > 0.2 and abs(estimated_change[0]) < 0.01
+
+
+def test_atp_star_is_the_change_of_the_weights_that_patching_makes_times_their_gradient():
+    """AtP*'s cell, independently: the attention weights captured with that cell patched (grouped keys,
+    RoPE and QK-norm on the way), minus the corrupted run's, dotted with d metric / d weights."""
+    cfg, params = model("gqa_qk_norm")
+    clean, corrupted = pair()
+    metric = logit_difference(jnp.array([1, 2]), jnp.array([3, 4]))
+    name = "blocks.*.attn.pattern"
+
+    @jit
+    def both(p):
+        star = atp.attribute(p, cfg, clean, corrupted, metric, "blocks.*.attn.k", axes=(0, 3), saturation=True)
+        keys = capture(p, cfg, clean, ["blocks.1.attn.k"])[2]["blocks.1.attn.k"]
+        _, weights, grads = atp.gradients(p, cfg, corrupted, metric, [name])
+        patched = capture(p, cfg, corrupted, [name], edits=[edits.patch(cfg, "blocks.1.attn.k", keys, head=1)])[2][name]
+        return star, ((patched - weights[name]) * grads[name]).sum()
+
+    star, want = both(params)
+    assert star.grid.shape == (cfg.num_layers, cfg.num_kv_heads)
+    np.testing.assert_allclose(star.grid[1, 1] - star.corrupted, want, rtol=1e-4, atol=1e-6)
+    assert abs(float(want)) > 1e-3
 
 
 @pytest.mark.parametrize("call, message", [

@@ -9,7 +9,8 @@ For each draw (a seed) and patching pair, every grid is made both ways: by actua
 resid_pre at each position [L, T], and each head's queries and keys [L, H], the latter also with AtP*'s
 recomputed softmax. Compared: Spearman's rank correlation of the cells' effects (the metric's change
 from the corrupted run) over the cells either method moves, the overlap of the top-k cells by |effect|
-(chance: k / cells, the expected share of a random top k), the cells where the estimate is badly off (a top-k cell of patching with the wrong
+(chance: k / cells, the expected share of a random top k), the share of each layer's attention rows
+that one key holds (> 0.99: saturated, where the linear estimate through the softmax fails), the cells where the estimate is badly off (a top-k cell of patching with the wrong
 sign or outside the estimate's top 2k), and the time of each (first call: compile and run; second: run).
 The pairs: recall, the question asking another of the document's facts (as retrieval.causal_scores), and
 the facts changed, the asked fact's key swapped with another fact's in the needles, the question the same;
@@ -31,6 +32,7 @@ from scipy.stats import spearmanr
 
 from transformer.analysis import attribution_patching as atp
 from transformer.analysis import patching
+from transformer.analysis.capture import capture
 from transformer.data.atomic_files import save_json
 from transformer.experiments.recall import needle, retrieval
 from transformer.load import load_run, validation_tokens
@@ -38,6 +40,7 @@ from transformer.load import load_run, validation_tokens
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRIDS = {"heads": ("blocks.*.attn.z", (0, 3), 3), "positions": ("blocks.*.resid_pre", (0, 2), 10),
          "queries": ("blocks.*.attn.q", (0, 3), 3), "keys": ("blocks.*.attn.k", (0, 3), 3)}  # point, cell axes, k
+SATURATED = 0.99  # a row of attention weights is saturated when one key holds more than this
 
 
 def swap_keys(document: needle.Document, other: int) -> needle.Document:
@@ -116,13 +119,15 @@ def measure(cfg, params, clean, corrupted, metric) -> dict:
             guess, atp_first, atp_run = timed(estimate, params, clean, corrupted)
             out[f"{grid}_{method}"] = {**compare(actual, guess, k), "speedup_first_call": patch_first / atp_first,
                                        "speedup_run": patch_run / atp_run}
+    weights = capture(params, cfg, corrupted, ["blocks.*.attn.pattern"])[2]["blocks.*.attn.pattern"]  # [L, B, H, T, S]
+    out["saturated"] = (weights.max(axis=-1) > SATURATED).mean(axis=(1, 2, 3)).tolist()  # [L]: rows one key holds
     return out
 
 
 def summary(draws: list[dict]) -> dict:
     """Each number's mean, standard deviation, min and max over the draws, and the bad cells of every draw."""
-    out = {}
-    for key in draws[0]:
+    out = {"saturated": np.mean([d["saturated"] for d in draws], axis=0).tolist()}  # [L], averaged over the draws
+    for key in (k for k in draws[0] if k != "saturated"):
         stats = {}
         for field in ("spearman", "top_k", "chance_top_k", "speedup_first_call", "speedup_run", "cells"):
             values = np.array([d[key][field] for d in draws], float)

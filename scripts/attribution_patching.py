@@ -156,7 +156,7 @@ def main() -> None:
                      else copying_pair(tokenizer, seed, args.documents))
             for pair, (clean, corrupted, metric) in pairs.items():
                 per_pair.setdefault(pair, []).append(measure(cfg, params, clean, corrupted, metric))
-                print(model, pair, seed, {k: round(v["spearman"], 3) for k, v in per_pair[pair][-1].items()}, flush=True)
+                print(model, pair, seed, {k: round(v["spearman"], 3) for k, v in per_pair[pair][-1].items() if k != "saturated"}, flush=True)
         results["models"][model] = {"layers": cfg.num_layers, "heads": cfg.num_heads,
                                     **{pair: summary(draws) for pair, draws in per_pair.items()}}
     save_json(args.out, jax.tree.map(lambda x: round(float(x), 4) if isinstance(x, float) else x, results))

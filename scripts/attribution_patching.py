@@ -10,7 +10,8 @@ resid_pre at each position [L, T], and each head's queries and keys [L, H], the 
 recomputed softmax. Compared: Spearman's rank correlation of the cells' effects (the metric's change
 from the corrupted run) over the cells either method moves, the overlap of the top-k cells by |effect|
 (chance: k / cells, the expected share of a random top k), the share of each layer's attention rows
-that one key holds (> 0.99: saturated, where the linear estimate through the softmax fails), the cells where the estimate is badly off (a top-k cell of patching with the wrong
+that one key holds (> 0.99: saturated, where the linear estimate through the softmax fails), the cells
+where the estimate is badly off (a top-k cell of patching with the wrong
 sign or outside the estimate's top 2k), and the time of each (first call: compile and run; second: run).
 The pairs: recall, the question asking another of the document's facts (as retrieval.causal_scores), and
 the facts changed, the asked fact's key swapped with another fact's in the needles, the question the same;
@@ -33,6 +34,7 @@ from scipy.stats import spearmanr
 from transformer.analysis import attribution_patching as atp
 from transformer.analysis import patching
 from transformer.analysis.capture import capture
+from transformer.analysis.statistics import bootstrap_interval, paired_differences, verdict
 from transformer.data.atomic_files import save_json
 from transformer.experiments.recall import needle, retrieval
 from transformer.load import load_run, validation_tokens
@@ -103,12 +105,13 @@ def compare(actual: patching.Patching, estimate: patching.Patching, k: int) -> d
     shape = np.asarray(actual.grid).shape
     return {"spearman": float(spearmanr(effect[moved], guess[moved])[0]), "cells": int(moved.sum()),
             "top_k": len(set(top[:k]) & set(top_guess[:k])) / k, "chance_top_k": k / moved.sum(),
-            "bad_cells": [[*(int(i) for i in np.unravel_index(c, shape)), float(effect[c]), float(guess[c])] for c in bad],
+            "bad_cells": [[*(int(i) for i in np.unravel_index(c, shape)), float(effect[c]), float(guess[c])]
+                          for c in bad],
             "metric_clean": float(actual.clean), "metric_corrupted": float(actual.corrupted)}
 
 
 def measure(cfg, params, clean, corrupted, metric) -> dict:
-    """Every grid both ways (and AtP* for queries and keys), compared, with the times of the heads and positions grids."""
+    """Every grid both ways (and AtP* for queries and keys), compared and timed; each layer's saturated rows."""
     out = {}
     for grid, (name, axes, k) in GRIDS.items():
         make = jax.jit(lambda p, c, x: patching._patch(p, cfg, c, x, metric, name, axes))
@@ -125,16 +128,23 @@ def measure(cfg, params, clean, corrupted, metric) -> dict:
 
 
 def summary(draws: list[dict]) -> dict:
-    """Each number's mean, standard deviation, min and max over the draws, and the bad cells of every draw."""
+    """Each number's mean, standard deviation, min, max and draws, the bad cells of every draw, whether attribution
+    is faster (a verdict on the log speed-ups) and AtP*'s gain in rank correlation over AtP (a paired verdict)."""
     out = {"saturated": np.mean([d["saturated"] for d in draws], axis=0).tolist()}  # [L], averaged over the draws
     for key in (k for k in draws[0] if k != "saturated"):
         stats = {}
         for field in ("spearman", "top_k", "chance_top_k", "speedup_first_call", "speedup_run", "cells"):
             values = np.array([d[key][field] for d in draws], float)
-            stats[field] = {"mean": values.mean(), "sd": values.std(ddof=1), "min": values.min(), "max": values.max()}
+            stats[field] = {"mean": values.mean(), "sd": values.std(ddof=1), "min": values.min(), "max": values.max(),
+                            "draws": values.tolist()}
         stats["bad_cells"] = [d[key]["bad_cells"] for d in draws]
         stats["metric"] = [[d[key]["metric_corrupted"], d[key]["metric_clean"]] for d in draws]
+        stats["faster"] = verdict(np.log(stats["speedup_run"]["draws"]), lower_is_better=False)  # same time: log 1 = 0
         out[key] = stats
+    for grid in ("queries", "keys"):  # AtP*'s rank correlation against AtP's, paired by draw
+        gain = paired_differences(out[f"{grid}_atp_star"]["spearman"]["draws"], out[f"{grid}_atp"]["spearman"]["draws"])
+        out[f"{grid}_star_gain"] = {"mean": gain.mean(), "interval": list(bootstrap_interval(gain)),
+                                    "verdict": verdict(gain, lower_is_better=False)}
     return out
 
 
@@ -156,7 +166,9 @@ def main() -> None:
                      else copying_pair(tokenizer, seed, args.documents))
             for pair, (clean, corrupted, metric) in pairs.items():
                 per_pair.setdefault(pair, []).append(measure(cfg, params, clean, corrupted, metric))
-                print(model, pair, seed, {k: round(v["spearman"], 3) for k, v in per_pair[pair][-1].items() if k != "saturated"}, flush=True)
+                got = per_pair[pair][-1]
+                print(model, pair, seed, {k: round(v["spearman"], 3) for k, v in got.items() if k != "saturated"},
+                      flush=True)
         results["models"][model] = {"layers": cfg.num_layers, "heads": cfg.num_heads,
                                     **{pair: summary(draws) for pair, draws in per_pair.items()}}
     save_json(args.out, jax.tree.map(lambda x: round(float(x), 4) if isinstance(x, float) else x, results))

@@ -45,15 +45,16 @@ def test_the_estimate_is_actual_patching_where_the_metric_is_linear_in_the_point
 
     @jit
     def grids(p):
-        at_norm = [(patching._patch(p, cfg, clean, corrupted, m, "final_norm.out", axes=(1,)),  # grid [T]
-                    atp.attribute(p, cfg, clean, corrupted, m, "final_norm.out", axes=(1,))) for m in (metric, linear_metric)]
+        at_norm = [[f(p, cfg, clean, corrupted, m, "final_norm.out", axes=(1,)) for f in (patching._patch, atp.attribute)]
+                   for m in (metric, linear_metric)]  # grids [T]
         return at_norm, [f(p, cfg, clean, corrupted, metric) for f in (patching.patch_heads, atp.attribute_heads)]
 
     at_norm, (heads, estimated_heads) = grids(params)
     for actual, estimate in at_norm:
         np.testing.assert_allclose(estimate.grid, actual.grid, **TOL)
         assert np.ptp(np.asarray(actual.grid)) > 1e-2
-    np.testing.assert_allclose([estimated_heads.clean, estimated_heads.corrupted], [heads.clean, heads.corrupted], **TOL)
+    np.testing.assert_allclose([estimated_heads.clean, estimated_heads.corrupted], [heads.clean, heads.corrupted],
+                               **TOL)
     assert np.abs(np.asarray(estimated_heads.grid - heads.grid)).max() > 1e-2  # nonlinear in z: only an estimate
 
     post_cfg = ModelConfig(**{**BASE, "prenorm": False, "position": "learned", "scan_layers": scan_layers})

@@ -64,7 +64,7 @@ def attribute(params: Any, cfg: ModelConfig, clean: Array, corrupted: Array, met
     if saturation:
         _check_saturation(cfg, name)
     logits, _, got = capture(params, cfg, clean, [name], edits=edits)
-    extra = ["blocks.*.attn.q", "blocks.*.attn.k", "blocks.*.attn.scores", "blocks.*.attn.pattern"] if saturation else []
+    extra = [f"blocks.*.attn.{p}" for p in ("q", "k", "scores", "pattern")] if saturation else []
     value, points, grads = gradients(params, cfg, corrupted, metric, [name, *extra], edits)
     change = got[name] - points[name]  # a_clean - a_corrupted
     grid_shape = tuple(change.shape[a] for a in axes)

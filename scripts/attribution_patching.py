@@ -157,6 +157,7 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(ROOT, "docs/experiments/attribution_patching.json"))
     args = parser.parse_args()
     results = {"command": "python scripts/attribution_patching.py", "draws": args.draws, "documents": args.documents,
+               "source": "the latest checkpoints of the recall run and the copying run (--recall, --copying)",
                "device": jax.devices()[0].device_kind, "models": {}}
     for model, workdir in (("recall", args.recall), ("copying", args.copying)):
         cfg, params, tokenizer = load_run(workdir)

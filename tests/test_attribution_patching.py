@@ -70,7 +70,8 @@ def test_the_gradient_at_the_logits_is_the_logit_differences():
     cfg, params = model("gqa_qk_norm")
     tokens = pair()[0]
     metric = logit_difference(jnp.array([1, 2]), jnp.array([3, 4]))
-    value, points, grads = jit(lambda p: atp.gradients(p, cfg, tokens, metric, ["logits", "blocks.*.attn.z"]))(params)
+    names = ["logits", "blocks.*.attn.z", "logits"]  # a name twice: still one edit, one gradient
+    value, points, grads = jit(lambda p: atp.gradients(p, cfg, tokens, metric, names))(params)
     want = np.zeros(points["logits"].shape, np.float32)
     want[0, -1, 1], want[1, -1, 2], want[0, -1, 3], want[1, -1, 4] = 0.5, 0.5, -0.5, -0.5
     np.testing.assert_allclose(grads["logits"], want, atol=1e-7)

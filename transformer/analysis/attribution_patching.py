@@ -39,6 +39,7 @@ def gradients(params: Any, cfg: ModelConfig, tokens: Array, metric: Metric, name
     """metric(logits) of the model on `tokens` [B, T] with `edits`, and for each of `names` (any point, as
     `capture` names it: blocks.*.NAME stacked [L, ...]) its value and d metric / d value, same shape,
     from one `jax.grad` through an added edit of zeros at each point (after `edits`)."""
+    names = list(dict.fromkeys(names))  # one edit per point: a second would double its gradient
     for name in names:
         edit.check_editable(cfg, name)
     shapes = jax.eval_shape(lambda p: capture(p, cfg, tokens, names, edits=edits)[2], params)

@@ -20,6 +20,7 @@ FEATURE_LINES: dict[str, int] = {
     "rolling cache: its kept keys turned beside the new ones, no cache copy": 20,
     "families: Qwen3, Gemma 2 and 3": 230,
     "sparse autoencoders": 490,
+    "attribution patching": 100,
 }
 MAX_LINES = CORE_LINES + sum(FEATURE_LINES.values())
 

@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints: import GPT-2, Llama, Mistral and dense DeepSeek-V3; export all but DeepSeek.
+"""Hugging Face checkpoints: import GPT-2, Llama, Mistral, Qwen3, Gemma 2 / 3 and dense DeepSeek-V3; export
+all but DeepSeek.
 
     cfg, params = from_hf("path/to/gpt2")          # a local folder: config.json + *.safetensors
     cfg, params = from_hf(hf_model)                # or a `transformers` model object in memory
@@ -16,12 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.model.config import ModelConfig
-from transformer.hf import deepseek, gpt2, llama, mapping, mistral, model_files
+from transformer.hf import deepseek, gemma, gpt2, llama, mapping, mistral, model_files, qwen3
 from transformer.hf.tokenizer_files import check_tokenizer, write_tokenizer
 from transformer.model.param_tree import join_layers, layout_differences, split_layers
 from transformer.data.tokenizer import Tokenizer
 
-_FAMILIES = {family.ARCH: family for family in (gpt2, llama, mistral, deepseek)}
+_FAMILIES = {family.ARCH: family for family in (gpt2, llama, mistral, deepseek, qwen3, gemma.GEMMA2, gemma.GEMMA3)}
 SUPPORTED = tuple(_FAMILIES)
 MODEL_TYPES = {family.MODEL_TYPE: family.ARCH for family in _FAMILIES.values()}
 
@@ -40,7 +41,8 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
         method = quant.get("quant_method", "?") if isinstance(quant, Mapping) else "?"
         raise ValueError(f"this {arch} checkpoint is quantised (quantization_config, quant_method={method!r}); "
                          "only unquantised float32 / bfloat16 / float16 weights can be imported")
-    if family is not mistral and (hf.get("sliding_window") or hf.get("use_sliding_window")):
+    if family not in (mistral, qwen3, gemma.GEMMA2, gemma.GEMMA3) and (hf.get("sliding_window")
+                                                                       or hf.get("use_sliding_window")):
         raise ValueError(f"this {arch} config uses sliding-window attention "
                          f"(sliding_window={hf.get('sliding_window')}), which the importer of this architecture "
                          "does not read (only MistralForCausalLM's is imported)")
@@ -64,14 +66,21 @@ def to_hf(cfg: ModelConfig, params: Mapping, directory: str | os.PathLike, *,
           tokenizer: Tokenizer | None = None) -> None:
     """Writes config.json and model.safetensors that `transformers` loads as the same model, and the files of
     `tokenizer` (the model's); ValueError, before any write, for what no supported family holds."""
-    recipe = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in ("qk_norm", "logit_softcap") if getattr(cfg, k))
+    gemma_fields = gemma.fields_set(cfg)
+    family = (gpt2 if cfg.position == "learned" else gemma.family(cfg) if gemma_fields else qwen3 if cfg.qk_norm
+              else mistral if cfg.attention_window else llama)
+    holds = {"qk_norm": (qwen3, gemma.GEMMA3), "logit_softcap": (gemma.GEMMA2, gemma.GEMMA3)}
+    recipe = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in holds if getattr(cfg, k) and family not in holds[k])
     nowhere = "so no supported Hugging Face architecture can hold this model"
     for refused, why in (
         (cfg.attention_sink or cfg.num_registers,
          f"attention_sink={cfg.attention_sink}, num_registers={cfg.num_registers}: neither GPT-2 nor Llama has a "
          f"sink logit or register tokens, {nowhere}; train it with attention_sink=False and num_registers=0 to export"),
-        (recipe, f"{recipe}: neither GPT-2 nor Llama normalises queries and keys or soft-caps its logits, {nowhere}; "
-         "train it with qk_norm=False and logit_softcap=0 to export"),
+        (recipe, f"{recipe}: neither GPT-2 nor Llama normalises queries and keys or soft-caps its logits (Qwen3 and "
+         "Gemma 3 normalise them, Gemma 2 / 3 cap them, with RoPE and their other fields); train it with "
+         "qk_norm=False and logit_softcap=0 to export"),
+        (gemma_fields and family is gpt2, f"{gemma_fields} with learned positions: only Gemma 2 / 3 have these "
+         "fields, and they have RoPE"),
         (cfg.mlp_dim == 0, f"mlp_dim=0 (attention-only blocks): GPT-2 and Llama have an MLP in every layer, {nowhere}"),
         (cfg.attention_window and cfg.position != "rope",
          f"attention_window={cfg.attention_window} with position={cfg.position!r}: GPT-2 has no sliding window, "
@@ -86,7 +95,6 @@ def to_hf(cfg: ModelConfig, params: Mapping, directory: str | os.PathLike, *,
     if "params" in params and len(params) == 1:
         params = params["params"]
     top, layers = split_layers(jax.tree.map(np.asarray, params), cfg.num_layers)
-    family = gpt2 if cfg.position == "learned" else mistral if cfg.attention_window else llama
     hf = {"architectures": [family.ARCH], "model_type": family.MODEL_TYPE, "vocab_size": cfg.vocab_size,
           **family.export(cfg), "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": None,
           "eos_token_id": None, "dtype": "float32"}

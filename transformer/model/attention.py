@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from transformer.model import ops
 from transformer.model.config import ModelConfig
 from transformer.model.key_view import KeyView, key_view
-from transformer.model.kv_cache import KVCache, LatentCache
+from transformer.model.kv_cache import PAD_POSITION, KVCache, LatentCache
 from transformer.model.linear import Linear, dense, dense_init
 from transformer.model.norm import rms_norm_module
 from transformer.model.positions import scheme
@@ -72,7 +72,8 @@ class Attention(nn.Module):
             q, k = rms_norm_module(cfg, "q_norm")(q), rms_norm_module(cfg, "k_norm")(k)
         rotate = scheme(cfg).rotate
         if rotate is not None:
-            q, k = rotate(q, positions, cfg), rotate(k, positions, cfg)
+            theta = layer_rope_theta(cfg, window)
+            q, k = rotate(q, positions, cfg, theta), rotate(k, positions, cfg, theta)
         q, k, v = point(self, "queries", q), point(self, "keys", k), point(self, "values", v)  # attn.q, .k, .v
 
         view = key_view(cfg, positions, cached, window, order)
@@ -83,8 +84,18 @@ class Attention(nn.Module):
         at = looking_at(self, cfg, view)  # the weights' points need the reference path, as a cache does
         implementation = "reference" if cached is not None or at else cfg.attention_impl
         out, _ = ops.dot_product_attention(q, ks, vs, view.bias, at=at, implementation=implementation,
-                                           heads_first=heads_first, sink=sink_logit(self, cfg))
+                                           heads_first=heads_first, sink=sink_logit(self, cfg),
+                                           scale=cfg.attn_scale_dim ** -0.5 if cfg.attn_scale_dim else None,
+                                           cap=cfg.attn_softcap or None)
         return output_projection(self, cfg, out), KVCache(k=k, v=v)
+
+
+def layer_rope_theta(cfg: ModelConfig, window: int | Array | None) -> float | Array:
+    """A layer's RoPE base: cfg.rope_local_theta in a windowed layer when set (Gemma 3), else rope_theta.
+    window: W, None (global) or, in a scanned stack of both, the traced window (PAD_POSITION: global)."""
+    if not cfg.rope_local_theta or window is None:
+        return cfg.rope_theta
+    return jnp.where(jnp.asarray(window) < PAD_POSITION, cfg.rope_local_theta, cfg.rope_theta)
 
 
 def output_projection(module: nn.Module, cfg: ModelConfig, heads: Array) -> Array:

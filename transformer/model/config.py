@@ -10,7 +10,7 @@ from typing import Any
 from transformer.model.positions import SCHEMES
 
 CHOICES = {
-    "activation": ("gelu", "gelu_tanh", "relu", "relu2", "swiglu"),
+    "activation": ("gelu", "gelu_tanh", "relu", "relu2", "swiglu", "geglu"),
     "position": tuple(SCHEMES),  # model/positions.py
     "norm": ("layernorm", "rmsnorm"),
     "attention": ("mha", "mla"),
@@ -74,6 +74,13 @@ class ModelConfig:
     inputs: str = "tokens"  # 'tokens': ids [B, T] -> vocabulary logits; 'table': rows [B, T, F + 1] -> class logits
     num_features: int = 0  # inputs='table': F, the features a row holds (a table with fewer is zero-padded)
     num_classes: int = 0  # inputs='table': C, the class head's width (vocab_size is then unused)
+    # --- Gemma 2 / 3 (activation='geglu': the gated MLP with tanh GELU), also for training from scratch ---
+    norm_unit_offset: bool = False  # every norm's gain is 1 + w, w starting at 0 (Gemma's RMSNorm)
+    sublayer_out_norm: bool = False  # pre-norm: x + norm(f(norm(x))), a norm after each sublayer too (4 per block)
+    embed_scale: bool = False  # the token embeddings times sqrt(d_model), in the compute dtype (not the tied head's)
+    attn_scale_dim: float = 0.0  # > 0: scores q.k / sqrt(attn_scale_dim) (query_pre_attn_scalar); 0: / sqrt(head_dim)
+    attn_softcap: float = 0.0  # > 0: each attention logit s -> c tanh(s / c) before the mask (Gemma 2); 0: off
+    rope_local_theta: float = 0.0  # > 0: the RoPE base of the windowed layers (Gemma 3); 0: rope_theta in all
     # --- mixture of experts (model/moe.py): E > 0 replaces every layer's MLP by E SwiGLU experts of width mlp_dim ---
     num_experts: int = 0  # E; 0: a dense MLP
     experts_per_token: int = 2  # k: each token goes to the k experts of largest router probability
@@ -157,18 +164,37 @@ class ModelConfig:
         return tuple(None if not w or (k and (i + 1) % k == 0) else w for i in range(self.num_layers))
 
     def _check_recipe(self) -> None:
-        for name in ("qk_norm", "zero_init_out", "zero_init_head"):
+        for name in ("qk_norm", "zero_init_out", "zero_init_head", "norm_unit_offset", "sublayer_out_norm",
+                     "embed_scale"):
             _flag(name, getattr(self, name))
-        c = self.logit_softcap
-        _check(not isinstance(c, bool) and isinstance(c, (int, float)) and 0.0 <= c < float("inf"),
-               ".logit_softcap must be a finite number >= 0 (the cap c of c * tanh(logits / c); 0: no cap), "
-               f"got {c!r}")
+        cap = "the cap c of c * tanh(logits / c); 0: no cap"
+        for name, meaning in (("logit_softcap", cap), ("attn_softcap", cap), ("rope_local_theta", "0: rope_theta"),
+                              ("attn_scale_dim", "the d of q.k / sqrt(d); 0: head_dim")):
+            c = getattr(self, name)
+            _check(not isinstance(c, bool) and isinstance(c, (int, float)) and 0.0 <= c < float("inf"),
+                   f".{name} must be a finite number >= 0 ({meaning}), got {c!r}")
+        self._check_gemma()
         _check(not (self.qk_norm and self.attention == "mla"), ": qk_norm=True is implemented for attention='mha' "
                "only: MLA decodes by scoring queries against the cached latent through W_UK (absorbed), which a "
                "norm of the up-projected keys would break; MLA already normalises its latents (kv_norm, q_norm). "
                "Set qk_norm=False or attention='mha'")
         _check(not (self.zero_init_head and self.tie_embeddings), ": zero_init_head=True needs an untied head "
                "(tie_embeddings=False): tied logits use the token embedding matrix, which must not start at zero")
+
+    def _check_gemma(self) -> None:
+        """Gemma's options need what they act on: a gain, pre-norm, RoPE with windows, MHA / GQA's scores."""
+        _check(not (self.norm_unit_offset and not self.norm_scale), ": norm_unit_offset=True offsets the norms' "
+               "gain, but norm_scale=False leaves them none; set norm_scale=True")
+        _check(self.prenorm or not self.sublayer_out_norm, ": sublayer_out_norm=True adds a norm after each "
+               "pre-norm sublayer; with prenorm=False the norm already follows it: set prenorm=True")
+        _check(not self.rope_local_theta or (self.position == "rope" and self.attention_window), ": rope_local_theta="
+               f"{self.rope_local_theta} is the RoPE base of the windowed layers: set position='rope' and "
+               "attention_window=W > 0, or rope_local_theta=0")
+        _check(not (self.attn_softcap and self.attention_impl in ("xla", "cudnn")), ": attn_softcap > 0 needs "
+               f"attention_impl='reference' (or 'auto'; got {self.attention_impl!r}): the fused paths do not cap")
+        mla = [f"{k}={getattr(self, k)}" for k in ("attn_scale_dim", "attn_softcap", "rope_local_theta")
+               if getattr(self, k) and self.attention == "mla"]
+        _check(not mla, f": {', '.join(mla)} implemented for attention='mha' only; set them to 0")
 
     def _check_table(self) -> None:
         """inputs='table' needs F >= 1 and C >= 2, and none of the options that read token order or ids."""
@@ -185,6 +211,7 @@ class ModelConfig:
                    "tie_embeddings": (self.tie_embeddings, "rows have no token embedding to tie: set "
                                       "tie_embeddings=False"),
                    "num_registers": (self.num_registers, "set num_registers=0"),
+                   "embed_scale": (self.embed_scale, "rows have no token embedding to scale: set embed_scale=False"),
                    "attention_window": (self.attention_window, "rows have no order to window: set attention_window=0")}
         for name, (bad, fix) in refused.items():
             _check(not bad, f": inputs='table' does not take {name}={getattr(self, name)!r}; {fix}")

@@ -45,12 +45,14 @@ ACTIVATIONS = {
     "relu": nn.relu,
     "relu2": lambda x: jnp.square(nn.relu(x)),  # Primer (So et al. 2021), modded-nanogpt's MLP
     "swiglu": nn.silu,  # applied to the gate of a gated MLP
+    "geglu": lambda x: nn.gelu(x, approximate=True),  # likewise, tanh GELU (Gemma)
 }
+GATED = ("swiglu", "geglu")
 
 
 class MLP(nn.Module):
     """Position-wise feed-forward network [B, T, D] -> [B, T, F] -> [B, T, D]: W_out act(W_in x), or
-    gated with activation='swiglu': W_down (silu(W_gate x) * W_up x)."""
+    gated with activation='swiglu' / 'geglu': W_down (act(W_gate x) * W_up x), act silu / tanh GELU."""
 
     cfg: ModelConfig
 
@@ -60,7 +62,7 @@ class MLP(nn.Module):
         # No jax.checkpoint around the activation: without biases it made XLA:CPU compute the gradient in a
         # strided layout (docs/performance.md); cfg.remat is the memory knob.
         act = ACTIVATIONS[cfg.activation]
-        if cfg.activation == "swiglu":
+        if cfg.activation in GATED:
             h = act(dense(cfg, cfg.mlp_dim, "gate")(x)) * dense(cfg, cfg.mlp_dim, "up")(x)
         else:
             h = act(dense(cfg, cfg.mlp_dim, "fc_in")(x))
@@ -88,11 +90,12 @@ class Block(nn.Module):
         attention = (LatentAttention if cfg.attention == "mla" else Attention)(cfg, name="attn")
         mlp = (MoE if cfg.num_experts else MLP)(cfg, name="mlp")  # never called with mlp_dim=0: no parameters then
         x = point(self, "resid_pre", x)  # the named points: model/points.py
-        if cfg.prenorm:
+        if cfg.prenorm:  # with sublayer_out_norm each sublayer's output is normalised too (Gemma)
+            out_norm = lambda name, y: config_norm(cfg, name)(y) if cfg.sublayer_out_norm else y  # noqa: E731
             a, new = attention(config_norm(cfg, "attn_norm")(x), positions, cached, window, order)
-            x = point(self, "resid_mid", x + drop(a))
+            x = point(self, "resid_mid", x + drop(out_norm("attn_out_norm", a)))
             if cfg.mlp_dim:
-                x = x + drop(mlp(config_norm(cfg, "mlp_norm")(x)))
+                x = x + drop(out_norm("mlp_out_norm", mlp(config_norm(cfg, "mlp_norm")(x))))
         else:
             a, new = attention(x, positions, cached, window, order)
             x = point(self, "resid_mid", config_norm(cfg, "attn_norm")(x + drop(a)))

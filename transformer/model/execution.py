@@ -61,9 +61,9 @@ def resolve_auto(cfg: ModelConfig, backend: str | None = None, seq_len: int | No
     if backend not in CHOICES:
         note = f"backend {backend!r} is not gpu, tpu or cpu: the CPU's choices"
     choices = {name: CHOICES.get(backend, CHOICES["cpu"])[name] for name in auto}
-    if choices.get("attention_impl", "reference") != "reference" and cfg.attention_sink:
+    if choices.get("attention_impl", "reference") != "reference" and (cfg.attention_sink or cfg.attn_softcap):
         choices["attention_impl"] = "reference"
-        note = "reference attention: the fused paths have no sink logit"
+        note = "reference attention: the fused paths have no sink logit and no soft-cap"
     if choices.get("attention_impl") == "cudnn":
         why = cudnn_cannot_run(cfg, choices.get("dtype", cfg.dtype), seq_len)
         if why:

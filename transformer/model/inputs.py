@@ -30,7 +30,7 @@ Array = jax.Array
 
 def embed_tokens(module: nn.Module, cfg: ModelConfig, tokens: Array, positions: Array | None, cache: Cache | None,
                  deterministic: bool) -> tuple[Array, Array, None]:
-    """tokens [B, T] -> x [B, T, D]: E[tokens] (E [V, D], `embed`) plus the position scheme's
+    """tokens [B, T] -> x [B, T, D]: E[tokens] (E [V, D], `embed`; times sqrt(D) with embed_scale) plus the scheme's
     embedding at `positions` (default 0..T-1), then dropout. Checks ids and positions when known."""
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)  # [B, T]: 0..T-1
@@ -40,7 +40,10 @@ def embed_tokens(module: nn.Module, cfg: ModelConfig, tokens: Array, positions: 
                      dtype=cfg.dtype, name="embed")  # E [V, D]
     # Clipped: nn.Embed looks up an id >= V as NaN, which the attention would spread to every
     # position of the row. A bad id's logits are set to NaN after the layers instead.
-    x = point(module, "token_embedding", embed(jnp.clip(tokens, 0, cfg.vocab_size - 1)))  # [B, T, D]: point embed
+    x = embed(jnp.clip(tokens, 0, cfg.vocab_size - 1))  # [B, T, D]
+    if cfg.embed_scale:  # times sqrt(D) rounded to the compute dtype, as Gemma's normaliser
+        x = x * jnp.asarray(cfg.d_model ** 0.5, x.dtype)
+    x = point(module, "token_embedding", x)  # the point embed
     embed_positions = scheme(cfg).embed
     if embed_positions is not None:  # + P[positions], learned or sinusoidal: the point pos_embed
         x = x + point(module, "position_embedding", embed_positions(module, cfg, positions))

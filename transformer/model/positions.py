@@ -26,8 +26,8 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class PositionScheme:
-    """embed(module, cfg, positions [B, T]) -> [B, T, D]; rotate(x [B, T, N, K], positions [B, T], cfg) -> x
-    turned; score_bias(cfg, q [B, T], k [B, S]) -> [B, H, T, S]; None where the scheme does not do it."""
+    """embed(module, cfg, positions [B, T]) -> [B, T, D]; rotate(x [B, T, N, K], positions [B, T], cfg,
+    theta=None: cfg.rope_theta) -> x turned; score_bias(cfg, q [B, T], k [B, S]) -> [B, H, T, S]; None where the scheme does not do it."""
 
     relative: bool
     embed: Callable | None = None
@@ -67,7 +67,8 @@ def alibi_bias(cfg, q_positions: Array, k_positions: Array) -> Array:
 SCHEMES = {
     "learned": PositionScheme(relative=False, embed=learned_embedding),
     "sinusoidal": PositionScheme(relative=False, embed=sinusoidal_embedding),
-    "rope": PositionScheme(relative=True, rotate=lambda x, positions, cfg: ops.rope(x, positions, cfg.rope_theta)),
+    "rope": PositionScheme(relative=True, rotate=lambda x, positions, cfg, theta=None: ops.rope(
+        x, positions, cfg.rope_theta if theta is None else theta)),
     "none": PositionScheme(relative=True),
     "alibi": PositionScheme(relative=True, score_bias=alibi_bias),
 }

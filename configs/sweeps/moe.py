@@ -4,7 +4,7 @@
     python scripts/moe_experiment.py runs/sweeps/moe          # writes docs/experiments/moe.json
 
 configs/moe.py's model (2 layers, d_model 64, top-2 of 4 SwiGLU experts of width 64) and the same
-model with one dense SwiGLU MLP of width 128: per token both apply 2 x 64 = 128 MLP units. Three seeds
+model with one dense SwiGLU MLP of width 128: per token both apply 2 x 64 = 128 MLP units. Five seeds
 each (init and data order), 400 steps of 32 x 64 bytes, evaluated every 50 steps.
 """
 
@@ -26,5 +26,5 @@ def get_config():
             "moe": {},
             "dense": {"model.num_experts": 0, "model.mlp_dim": 128},  # = experts_per_token x the expert width
         },
-        seeds=[0, 1, 2],
+        seeds=[0, 1, 2, 3, 4],
     )

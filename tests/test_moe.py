@@ -145,6 +145,8 @@ def test_switching_an_expert_off_routes_its_tokens_to_the_others(renormalize):
     np.testing.assert_allclose(np.asarray(points["blocks.1.mlp.out"]), want, atol=2e-5, rtol=2e-4)
     assert np.abs(np.asarray(logits) - np.asarray(clean)).max() > 1e-3
     np.testing.assert_allclose(np.asarray(run(params, cfg, tokens(), [edit])[0]), np.asarray(logits), atol=1e-5)
+    unscanned = run(unstack_layers(params, 2), cfg.replace(scan_layers=False), tokens(), [edit])[0]  # per-layer edits
+    np.testing.assert_allclose(np.asarray(unscanned), np.asarray(logits), atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match=r"needs \[L, E\] = \(2, 4\)"):
         switch_off_experts(cfg, np.ones((2, 3)))
 

@@ -4,7 +4,7 @@ DeepSeek-V3; export all but DeepSeek.
     cfg, params = from_hf("path/to/gpt2")          # a local folder: config.json + *.safetensors
     cfg, params = from_hf(hf_model)                # or a `transformers` model object in memory
     to_hf(cfg, params, "out/", tokenizer=tok)      # AutoModelForCausalLM.from_pretrained("out/")
-Nothing is downloaded; what the model does not implement (rope scaling, MoE, ...) raises a ValueError."""
+Nothing is downloaded; what the model does not implement (rope scaling, DeepSeek-V3's MoE, ...) raises a ValueError."""
 
 from __future__ import annotations
 

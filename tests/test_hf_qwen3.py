@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 import jax
 from tests.test_hf import TOL, V, T, assert_trees_equal, config_dir, hf_logits, max_diff, random_params, tokens
-from transformer.hf import from_hf, to_hf
+from transformer.hf import from_hf, qwen3, to_hf
 from transformer.model import edits
 from transformer.model.config import ModelConfig
 from transformer.sampling.sampler import generate
@@ -36,7 +36,8 @@ MODEL = qwen3_model()
 
 def test_import_gives_the_same_logits_and_reads_qk_norm(tmp_path):
     cfg, params = from_hf(MODEL)
-    assert (cfg.qk_norm, cfg.head_dim, cfg.num_kv_heads, cfg.activation, cfg.tie_embeddings) == (True, 24, 2, "swiglu", False)
+    assert (cfg.qk_norm, cfg.head_dim, cfg.num_kv_heads, cfg.activation, cfg.tie_embeddings) == (
+        True, 24, 2, "swiglu", False)
     assert params["layers"]["attn"]["q_norm"]["scale"].shape == (2, 24)  # [L, K], shared by the heads
     assert max_diff(cfg, params, MODEL, tokens()) < TOL
     # Without its q_norm / k_norm gains the model is another function: the test sees them.
@@ -107,3 +108,16 @@ def test_ablating_a_head_equals_zeroing_its_columns_of_o_proj_in_transformers():
 def test_qwen3_fields_we_lack_are_refused_by_name(changes, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         from_hf(config_dir(tmp_path, MODEL.config, **changes))
+
+
+def test_a_released_config_maps_as_transformers_reads_it():
+    """Qwen3-0.6B's config.json (transformers 4.51), weights left out: sliding_window null, tied head."""
+    released = dict(architectures=["Qwen3ForCausalLM"], attention_bias=False, attention_dropout=0.0, head_dim=128,
+                    hidden_act="silu", hidden_size=1024, intermediate_size=3072, max_position_embeddings=40960,
+                    max_window_layers=28, model_type="qwen3", num_attention_heads=16, num_hidden_layers=28,
+                    num_key_value_heads=8, rms_norm_eps=1e-06, rope_scaling=None, rope_theta=1000000,
+                    sliding_window=None, tie_word_embeddings=True, use_sliding_window=False, vocab_size=151936)
+    cfg, _ = qwen3.import_config({**qwen3.DEFAULTS, **released})
+    assert (cfg.head_dim, cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.qk_norm, cfg.rope_theta, cfg.norm_eps,
+            cfg.tie_embeddings, cfg.attention_window) == (128, 1024, 16, 8, True, 1e6, 1e-6, True, 0)
+    assert cfg == qwen3.import_config(Qwen3Config(**released).to_dict())[0]  # as transformers 5 saves it

@@ -16,7 +16,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "transformer"
 # Lines neither blank nor comment-only, docstrings included. The core was cut to 6,900 (from 8,616) by
 # the redesign; each feature since is allowed what it added, a ratchet: lower its line when it shrinks.
 CORE_LINES = 6_900
-FEATURE_LINES: dict[str, int] = {"families: Qwen3, Gemma 2 and 3": 220, "mixture of experts": 220}
+FEATURE_LINES: dict[str, int] = {"families: Qwen3, Gemma 2 and 3": 230, "mixture of experts": 220}
 MAX_LINES = CORE_LINES + sum(FEATURE_LINES.values())
 
 

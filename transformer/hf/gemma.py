@@ -1,7 +1,8 @@
 """Gemma2ForCausalLM and Gemma3ForCausalLM (the text model) <-> ModelConfig: RMSNorm with a (1 + w) gain
 (norm_unit_offset), four norms per block (sublayer_out_norm: post_attention_layernorm is the attention's
 output norm), GeGLU with tanh GELU, embeddings times sqrt(D) (embed_scale), the query scale from
-query_pre_attn_scalar (attn_scale_dim), attention and final logit soft-caps, local layers with
+query_pre_attn_scalar (attn_scale_dim), the attention (Gemma 2 only: transformers' Gemma 3 does not apply
+it) and final logit soft-caps, local layers with
 `sliding_window` from `layer_types` (a global layer every k-th: global_every) and, Gemma 3, qk_norm and
 the local layers' RoPE base (rope_local_theta). The two differ only in their defaults and those fields."""
 
@@ -32,11 +33,13 @@ FIELDS = ("norm_unit_offset", "sublayer_out_norm", "embed_scale", "attn_scale_di
 def import_config(hf: dict, version: int) -> tuple[ModelConfig, Layout]:
     name = f"Gemma {version}"
     qwen3.check_dense_attention(hf, name)
-    for key, ok in (("hidden_activation", hf["hidden_activation"] == "gelu_pytorch_tanh"),
-                    ("use_bidirectional_attention", not hf.get("use_bidirectional_attention"))):
+    for key, ok, why in (
+            ("hidden_activation", hf["hidden_activation"] == "gelu_pytorch_tanh", "only tanh GELU, gelu_pytorch_tanh"),
+            ("use_bidirectional_attention", not hf.get("use_bidirectional_attention"), "the decoder is causal"),
+            ("attn_logit_softcapping", version == 2 or hf["attn_logit_softcapping"] is None,
+             "transformers' Gemma 3 does not apply it (qk_norm took its place), so set it to null")):
         if not ok:
-            raise ValueError(f"{name} with {key}={hf.get(key)!r} is not supported: ModelConfig has the gated MLP "
-                             "with tanh GELU (gelu_pytorch_tanh) and causal attention only")
+            raise ValueError(f"{name} with {key}={hf.get(key)!r} is not supported: {why}")
     window, every = layer_windows(hf, name)
     theta, local_theta = rope_thetas(hf, name)
     cfg, _ = llama.import_config({**hf, "hidden_act": "silu", "mlp_bias": False, "rope_scaling": None,
@@ -86,8 +89,9 @@ def layout(cfg: ModelConfig) -> Layout:
 
     def layer(i: int) -> list[Tensor]:
         p = f"model.layers.{i}."
-        tensors = [dataclasses.replace(t, parts="attn_out_norm/scale") if t.name == f"{p}post_attention_layernorm.weight"
-                   else t for t in qwen3.attention(cfg, i)]
+        out_norm = f"{p}post_attention_layernorm.weight"  # Llama's MLP norm, Gemma's attention output norm
+        tensors = [dataclasses.replace(t, parts="attn_out_norm/scale") if t.name == out_norm else t
+                   for t in qwen3.attention(cfg, i)]
         return [*tensors, *norm(p + "pre_feedforward_layernorm", "mlp_norm", d, bias=False),
                 *norm(p + "post_feedforward_layernorm", "mlp_out_norm", d, bias=False),
                 *llama.swiglu(cfg, p, bias=False)]
@@ -100,11 +104,11 @@ def export(cfg: ModelConfig, version: int) -> dict:
     check_export(cfg, f"Gemma{version}ForCausalLM", {
         "norm": ("rmsnorm",), "activation": ("geglu",), "use_bias": (False,), "attention": ("mha",),
         "qk_norm": (version == 3,), **{k: (True,) for k in ("norm_unit_offset", "sublayer_out_norm", "embed_scale")},
-        **({"rope_local_theta": (0.0,)} if version == 2 else {})})
+        **({"rope_local_theta": (0.0,)} if version == 2 else {"attn_softcap": (0.0,)})})
     hf = llama.export(cfg.replace(activation="swiglu"))
     del hf["hidden_act"], hf["mlp_bias"]
     scale_dim = cfg.attn_scale_dim or cfg.head_dim
-    hf |= {"hidden_activation": "gelu_pytorch_tanh", "sliding_window": cfg.attention_window or None,
+    hf |= {"hidden_activation": "gelu_pytorch_tanh", "sliding_window": cfg.attention_window or cfg.max_seq_len,
            "query_pre_attn_scalar": int(scale_dim) if float(scale_dim).is_integer() else scale_dim,
            "layer_types": ["full_attention" if w is None else "sliding_attention" for w in cfg.layer_windows()],
            "final_logit_softcapping": cfg.logit_softcap or None, "attn_logit_softcapping": cfg.attn_softcap or None}
@@ -130,7 +134,8 @@ def family(cfg: ModelConfig) -> types.SimpleNamespace:
 def _family(version: int, model_type: str, defaults: dict) -> types.SimpleNamespace:
     return types.SimpleNamespace(
         ARCH=f"Gemma{version}ForCausalLM", MODEL_TYPE=model_type, DEFAULTS=defaults, layout=layout,
-        import_config=functools.partial(import_config, version=version), export=functools.partial(export, version=version))
+        import_config=functools.partial(import_config, version=version),
+        export=functools.partial(export, version=version))
 
 
 GEMMA2, GEMMA3 = _family(2, "gemma2", GEMMA2_DEFAULTS), _family(3, "gemma3_text", GEMMA3_DEFAULTS)

@@ -6,6 +6,7 @@
         x = x + mlp(norm(x))                    x = norm(x + mlp(x))
     logits = head(norm(x))                      (the final norm only with pre-norm)
     [logits = c tanh(logits / c)]               (logit_softcap = c > 0)
+    sublayer_out_norm (Gemma): x = x + norm(attention(norm(x))), x = x + norm(mlp(norm(x)))
 
 mlp_dim=0 leaves out each block's MLP line: attention-only blocks. num_registers=R > 0 puts R learned
 rows before the tokens' x (at positions -R..-1), dropped before the final norm: they give no logits.

@@ -63,7 +63,8 @@ def attention(q: Array, k: Array, v: Array, mask: Array | None = None) -> tuple[
 def dot_product_attention(
     q: Array, k: Array | Sequence[Array], v: Array | Sequence[Array], mask: Array | Sequence[Array] | None = None,
     *, scale: float | None = None, implementation: str = "reference", heads_first: Sequence[bool] | None = None,
-    sink: Array | None = None, at: AttentionPoint | None = None, cap: float | None = None) -> tuple[Array, Array | None]:
+    sink: Array | None = None, at: AttentionPoint | None = None, cap: float | None = None
+) -> tuple[Array, Array | None]:
     """`attention` as the model runs it, for G <= H key/value heads in one or more segments along S:
 
         dot_product_attention(q, [k_1, k_2], [v_1, v_2], [m_1, m_2])
@@ -99,13 +100,13 @@ def dot_product_attention(
     if implementation != "reference":
         if at is not None or len(ks) != 1 or sink is not None or cap:
             raise ValueError(f"implementation={implementation!r} takes one key segment, has no sink logit nor "
-                             "soft-cap and computes no weights; use implementation='reference' to look at or edit attention "
-                             "maps, to decode from a cache or for attention_sink=True or a cap")
+                             "soft-cap and computes no weights; use implementation='reference' to look at or edit "
+                             "attention maps, to decode from a cache or for attention_sink=True or a cap")
         return _fused_attention(q, ks[0], vs[0], masks[0], scale, implementation), None
 
     # Shapes for G < H; multi-head attention (R = 1) has no G, R axes but H: q [B, T, H, K] and so on.
     q, masks = _group_query_heads(q, masks, g)  # [B, T, G, R, K]; [B, 1 or G, 1 or R, T, S_i]
-    scores = [_segment_scores(q, k_i, m, scale, f, cap) for k_i, m, f in zip(ks, masks, firsts)]  # [B, G, R, T, S_i] each
+    scores = [_segment_scores(q, k_i, m, scale, f, cap) for k_i, m, f in zip(ks, masks, firsts)]  # [B, G, R, T, S_i]
     if sink is not None:  # [H] -> [G, R, 1, 1] grouped or [H, 1, 1]: one logit per row of each head
         sink = (sink if g == h else sink.reshape(g, h // g))[..., None, None].astype(jnp.float32)
     if at is not None:  # the points see [B, H, T, S]: query head h = g R + r, as grouped
@@ -139,7 +140,8 @@ def _group_query_heads(q: Array, masks: list[Array | None], g: int) -> tuple[Arr
 def _segment_scores(q: Array, k: Array, mask: Array | None, scale: float, heads_first: bool,
                     cap: float | None = None) -> Array:
     """One segment's logits q k^T * scale (soft-capped by `cap`) + mask in float32: [B, G, R, T, S] for
-    grouped q [B, T, G, R, K] and k [B, S, G, K], or [B, H, T, S] for q [B, T, H, K] and k [B, S, H, K] ([B, H, S, K] heads first)."""
+    grouped q [B, T, G, R, K] and k [B, S, G, K], or [B, H, T, S] for q [B, T, H, K] and k [B, S, H, K]
+    ([B, H, S, K] heads first)."""
     f32 = jnp.float32  # the dot products accumulate and come out in float32
     if q.ndim == 5:  # grouped queries
         scores = jnp.einsum("btgrk,bsgk->bgrts", q, k, preferred_element_type=f32)  # [B, G, R, T, S]

@@ -27,7 +27,8 @@ Array = jax.Array
 @dataclasses.dataclass(frozen=True)
 class PositionScheme:
     """embed(module, cfg, positions [B, T]) -> [B, T, D]; rotate(x [B, T, N, K], positions [B, T], cfg,
-    theta=None: cfg.rope_theta) -> x turned; score_bias(cfg, q [B, T], k [B, S]) -> [B, H, T, S]; None where the scheme does not do it."""
+    theta=None: cfg.rope_theta) -> x turned; score_bias(cfg, q [B, T], k [B, S]) -> [B, H, T, S]; None where
+    the scheme does not do it."""
 
     relative: bool
     embed: Callable | None = None

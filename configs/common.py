@@ -106,6 +106,7 @@ def base_config(model: dict) -> ml_collections.ConfigDict:
     c.mesh.data = -1  # data-parallel axis size; -1 = all devices not used by fsdp and tensor
     c.mesh.fsdp = 1  # shard parameters and optimizer state over this many devices
     c.mesh.tensor = 1  # tensor parallelism: split heads, MLP width and vocabulary over this many devices
+    c.mesh.expert = 1  # expert parallelism: split a mixture's experts (model.num_experts) over this many devices
     # Logical axis -> mesh axes ("data,fsdp"; "" = replicated); see transformer/training/sharding.py and the README.
     c.mesh.rules = ml_collections.ConfigDict(DEFAULT_RULES)
 

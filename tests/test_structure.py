@@ -21,6 +21,7 @@ FEATURE_LINES: dict[str, int] = {
     "families: Qwen3, Gemma 2 and 3": 230,
     "sparse autoencoders": 490,
     "attribution patching": 100,
+    "mixture of experts": 220,
 }
 MAX_LINES = CORE_LINES + sum(FEATURE_LINES.values())
 

@@ -1,10 +1,10 @@
-"""Hugging Face checkpoints: import GPT-2, Llama, Mistral, Qwen3, Gemma 2 / 3 and dense DeepSeek-V3; export
-all but DeepSeek.
+"""Hugging Face checkpoints: import GPT-2, Llama, Mistral, Qwen3, Gemma 2 / 3, Mixtral, Qwen3-MoE and dense
+DeepSeek-V3; export all but DeepSeek.
 
     cfg, params = from_hf("path/to/gpt2")          # a local folder: config.json + *.safetensors
     cfg, params = from_hf(hf_model)                # or a `transformers` model object in memory
     to_hf(cfg, params, "out/", tokenizer=tok)      # AutoModelForCausalLM.from_pretrained("out/")
-Nothing is downloaded; what the model does not implement (rope scaling, MoE, ...) raises a ValueError."""
+Nothing is downloaded; what the model does not implement (rope scaling, DeepSeek-V3's MoE, ...) raises a ValueError."""
 
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.model.config import ModelConfig
-from transformer.hf import deepseek, gemma, gpt2, llama, mapping, mistral, model_files, qwen3
+from transformer.hf import deepseek, gemma, gpt2, llama, mapping, mistral, mixtral, model_files, qwen3, qwen3_moe
 from transformer.hf.tokenizer_files import check_tokenizer, write_tokenizer
 from transformer.model.param_tree import join_layers, layout_differences, split_layers
 from transformer.data.tokenizer import Tokenizer
 
-_FAMILIES = {family.ARCH: family for family in (gpt2, llama, mistral, deepseek, qwen3, gemma.GEMMA2, gemma.GEMMA3)}
+_FAMILIES = {family.ARCH: family for family in (gpt2, llama, mistral, deepseek, qwen3, gemma.GEMMA2, gemma.GEMMA3,
+                                                mixtral, qwen3_moe)}
 SUPPORTED = tuple(_FAMILIES)
 MODEL_TYPES = {family.MODEL_TYPE: family.ARCH for family in _FAMILIES.values()}
 
@@ -41,7 +42,7 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
         method = quant.get("quant_method", "?") if isinstance(quant, Mapping) else "?"
         raise ValueError(f"this {arch} checkpoint is quantised (quantization_config, quant_method={method!r}); "
                          "only unquantised float32 / bfloat16 / float16 weights can be imported")
-    if family not in (mistral, qwen3, gemma.GEMMA2, gemma.GEMMA3) and (hf.get("sliding_window")
+    if family not in (mistral, qwen3, gemma.GEMMA2, gemma.GEMMA3, mixtral, qwen3_moe) and (hf.get("sliding_window")
                                                                        or hf.get("use_sliding_window")):
         raise ValueError(f"this {arch} config uses sliding-window attention "
                          f"(sliding_window={hf.get('sliding_window')}), which the importer of this architecture "
@@ -67,9 +68,10 @@ def to_hf(cfg: ModelConfig, params: Mapping, directory: str | os.PathLike, *,
     """Writes config.json and model.safetensors that `transformers` loads as the same model, and the files of
     `tokenizer` (the model's); ValueError, before any write, for what no supported family holds."""
     gemma_fields = gemma.fields_set(cfg)
-    family = (gpt2 if cfg.position == "learned" else gemma.family(cfg) if gemma_fields else qwen3 if cfg.qk_norm
+    family = (gpt2 if cfg.position == "learned" else gemma.family(cfg) if gemma_fields
+              else (qwen3_moe if cfg.qk_norm else mixtral) if cfg.num_experts else qwen3 if cfg.qk_norm
               else mistral if cfg.attention_window else llama)
-    holds = {"qk_norm": (qwen3, gemma.GEMMA3), "logit_softcap": (gemma.GEMMA2, gemma.GEMMA3)}
+    holds = {"qk_norm": (qwen3, qwen3_moe, gemma.GEMMA3), "logit_softcap": (gemma.GEMMA2, gemma.GEMMA3)}
     recipe = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in holds if getattr(cfg, k) and family not in holds[k])
     nowhere = "so no supported Hugging Face architecture can hold this model"
     for refused, why in (
@@ -81,6 +83,9 @@ def to_hf(cfg: ModelConfig, params: Mapping, directory: str | os.PathLike, *,
          "qk_norm=False and logit_softcap=0 to export"),
         (gemma_fields and family is gpt2, f"{gemma_fields} with learned positions: only Gemma 2 / 3 have these "
          "fields, and they have RoPE"),
+        (cfg.num_experts and family not in (mixtral, qwen3_moe), f"num_experts={cfg.num_experts} with "
+         f"position={cfg.position!r} or Gemma's fields: Mixtral and Qwen3-MoE, the architectures with experts, have "
+         "RoPE and none of Gemma's fields"),
         (cfg.mlp_dim == 0, f"mlp_dim=0 (attention-only blocks): GPT-2 and Llama have an MLP in every layer, {nowhere}"),
         (cfg.attention_window and cfg.position != "rope",
          f"attention_window={cfg.attention_window} with position={cfg.position!r}: GPT-2 has no sliding window, "

@@ -19,7 +19,8 @@ from transformer.model.config import ModelConfig
 @dataclasses.dataclass(frozen=True)
 class Tensor:
     """Stored tensor `name` [*shape] holding `parts` {our path: our shape} along axis 0; transposed: stored
-    [in, out]; fill: what `to_hf` writes for a missing param; rows: read as stored[rows] (import only)."""
+    [in, out]; fill: what `to_hf` writes for a missing param; rows: read as stored[rows] (import only);
+    expert (j, axis): it is slice j along `axis` of our (one) param, a mixture's expert j."""
 
     name: str
     shape: tuple[int, ...]
@@ -27,6 +28,7 @@ class Tensor:
     transposed: bool = False
     fill: float | None = None
     rows: np.ndarray | None = None
+    expert: tuple[int, int] | None = None
 
     def ours(self) -> dict[str, tuple[int, ...]]:
         return {self.parts: self.shape} if isinstance(self.parts, str) else self.parts
@@ -43,7 +45,7 @@ class Layout:
 
 def read(t: Tensors, table: list[Tensor]) -> dict:
     """The params the tensors of `table` hold, as a nested dict (float32 NumPy leaves)."""
-    params = {}
+    params, experts = {}, {}
     for x in table:
         array = t.get(x.name, x.shape)
         array = array.T if x.transposed else array
@@ -51,7 +53,11 @@ def read(t: Tensors, table: list[Tensor]) -> dict:
         ours = x.ours()
         sizes = [math.prod(s) // math.prod(array.shape[1:]) for s in ours.values()]
         for (path, shape), part in zip(ours.items(), np.split(array, np.cumsum(sizes)[:-1])):
-            params[path] = part.reshape(shape)
+            if x.expert is None:
+                params[path] = part.reshape(shape)
+            else:  # expert j's slice: stacked along its axis once every expert is read
+                experts.setdefault((path, x.expert[1]), []).append(part.reshape(shape))
+    params |= {path: np.stack(slices, axis) for (path, axis), slices in experts.items()}
     return traverse_util.unflatten_dict(params, sep="/")
 
 
@@ -63,6 +69,7 @@ def write(params: dict, table: list[Tensor]) -> dict[str, np.ndarray]:
         trailing = (x.shape[::-1] if x.transposed else x.shape)[1:]
         parts = [np.asarray(flat[path]) if path in flat or x.fill is None else np.full(shape, x.fill, np.float32)
                  for path, shape in x.ours().items()]
+        parts = parts if x.expert is None else [np.take(parts[0], x.expert[0], x.expert[1])]
         array = np.concatenate([part.reshape(-1, *trailing) for part in parts])
         out[x.name] = array.T if x.transposed else array
     return out

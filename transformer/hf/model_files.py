@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -58,6 +59,10 @@ def open_source(source: Any) -> tuple[dict, str | None, Callable[[], Tensors]]:
             import torch
 
             state = source.state_dict()
+            with contextlib.suppress(ImportError):  # transformers 5 fuses some tensors (experts) in memory: as saved
+                from transformers.core_model_loading import revert_weight_conversion
+
+                state = revert_weight_conversion(source, state)
             read = lambda name: state[name].detach().to(device="cpu", dtype=torch.float32).numpy()  # noqa: E731
             return Tensors(list(state), read, f"the {arch} model's state_dict")
 

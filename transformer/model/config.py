@@ -27,8 +27,8 @@ AUTO = "auto"
 INIT_FIELDS = ("zero_init_out", "zero_init_head")
 # How the parameters are computed with, not what they mean: a checkpoint trained with one setting
 # resumes, samples and fine-tunes with another (scan_layers changes the parameters' layout, which
-# resuming converts).
-EXECUTION_FIELDS = ("dropout", "dtype", "attention_impl", "scan_layers", "remat")
+# resuming converts; load_balance_coef is a term of the training loss, as dropout is a training noise).
+EXECUTION_FIELDS = ("dropout", "dtype", "attention_impl", "scan_layers", "remat", "load_balance_coef")
 _NOT_ARCHITECTURE = INIT_FIELDS + EXECUTION_FIELDS
 # Fields whose None means "derived from other fields"; `replace` derives them again.
 DERIVED_FIELDS = ("num_kv_heads", "head_dim", "mlp_dim", "v_head_dim")
@@ -81,6 +81,11 @@ class ModelConfig:
     attn_scale_dim: float = 0.0  # > 0: scores q.k / sqrt(attn_scale_dim) (query_pre_attn_scalar); 0: / sqrt(head_dim)
     attn_softcap: float = 0.0  # > 0: each attention logit s -> c tanh(s / c) before the mask (Gemma 2); 0: off
     rope_local_theta: float = 0.0  # > 0: the RoPE base of the windowed layers (Gemma 3); 0: rope_theta in all
+    # --- mixture of experts (model/moe.py): E > 0 replaces every layer's MLP by E SwiGLU experts of width mlp_dim ---
+    num_experts: int = 0  # E; 0: a dense MLP
+    experts_per_token: int = 2  # k: each token goes to the k experts of largest router probability
+    renormalize_top_k: bool = True  # the k weights divided by their sum (Mixtral; Qwen3-MoE's norm_topk_prob)
+    load_balance_coef: float = 0.01  # EXECUTION_FIELDS: the training loss adds this x the Switch balancing loss
     # --- initialisation (INIT_FIELDS): how a random init starts the parameters ---
     zero_init_out: bool = False  # W_o and the MLP's fc_out start at zero (each block starts as the identity)
     zero_init_head: bool = False  # the untied head starts at zero (uniform first logits); needs tie_embeddings=False
@@ -118,6 +123,7 @@ class ModelConfig:
         self._check_sinks_and_windows()
         self._check_recipe()
         self._check_table()
+        self._check_experts()
         self._check_mla() if self.attention == "mla" else self._check_mha()
 
     def _fill_derived(self) -> None:
@@ -209,6 +215,17 @@ class ModelConfig:
                    "attention_window": (self.attention_window, "rows have no order to window: set attention_window=0")}
         for name, (bad, fix) in refused.items():
             _check(not bad, f": inputs='table' does not take {name}={getattr(self, name)!r}; {fix}")
+
+    def _check_experts(self) -> None:
+        e, k, c = self.num_experts, self.experts_per_token, self.load_balance_coef
+        _check(_is_count(e) and e != 1, f".num_experts must be 0 (a dense MLP) or an integer >= 2, got {e!r}")
+        _flag("renormalize_top_k", self.renormalize_top_k)
+        _check(not isinstance(c, bool) and isinstance(c, (int, float)) and 0 <= c < float("inf"),
+               f".load_balance_coef must be a finite number >= 0, got {c!r}")
+        if e:
+            _check(_is_count(k) and 1 <= k <= e, f".experts_per_token={k!r} must be an integer in 1..num_experts={e}")
+            _check(self.mlp_dim and self.activation == "swiglu", f": num_experts={e} needs activation='swiglu' and "
+                   f"mlp_dim > 0 (each expert is a SwiGLU MLP of width mlp_dim), got {self.activation!r}, {self.mlp_dim}")
 
     @property
     def row_width(self) -> int:

@@ -25,6 +25,7 @@ from transformer.model.kv_cache import Cache
 from transformer.model.config import ModelConfig
 from transformer.model.inputs import INPUTS
 from transformer.model.linear import dense
+from transformer.model.moe import ROUTER_STATS, MoE
 from transformer.model.norm import config_norm
 from transformer.model.points import COLLECTION, EDITS, point
 
@@ -88,7 +89,7 @@ class Block(nn.Module):
         window = self.window if layer_window is None else layer_window
         drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
         attention = (LatentAttention if cfg.attention == "mla" else Attention)(cfg, name="attn")
-        mlp = MLP(cfg, name="mlp")  # never called with mlp_dim=0, so it has no parameters then
+        mlp = (MoE if cfg.num_experts else MLP)(cfg, name="mlp")  # never called with mlp_dim=0: no parameters then
         x = point(self, "resid_pre", x)  # the named points: model/points.py
         if cfg.prenorm:  # with sublayer_out_norm each sublayer's output is normalised too (Gemma)
             out_norm = lambda name, y: config_norm(cfg, name)(y) if cfg.sublayer_out_norm else y  # noqa: E731
@@ -170,7 +171,7 @@ class Decoder(nn.Module):
             layer_windows = jnp.array([NO_WINDOW if w is None else w for w in windows], jnp.int32) if mixed else None
             layers = nn.scan(
                 block,
-                variable_axes={"params": 0, COLLECTION: 0, EDITS: 0},  # points and edits stack along L too
+                variable_axes={"params": 0, COLLECTION: 0, EDITS: 0, ROUTER_STATS: 0},  # points, edits, loads too
                 split_rngs={"params": True, "dropout": True},
                 in_axes=(nn.broadcast, 0, 0, nn.broadcast),
                 length=cfg.num_layers,

@@ -20,6 +20,7 @@ import numpy as np
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
 from transformer.model.kv_cache import Cache, registers_to_run
+from transformer.model.ops import MASK_VALUE
 from transformer.model.points import CAPTURE_ONLY, EDITS, FEATURES, SOWN, SPLICE, TOP, layer_points, point_axes
 
 Array = jax.Array
@@ -89,6 +90,18 @@ def ablate_heads(cfg: ModelConfig, head_mask: Array) -> Edit:
                          f"{(cfg.num_layers, cfg.num_heads)} (1 keeps a head, 0 switches it off)")
     scale = head_mask[:, None, None, :, None]  # [L, B=1, T=1, H, Kv=1] against z [B, T, H, Kv]
     return Edit("blocks.*.attn.z", scale, jnp.zeros_like(scale))
+
+
+def switch_off_experts(cfg: ModelConfig, expert_mask: Array) -> Edit:
+    """Expert e of layer l switched off where expert_mask[l, e] [L, E] is 0: MASK_VALUE is added to its
+    router logit, so its probability is 0 and its tokens go to the next experts in the router's order
+    (none is dropped; with renormalize_top_k=False the other probabilities grow too, as in torch)."""
+    mask = jnp.asarray(expert_mask, jnp.float32)
+    if not cfg.num_experts or mask.shape != (cfg.num_layers, cfg.num_experts):
+        raise ValueError(f"expert_mask has shape {mask.shape}; this model needs [L, E] = "
+                         f"{(cfg.num_layers, cfg.num_experts)} (1 keeps an expert, 0 switches it off)")
+    add = ((1.0 - mask) * MASK_VALUE)[:, None, None, :]  # [L, B=1, T=1, E] against the logits [B, T, E]
+    return Edit("blocks.*.mlp.router_logits", jnp.ones_like(add), add)
 
 
 def selection(cfg: ModelConfig, name: str, head: Any, position: Any, length: int | None) -> Array:

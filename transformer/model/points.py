@@ -26,6 +26,8 @@ TransformerLens's hook names, without the `hook_`:
     blocks.{l}.resid_mid        [B, T, D]   between attention and MLP
     blocks.{l}.mlp_norm.out     [B, T, D]   the MLP's norm (post-norm: of x + MLP)
     blocks.{l}.mlp.hidden       [B, T, F]   the MLP's hidden activation (swiglu: the gated product)
+    blocks.{l}.mlp.router_logits  [B, T, E]  num_experts = E > 0: the router's logits (float32), no mlp.hidden
+    blocks.{l}.mlp.expert_weights [B, T, E]  each expert's weight, 0 for those not chosen (model/moe.py)
     blocks.{l}.mlp.out          [B, T, D]   the MLP's output
     blocks.{l}.mlp_out_norm.out [B, T, D]   sublayer_out_norm: the MLP's output normalised
     blocks.{l}.resid_post       [B, T, D]   the residual stream leaving layer l
@@ -57,7 +59,8 @@ LAYER = {
     "attn.kv_norm.out": "btc", "attn.latent": "btc", "attn.q": "bthk", "attn.k": "bthk", "attn.v": "bthk",
     "attn.scores": "bhts", "attn.pattern": "bhts", "attn.sink_share": "bht", "attn.register_share": "bht",
     "attn.z": "bthk", "attn.head_out": "bthd", "attn.out": "btd", "attn_out_norm.out": "btd", "resid_mid": "btd",
-    "mlp_norm.out": "btd", "mlp.hidden": "btf", "mlp.out": "btd", "mlp_out_norm.out": "btd", "resid_post": "btd",
+    "mlp_norm.out": "btd", "mlp.hidden": "btf", "mlp.router_logits": "bte", "mlp.expert_weights": "bte", "mlp.out": "btd",
+    "mlp_out_norm.out": "btd", "resid_post": "btd",
 }
 TOP = {"embed": "btd", "pos_embed": "btd", "final_norm.out": "btd", "logits": "btv"}
 # The key a point is sown under, where its public name (the last part of it) differs; a norm's output,
@@ -103,7 +106,8 @@ def layer_points(cfg: ModelConfig) -> list[str]:
         "attn.k_norm.out": cfg.qk_norm and not mla,
         "attn.kv_norm.out": mla, "attn.latent": mla,
         "attn.sink_share": cfg.attention_sink, "attn.register_share": cfg.num_registers,
-        "mlp_norm.out": cfg.mlp_dim, "mlp.hidden": cfg.mlp_dim, "mlp.out": cfg.mlp_dim,
+        "mlp_norm.out": cfg.mlp_dim, "mlp.hidden": cfg.mlp_dim and not cfg.num_experts, "mlp.out": cfg.mlp_dim,
+        "mlp.router_logits": cfg.num_experts, "mlp.expert_weights": cfg.num_experts,
         "attn_out_norm.out": cfg.sublayer_out_norm, "mlp_out_norm.out": cfg.sublayer_out_norm and cfg.mlp_dim,
     }
     return [name for name in LAYER if present.get(name, True)]

@@ -190,7 +190,7 @@ def set_up(config: ConfigDict, workdir: str, task: DataTask, metrics: list[EvalM
     checked = check_run(config, workdir)
     config, cfg, t = checked.config, checked.cfg, checked.config.train
     host, hosts = jax.process_index(), jax.process_count()
-    mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, expert=config.mesh.get("expert", 1))
     rules = make_rules(cfg, mesh, config.mesh.rules)  # logical axes -> mesh axes, sizes checked
     data_sharding = batch_sharding(mesh, rules)
     tx, _ = make_optimizer(config.optim, t.steps, checked.rates)

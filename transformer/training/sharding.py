@@ -1,12 +1,13 @@
-"""Devices: the (data, fsdp, tensor) mesh and the rules that map logical axis names onto it.
+"""Devices: the (data, fsdp, tensor[, expert]) mesh and the rules that map logical axis names onto it.
 
-    mesh = make_mesh(data=-1, fsdp=1, tensor=1)         # axes ('data', 'fsdp', 'tensor')
+    mesh = make_mesh(data=-1, fsdp=1, tensor=1)         # axes ('data', 'fsdp', 'tensor'); expert=n > 1 adds 'expert'
     rules = make_rules(cfg, mesh, config.mesh.rules)    # logical name -> mesh axes, checked against cfg
     sharded_jit(fn, mesh, rules, in_shardings)          # jax.jit under the axis rules: every compiled step
 
 Parameters get logical axes from `PARAM_AXES`, activations where they are computed
 (`nn.with_logical_constraint`). DEFAULT_RULES: FSDP over embed, Megatron's split over tensor (one
-all-reduce after attention, one after the MLP). Rules apply in `LOGICAL_AXES` order, a mesh axis serving
+all-reduce after attention, one after the MLP), a mixture's experts over `expert` (each device holds and
+runs E / n experts for every token, then the outputs are summed across it). Rules apply in `LOGICAL_AXES` order, a mesh axis serving
 one dimension per array. Key/value heads the tensor size does not divide are replicated, as MLA's latent is.
 """
 
@@ -25,14 +26,15 @@ from jax.sharding import PartitionSpec as P
 from transformer.model.config import ModelConfig
 from transformer.model.param_tree import param_shapes, path_names
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "tensor", "expert")  # 'expert' only in a mesh with expert > 1
 # Logical axis names, in the order the rules are applied.
 LOGICAL_AXES = ("batch", "layers", "vocab", "heads", "kv_heads", "mlp", "embed", "length", "head_dim",
-                "latent", "norm")
+                "latent", "norm", "experts")
 # The default rules, as the config holds them: mesh axes joined by commas, "" = replicated.
 DEFAULT_RULES = {
     "batch": "data,fsdp", "layers": "", "vocab": "tensor", "heads": "tensor", "kv_heads": "tensor",
     "mlp": "tensor", "embed": "fsdp", "length": "", "head_dim": "", "latent": "", "norm": "",
+    "experts": "expert",
 }
 # The config field that sets each logical axis's size (named when a size does not divide).
 SIZE_FIELD = {
@@ -40,6 +42,7 @@ SIZE_FIELD = {
     "mlp": "model.mlp_dim", "embed": "model.d_model", "length": "model.max_seq_len",
     "head_dim": "model.head_dim (or v_head_dim, rope_head_dim)", "latent": "model.kv_latent_dim (or q_latent_dim)",
     "norm": "model.d_model (or a latent width, or head_dim with qk_norm)", "layers": "model.num_layers",
+    "experts": "model.num_experts",
 }
 Rules = tuple[tuple[str, Any], ...]  # flax's form: ((logical name, mesh axes or None), ...)
 
@@ -65,31 +68,38 @@ PARAM_AXES = {
     ("registers",): ("length", "embed"),  # register tokens [R, D] (num_registers)
     # a table model's row embedding W [D, F + C] (model/table.py): its few inputs replicated, like a norm's
     ("row_embed", "kernel"): ("embed", "norm"), ("row_embed", "bias"): ("embed",),
+    # a mixture of experts (model/moe.py): the router [E, D], each expert's W_gate, W_up [E, F, D], W_out [D, E, F]
+    ("router", "kernel"): ("experts", "embed"), ("expert_out", "kernel"): ("embed", "experts", "mlp"),
+    **{(name, "kernel"): ("experts", "mlp", "embed") for name in ("expert_gate", "expert_up")},
 }
 # Of every *_norm module: [D], [latent width] or [K], replicated ("norm").
 NORM_PARAMS = ("scale", "bias")
 
 
-def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices: list | None = None) -> Mesh:
-    """A 3-D device mesh with axes ('data', 'fsdp', 'tensor'); data=-1 takes all remaining devices."""
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices: list | None = None, expert: int = 1) -> Mesh:
+    """A device mesh with axes ('data', 'fsdp', 'tensor'), and 'expert' when expert > 1; data=-1 takes
+    all remaining devices."""
     devices = jax.devices() if devices is None else devices
     n = len(devices)
-    for name, size in (("fsdp", fsdp), ("tensor", tensor)):
+    for name, size in (("fsdp", fsdp), ("tensor", tensor), ("expert", expert)):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"mesh.{name}={size!r} must be a positive integer")
-    if n % (fsdp * tensor):
-        raise ValueError(f"mesh.fsdp={fsdp} x mesh.tensor={tensor} must divide the {n} available devices")
+    if n % (fsdp * tensor * expert):
+        raise ValueError(f"mesh.fsdp={fsdp} x mesh.tensor={tensor} x mesh.expert={expert} must divide the {n} "
+                         "available devices")
     if data == -1:
-        data = n // (fsdp * tensor)
-    if data * fsdp * tensor != n:
-        raise ValueError(f"mesh.data={data} x mesh.fsdp={fsdp} x mesh.tensor={tensor} = {data * fsdp * tensor} "
-                         f"devices, but {n} are available; set mesh.data=-1 to use them all")
-    return Mesh(np.asarray(devices).reshape(data, fsdp, tensor), MESH_AXES)
+        data = n // (fsdp * tensor * expert)
+    if data * fsdp * tensor * expert != n:
+        raise ValueError(f"mesh.data={data} x mesh.fsdp={fsdp} x mesh.tensor={tensor} x mesh.expert={expert} = "
+                         f"{data * fsdp * tensor * expert} devices, but {n} are available; set mesh.data=-1 to use them all")
+    shape = (data, fsdp, tensor) + ((expert,) if expert > 1 else ())
+    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES[:len(shape)])
 
 
-def parse_rules(rules: Mapping[str, str] | Rules | None = None) -> Rules:
+def parse_rules(rules: Mapping[str, str] | Rules | None = None, mesh: Mesh | None = None) -> Rules:
     """Config rules {logical name: 'axis,axis' or ''} (or rules already parsed) -> flax's ((name, axes or
-    None), ...), in LOGICAL_AXES order; names left out keep DEFAULT_RULES'."""
+    None), ...), in LOGICAL_AXES order; names left out keep DEFAULT_RULES'. With `mesh`, the mesh axes
+    it lacks (a mesh without 'expert') are left out."""
     rules = dict(rules or {})
     unknown = sorted(set(rules) - set(LOGICAL_AXES))
     if unknown:
@@ -101,6 +111,7 @@ def parse_rules(rules: Mapping[str, str] | Rules | None = None) -> Rules:
         if bad := [a for a in axes if a not in MESH_AXES]:
             raise ValueError(f"mesh.rules.{name}={value!r} names {bad}, not mesh axes; use some of {list(MESH_AXES)} "
                              "joined by commas, or '' to replicate")
+        axes = tuple(a for a in axes if mesh is None or a in mesh.shape)
         parsed.append((name, axes[0] if len(axes) == 1 else (axes or None)))
     return tuple(parsed)
 
@@ -108,7 +119,7 @@ def parse_rules(rules: Mapping[str, str] | Rules | None = None) -> Rules:
 def make_rules(cfg: ModelConfig, mesh: Mesh, rules: Mapping[str, str] | None = None) -> Rules:
     """`rules` (config.mesh.rules) for this model on this mesh: key/value heads that the kv_heads
     axes do not divide are replicated; any other size that does not divide is an error naming the field."""
-    parsed = dict(parse_rules(rules))
+    parsed = dict(parse_rules(rules, mesh))
     size = lambda name: _mesh_size(mesh, parsed[name])  # noqa: E731
     if cfg.attention == "mha" and cfg.num_kv_heads % size("kv_heads"):
         parsed["kv_heads"] = None
@@ -144,7 +155,7 @@ def param_axes(path: tuple[str, ...], ndim: int) -> tuple[str, ...]:
 def state_sharding(state: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
     """NamedShardings for a pytree holding parameters (params, a TrainState): each parameter-shaped
     array as the rules place its logical axes, the rest (step counts, PRNG keys) replicated."""
-    rules = parse_rules(rules)
+    rules = parse_rules(rules, mesh)
 
     def place(path, x) -> NamedSharding:
         names = path_names(path)
@@ -161,13 +172,13 @@ def state_sharding(state: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
 
 def batch_sharding(mesh: Mesh, rules: Rules | None = None) -> NamedSharding:
     """[B, T] batches: rows split over the mesh axes of the 'batch' rule (default data and fsdp)."""
-    return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch", "length"), parse_rules(rules)))
+    return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch", "length"), parse_rules(rules, mesh)))
 
 
 @contextlib.contextmanager
 def axis_rules(mesh: Mesh, rules: Rules | None = None) -> Iterator[None]:
     """While active, `nn.with_logical_constraint` places activations by `rules` on `mesh`."""
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(parse_rules(rules)):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(parse_rules(rules, mesh)):
         yield
 
 

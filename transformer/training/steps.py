@@ -19,7 +19,7 @@ import optax
 from jax.sharding import Mesh
 
 from transformer.model.config import ModelConfig
-from transformer.training.loss import loss_fn
+from transformer.training.loss import loss_fn, objective
 from transformer.model.decoder import Decoder, example_input
 from transformer.training.sharding import Rules, batch_sharding, make_rules, sharded_jit, state_sharding
 
@@ -66,26 +66,27 @@ def train_step(cfg: ModelConfig, tx: optax.GradientTransformation, rates: Mappin
 
     def step(state: TrainState, inputs: Array, targets: Array):
         dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-        grad_fn = jax.value_and_grad(loss_fn)
+        grad_fn = jax.value_and_grad(objective, has_aux=True)  # ((loss, its parts: a MoE's load), grads)
         if grad_accum == 1:
-            loss, grads = grad_fn(state.params, cfg, inputs, targets, dropout_key)
+            (loss, parts), grads = grad_fn(state.params, cfg, inputs, targets, dropout_key)
         else:
             micro = lambda x: x.reshape(grad_accum, -1, *x.shape[1:])  # noqa: E731
 
             def accumulate(carry, batch):
                 i, (x, y) = batch
-                loss, grads = grad_fn(state.params, cfg, x, y, jax.random.fold_in(dropout_key, i))
-                return jax.tree.map(jnp.add, carry, (loss, grads)), None
+                out = grad_fn(state.params, cfg, x, y, jax.random.fold_in(dropout_key, i))
+                return jax.tree.map(jnp.add, carry, out), None
 
-            zeros = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, state.params))
             steps = (jnp.arange(grad_accum), (micro(inputs), micro(targets)))  # (i, micro-batch i) for each i
-            (loss, grads), _ = jax.lax.scan(accumulate, zeros, steps)
-            loss, grads = jax.tree.map(lambda a: a / grad_accum, (loss, grads))
+            shapes = jax.eval_shape(lambda: grad_fn(state.params, cfg, micro(inputs)[0], micro(targets)[0], dropout_key))
+            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)  # ((loss, parts), grads) of 0
+            ((loss, parts), grads), _ = jax.lax.scan(accumulate, zeros, steps)
+            loss, parts, grads = jax.tree.map(lambda a: a / grad_accum, (loss, parts, grads))
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
                    "param_norm": optax.tree.norm(params),  # a NaN here is caught before any save
-                   **{name: rate(state.step) for name, rate in rates.items()}}
+                   **parts, **{name: rate(state.step) for name, rate in rates.items()}}
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return step

@@ -158,9 +158,14 @@ def test_config_is_frozen_and_round_trips():
 
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
-CONFIG_FILES = sorted(
-    p.stem for p in CONFIG_DIR.glob("*.py") if "def get_config" in p.read_text()
-)
+SECTIONS = {p.stem: set(importlib.import_module(f"configs.{p.stem}").get_config())
+            for p in CONFIG_DIR.glob("*.py") if "def get_config" in p.read_text()}
+CONFIG_FILES = sorted(name for name, sections in SECTIONS.items() if "model" in sections)  # the models' configs
+
+
+def test_every_config_file_states_a_model_or_a_sparse_autoencoder():
+    assert all("model" in sections or "sae" in sections for sections in SECTIONS.values()), SECTIONS
+    assert "sae" in SECTIONS and "sae" not in CONFIG_FILES
 
 
 def test_named_configs_exist():

@@ -205,9 +205,8 @@ def test_unscanned_layout_and_sharded_bfloat16_folder(tmp_path):
     assert_trees_equal(jax.tree.map(np.asarray, params_bf16), rounded)
 
 
-@pytest.mark.parametrize("name", first_fast(["llama_gqa_untied", "gpt2", "deepseek_q_latent", "mistral_window"]))
-def test_cached_greedy_decoding_equals_transformers_generate(name):
-    model = hf_model(name)
+def assert_greedy_decoding_equals_generate(model) -> None:
+    """Our cached greedy decoding of two ragged prompts equals transformers' `generate`, token for token."""
     cfg, params = from_hf(model)
     prompts = [tokens(1, 5, seed=1)[0].tolist(), tokens(1, 9, seed=2)[0].tolist()]  # ragged
     ours = generate(params, cfg, prompts, jax.random.key(0), max_new_tokens=12, temperature=0.0).tokens
@@ -216,6 +215,11 @@ def test_cached_greedy_decoding_equals_transformers_generate(name):
             theirs = model.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12,
                                     do_sample=False, pad_token_id=0)
         assert row.tolist() == theirs[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("name", first_fast(["llama_gqa_untied", "gpt2", "deepseek_q_latent", "mistral_window"]))
+def test_cached_greedy_decoding_equals_transformers_generate(name):
+    assert_greedy_decoding_equals_generate(hf_model(name))
 
 
 # ---------------------------------------------------------------------------------------------

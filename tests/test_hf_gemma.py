@@ -12,11 +12,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
 
-from tests.test_hf import TOL, V, T, assert_trees_equal, config_dir, max_diff, random_params, tokens
+from tests.test_hf import TOL, V, T, assert_greedy_decoding_equals_generate, assert_trees_equal, config_dir, max_diff, random_params, tokens
 from transformer.analysis.capture import attention_maps, capture
 from transformer.hf import from_hf, gemma, to_hf
 from transformer.model.config import ModelConfig
-from transformer.sampling.sampler import generate
 from transformer.training.steps import init_params
 
 COMMON = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=24, intermediate_size=96,
@@ -80,15 +79,7 @@ def test_imported_fields():
 
 @pytest.mark.parametrize("name", ["gemma2", "gemma3"])
 def test_cached_greedy_decoding_equals_transformers_generate(name):
-    model = hf_model(name)
-    cfg, params = from_hf(model)
-    prompts = [tokens(1, 5, seed=1)[0].tolist(), tokens(1, 9, seed=2)[0].tolist()]  # ragged; 9 + 12 > 5
-    ours = generate(params, cfg, prompts, jax.random.key(0), max_new_tokens=12, temperature=0.0).tokens
-    for row, prompt in zip(ours, prompts):
-        with torch.no_grad():
-            theirs = model.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12, do_sample=False,
-                                    pad_token_id=0)
-        assert row.tolist() == theirs[0, len(prompt):].tolist()
+    assert_greedy_decoding_equals_generate(hf_model(name))
 
 
 def test_capture_of_a_gemma3_shaped_models_attention_pattern_equals_transformers():

@@ -8,11 +8,10 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 import jax
-from tests.test_hf import TOL, V, T, assert_trees_equal, config_dir, hf_logits, max_diff, random_params, tokens
+from tests.test_hf import TOL, V, T, assert_greedy_decoding_equals_generate, assert_trees_equal, config_dir, hf_logits, max_diff, random_params, tokens
 from transformer.hf import from_hf, qwen3, to_hf
 from transformer.model import edits
 from transformer.model.config import ModelConfig
-from transformer.sampling.sampler import generate
 
 # head_dim 24 with hidden_size 64: Qwen3's head width is its own field, not hidden_size / heads.
 FIELDS = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
@@ -51,14 +50,7 @@ def test_import_gives_the_same_logits_and_reads_qk_norm(tmp_path):
 
 
 def test_cached_greedy_decoding_equals_transformers_generate():
-    cfg, params = from_hf(MODEL)
-    prompts = [tokens(1, 5, seed=1)[0].tolist(), tokens(1, 9, seed=2)[0].tolist()]  # ragged
-    ours = generate(params, cfg, prompts, jax.random.key(0), max_new_tokens=12, temperature=0.0).tokens
-    for row, prompt in zip(ours, prompts):
-        with torch.no_grad():
-            theirs = MODEL.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12, do_sample=False,
-                                    pad_token_id=0)
-        assert row.tolist() == theirs[0, len(prompt):].tolist()
+    assert_greedy_decoding_equals_generate(MODEL)
 
 
 def test_export_loads_as_qwen3_and_round_trips_exactly(tmp_path):

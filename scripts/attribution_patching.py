@@ -114,7 +114,7 @@ def measure(cfg, params, clean, corrupted, metric) -> dict:
     """Every grid both ways (and AtP* for queries and keys), compared and timed; each layer's saturated rows."""
     out = {}
     for grid, (name, axes, k) in GRIDS.items():
-        make = jax.jit(lambda p, c, x: patching._patch(p, cfg, c, x, metric, name, axes))
+        make = jax.jit(lambda p, c, x: patching.patch_point(p, cfg, c, x, metric, name, axes))
         actual, patch_first, patch_run = timed(make, params, clean, corrupted)
         methods = {"atp": False, "atp_star": True} if grid in ("queries", "keys") else {"atp": False}
         for method, saturation in methods.items():

@@ -45,7 +45,7 @@ def test_the_estimate_is_actual_patching_where_the_metric_is_linear_in_the_point
 
     @jit
     def grids(p):
-        at_norm = [[f(p, cfg, clean, corrupted, m, "final_norm.out", axes=(1,)) for f in (patching._patch, atp.attribute)]
+        at_norm = [[f(p, cfg, clean, corrupted, m, "final_norm.out", axes=(1,)) for f in (patching.patch_point, atp.attribute)]
                    for m in (metric, linear_metric)]  # grids [T]
         return at_norm, [f(p, cfg, clean, corrupted, metric) for f in (patching.patch_heads, atp.attribute_heads)]
 
@@ -119,7 +119,7 @@ def test_atp_star_recomputes_a_saturated_softmax_that_the_linear_estimate_misses
     def grids(p):
         weights = capture(p, cfg, corrupted, ["blocks.*.attn.pattern"])[2]["blocks.*.attn.pattern"][-1]
         return weights, [[f(p, cfg, clean, corrupted, metric, name, axes=(0, 3)) for f in (
-            patching._patch, atp.attribute, functools.partial(atp.attribute, saturation=True))] for name in names]
+            patching.patch_point, atp.attribute, functools.partial(atp.attribute, saturation=True))] for name in names]
 
     weights, results = grids(params)
     assert float(weights.max(-1).mean()) > 0.99

@@ -57,7 +57,7 @@ def gradients(params: Any, cfg: ModelConfig, tokens: Array, metric: Metric, name
 def attribute(params: Any, cfg: ModelConfig, clean: Array, corrupted: Array, metric: Metric, name: str,
               axes: tuple[int, ...], edits: Sequence[edit.Edit] = (), saturation: bool = False) -> Patching:
     """The estimate of patching the point `name` from `clean` [B, T] into `corrupted` [B, T] one cell of
-    its `axes` at a time (as patching._patch's cells): grid [*shape[axes]], clean and corrupted metrics.
+    its `axes` at a time (as patching.patch_point's cells): grid [*shape[axes]], clean and corrupted metrics.
     saturation: AtP*, the attention weights recomputed for each cell (`name` blocks.*.attn.q or .k)."""
     if clean.shape != corrupted.shape:
         raise ValueError(f"clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)} differ in shape; "

@@ -4,6 +4,7 @@
     heads = patch_heads(params, cfg, clean, corrupted, metric)          # Patching, grid [L, H]
     where = patch_positions(params, cfg, clean, corrupted, metric)      # Patching, grid [L, T]
     where.normalised()                                       # 0: the corrupted run, 1: the clean run
+    patch_point(params, cfg, clean, corrupted, metric, "blocks.*.attn.q", axes=(0, 2, 3))  # any point, any cells
     ablation_losses(params, cfg, tokens)                     # [L, H]: the loss change, each head off
 Each cell runs the corrupted input with one piece of the clean run put in (Wang et al. 2022)."""
 
@@ -58,13 +59,13 @@ def logit_difference(correct: Array, wrong: Array, position: int = -1) -> Metric
 
 def patch_heads(params: Any, cfg: ModelConfig, clean: Array, corrupted: Array, metric: Metric) -> Patching:
     """The metric on `corrupted` [B, T] with head (l, h)'s z patched from `clean` [B, T]: grid [L, H]."""
-    return _patch(params, cfg, clean, corrupted, metric, "blocks.*.attn.z", axes=(0, 3))  # z: [L, B, T, H, Kv]
+    return patch_point(params, cfg, clean, corrupted, metric, "blocks.*.attn.z", axes=(0, 3))  # z: [L, B, T, H, Kv]
 
 
 def patch_positions(params: Any, cfg: ModelConfig, clean: Array, corrupted: Array, metric: Metric,
                     point: str = "resid_pre") -> Patching:
     """The metric with layer l's [B, T, D] `point` (resid_pre, attn.out, ...) at t from `clean`: grid [L, T]."""
-    return _patch(params, cfg, clean, corrupted, metric, f"blocks.*.{point}", axes=(0, 2))  # [L, B, T, ...]
+    return patch_point(params, cfg, clean, corrupted, metric, f"blocks.*.{point}", axes=(0, 2))  # [L, B, T, ...]
 
 
 def run_cells(params: Any, cfg: ModelConfig, tokens: Array, cells: Array,
@@ -73,9 +74,10 @@ def run_cells(params: Any, cfg: ModelConfig, tokens: Array, cells: Array,
     return jax.lax.map(lambda cell: read(edits.run(params, cfg, tokens, list(cell_edits(cell)))[0]), cells)
 
 
-def _patch(params: Any, cfg: ModelConfig, clean: Array, corrupted: Array, metric: Metric, name: str,
+def patch_point(params: Any, cfg: ModelConfig, clean: Array, corrupted: Array, metric: Metric, name: str,
            axes: tuple[int, ...]) -> Patching:
-    """Patches the point `name` from `clean` one cell of its `axes` at a time: grid [*shape[axes]]."""
+    """Patches the point `name` (any point, e.g. "blocks.*.attn.q") from `clean` into `corrupted`, one cell
+    of its `axes` at a time: grid [*shape[axes]] (patch_heads and patch_positions are two of these)."""
     source = capture(params, cfg, clean, [name])[2][name]
     grid_shape = tuple(source.shape[a] for a in axes)
     one_cell = [n if a in axes else 1 for a, n in enumerate(source.shape)]

@@ -186,6 +186,11 @@ class Checkpointer:
         except Exception as e:  # a garbled tokenizer/metadata: the tokenizers library raises bare Exceptions
             raise self._unreadable(step, e, damaged=True) from None
 
+    def restore_like(self, state: Any, step: int | None = None) -> Any:
+        """The saved state of checkpoint `step` (default the latest) in the structure and shardings of
+        `state`, with no model check: a state that is not a decoder's (a sparse autoencoder's)."""
+        return self._restore(self._step_or_latest(step), state=ocp.args.StandardRestore(state)).state
+
     def restore_state(self, state: Any, model_config: Mapping[str, Any], step: int | None = None) -> Any:
         """The train state of checkpoint `step` in the structure and shardings of `state` (a fresh
         one). CheckpointError for another architecture (`check_same_model`) or parameter layout."""
@@ -196,7 +201,7 @@ class Checkpointer:
         # Shapes first, from the metadata: a restore into the wrong shapes fails deep inside orbax.
         check_layout(saved, self.params_metadata(step), self.directory)
         if saved.scan_layers == ModelConfig.from_dict(model_config).scan_layers:
-            restored = self._restore(step, state=ocp.args.StandardRestore(state)).state
+            restored = self.restore_like(state, step)
         else:
             restored = jax.tree.map(lambda x, like: jax.device_put(x, like.sharding),
                                     relayout_layers(self._restore_on_one_device(step), state, saved.num_layers), state)

@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from ml_collections import ConfigDict
 
 from transformer.analysis.capture import capture, loss
@@ -130,7 +129,7 @@ def resume(ckpt: Checkpointer, fresh: SAEState, config: ConfigDict, workdir: str
     if changed:
         raise ValueError(f"{workdir} holds an SAE trained with other sae.{', sae.'.join(changed)} "
                          f"({', '.join(repr(saved.get(k)) for k in changed)}); resume with those or use another --workdir")
-    return ckpt._restore(step, state=ocp.args.StandardRestore(fresh)).state
+    return ckpt.restore_like(fresh, step)
 
 
 def run_tokens(workdir: str, path: str | None = None) -> Any:

@@ -46,7 +46,7 @@ def from_hf(source: str | os.PathLike | Any, scan_layers: bool = True) -> tuple[
                                                                        or hf.get("use_sliding_window")):
         raise ValueError(f"this {arch} config uses sliding-window attention "
                          f"(sliding_window={hf.get('sliding_window')}), which the importer of this architecture "
-                         "does not read (only Mistral's, Qwen3's and Gemma's are read)")
+                         "does not read (only Mistral's, Mixtral's, Qwen3's, Qwen3-MoE's and Gemma's are read)")
     cfg, layout = family.import_config(hf)
     if cfg.mlp_dim == 0:  # ModelConfig reads it as "no MLP"; a zero-width MLP is not worth importing
         raise ValueError(f"cannot import {arch} with an MLP width of 0: this importer expects an MLP in every layer")

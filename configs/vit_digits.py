@@ -11,10 +11,9 @@ from configs.vit import get_config as vit_config
 
 def get_config():
     c = vit_config()
-    c.model.update(dict(max_seq_len=17, image_size=8, patch_size=2, channels=1, num_classes=10))
+    c.model.update(dict(image_size=8, patch_size=2, channels=1, num_classes=10))
     c.data.images.name = "digits"
-    c.train.steps = 400
-    c.train.seq_len = 17
-    c.train.eval_every = 200
+    c.train.steps = 500
+    c.train.eval_every = 250
     c.train.eval_batches = 6  # the 360 held-out digits, wrapped to 384
     return c

@@ -195,5 +195,13 @@ def example_input(cfg: ModelConfig, length: int = 1) -> Array:
     return INPUTS[cfg.inputs].example(cfg, length)
 
 
+def encode(module: nn.Module, cfg: ModelConfig, data: Array, deterministic: bool = True, name: str = "encoder"
+           ) -> Array:
+    """An encoder's output tokens: a Decoder of `cfg` made inside `module` (in a compact method) as its
+    submodule `name` reads `data` (images [B, H, W, C] for a ViT) -> the final-normed h [B, T, D], the
+    registers' rows dropped. Its parameters are module's params[name]: a trained model's, without its head."""
+    return Decoder(cfg, name=name)(data, deterministic=deterministic, hidden=True)[0]
+
+
 def count_params(params) -> int:
     return sum(x.size for x in jax.tree.leaves(params))

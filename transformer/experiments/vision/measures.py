@@ -12,6 +12,8 @@ the patches are renormalised (without [CLS] itself and the registers)."""
 from __future__ import annotations
 
 import functools
+import json
+import os
 from typing import Any
 
 import jax
@@ -95,7 +97,10 @@ def measure_run(workdir: str, name: str, seed: int) -> dict[str, Any]:
     cfg, params, _ = load_run(workdir)
     x, y, masks = held_out(name)
     logits, pattern, last = (np.asarray(a) for a in _points(params, cfg, x))
-    out = {"accuracy": float(np.mean(logits.argmax(-1) == y)), **pixel_baselines(name, seed, x, y)}
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:  # the last evaluation's time since the start
+        seconds = [json.loads(line)["elapsed_seconds"] for line in f if "val_loss" in line][-1]
+    out = {"accuracy": float(np.mean(logits.argmax(-1) == y)), "train_seconds": seconds,
+           **pixel_baselines(name, seed, x, y)}
     if masks is not None:
         on_object = np.asarray(image.patches(masks[..., None], cfg.patch_size).any(-1))  # [B, N]
         out |= {"cls": attention_on_object(pattern, cfg, on_object),
@@ -113,7 +118,8 @@ def spread(values: list) -> dict[str, Any]:
 def everything(runs: dict[str, list[str]]) -> dict[str, Any]:
     """{'runs': per run name, per seed `measure_run`; 'summary': the spreads and verdicts over seeds}."""
     found = {name: [measure_run(w, name.split("_")[0], s) for s, w in enumerate(folders)] for name, folders in runs.items()}
-    summary = {name: {k: spread([r[k] for r in per]) for k in ("accuracy", "logistic", "knn")} for name, per in found.items()}
+    summary = {name: {k: spread([r[k] for r in per]) for k in ("accuracy", "logistic", "knn", "train_seconds")}
+               for name, per in found.items()}
     for name in ("shapes", "shapes_registers"):
         per = found[name]
         layers = np.array([r["cls"]["share"] for r in per])  # [seeds, L]

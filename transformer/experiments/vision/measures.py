@@ -23,7 +23,7 @@ from transformer.analysis import statistics
 from transformer.analysis.capture import capture
 from transformer.data import images
 from transformer.experiments.vision.image_task import EVAL_SEED
-from transformer.load import load_run
+from transformer.run.checkpoint import restore_for_inference
 from transformer.model import image
 from transformer.model.config import ModelConfig
 
@@ -94,7 +94,7 @@ def register_story(pattern: np.ndarray, last: np.ndarray, cfg: ModelConfig, on_o
 
 def measure_run(workdir: str, name: str, seed: int) -> dict[str, Any]:
     """Everything of one run on the held-out pictures (shapes: the [CLS] and register measures too)."""
-    cfg, params, _ = load_run(workdir)
+    cfg, params, _ = restore_for_inference(workdir)
     x, y, masks = held_out(name)
     logits, pattern, last = (np.asarray(a) for a in _points(params, cfg, x))
     with open(os.path.join(workdir, "metrics.jsonl")) as f:  # the last evaluation's time since the start

@@ -122,7 +122,8 @@ class Decoder(nn.Module):
 
     @nn.compact
     def __call__(self, tokens: Array, positions: Array | None = None, cache: Cache | None = None,
-                 deterministic: bool = True) -> tuple[Array, Cache | None]:
+                 deterministic: bool = True, hidden: bool = False) -> tuple[Array, Cache | None]:
+        """hidden=True: the final-normed x [B, T, D] in place of the logits (an encoder's output tokens)."""
         cfg = self.cfg
         cfg.check_resolved()  # dtype / attention_impl 'auto' are chosen before any model is built
         kind = INPUTS[cfg.inputs]  # token ids -> vocabulary logits, or a table's rows -> class logits
@@ -134,6 +135,8 @@ class Decoder(nn.Module):
         x = x[:, r:]  # [B, T, D]: the registers give no logits
         if cfg.prenorm:
             x = config_norm(cfg, "final_norm")(x)  # [B, T, D]
+        if hidden:
+            return x, None
         logits = kind.logits(self, cfg, x, tokens, positions, cache)  # [B, T, V] float32
         if cache is not None:
             cache = kv_cache.write(cache, new, positions_all, after=x)  # x, not logits: a NaN row would poison every row
@@ -190,6 +193,14 @@ class Decoder(nn.Module):
 def example_input(cfg: ModelConfig, length: int = 1) -> Array:
     """Zeros a model of `cfg` reads, to build its parameters: tokens [1, length] or table rows."""
     return INPUTS[cfg.inputs].example(cfg, length)
+
+
+def encode(module: nn.Module, cfg: ModelConfig, data: Array, deterministic: bool = True, name: str = "encoder"
+           ) -> Array:
+    """An encoder's output tokens: a Decoder of `cfg` made inside `module` (in a compact method) as its
+    submodule `name` reads `data` (images [B, H, W, C] for a ViT) -> the final-normed h [B, T, D], the
+    registers' rows dropped. Its parameters are module's params[name]: a trained model's, without its head."""
+    return Decoder(cfg, name=name)(data, deterministic=deterministic, hidden=True)[0]
 
 
 def count_params(params) -> int:

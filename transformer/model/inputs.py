@@ -1,5 +1,5 @@
 """What the decoder reads and gives back: token ids -> vocabulary logits (here), or a table's rows ->
-class logits (model/table.py), chosen by ModelConfig.inputs through `INPUTS`. An input kind has three
+class logits (model/table.py), or images -> class logits (model/image.py), chosen by ModelConfig.inputs through `INPUTS`. An input kind has three
 functions, called with the Decoder as `module` (so their parameters sit at its top level):
 
     example(cfg, length)                                  zeros of the input's shape, to build params
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.model import kv_cache, ops, table
+from transformer.model import image, kv_cache, ops, table
 from transformer.model.config import ModelConfig
 from transformer.model.kv_cache import Cache
 from transformer.model.linear import Linear
@@ -138,4 +138,9 @@ def check_positions(cfg: ModelConfig, positions: Array, cache: Cache | None) -> 
 
 TOKENS = types.SimpleNamespace(example=lambda cfg, length=1: jnp.zeros((1, length), jnp.int32), embed=embed_tokens,
                                logits=vocabulary_logits)
-INPUTS = {"tokens": TOKENS, "table": table.ROWS}
+INPUTS = {"tokens": TOKENS, "table": table.ROWS, "image": image.PIXELS}
+
+
+def num_tokens(cfg: ModelConfig, data: Array) -> int:
+    """The tokens T one call's input gives: T of ids [B, T] or rows [B, T, F + 1]; an image's cfg.image_tokens."""
+    return cfg.image_tokens if cfg.inputs == "image" else data.shape[1]

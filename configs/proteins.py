@@ -42,7 +42,7 @@ def get_config():
     c.data.proteins.held_out = 500  # the last this many of a family: validation, and contacts are read from them
     c.data.proteins.sweeps = 50  # Gibbs sweeps per chain (tests/test_proteins.py: two starts agree after 50)
     c.data.proteins.coupling = 0.5  # std of a contact's couplings J_ij(a, b)
-    c.data.proteins.field = 0.5  # std of the fields h_i(a)
+    c.data.proteins.field = 1.0  # std of the fields h_i(a): conserved sites tell a family from the first residues
     c.data.proteins.seed = 0  # the families: the same whatever train.seed
     c.train.steps = 2000
     c.train.batch_size = 64

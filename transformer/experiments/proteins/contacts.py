@@ -128,13 +128,15 @@ def best_head(head_scores: list[np.ndarray], contacts: list[np.ndarray]) -> int:
 
 
 def head_regression(head_scores: list[np.ndarray], contacts: list[np.ndarray]) -> Any:
-    """scikit-learn's logistic regression (L1, as Rao et al.) of contact on every head's score at each pair,
-    fitted on the given (training) families."""
+    """scikit-learn's logistic regression (L1, as Rao et al.) of contact on every head's score at each pair
+    (each head's scores standardised), fitted on the given (training) families."""
     from sklearn.linear_model import LogisticRegression  # the dev and notebooks extras
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
 
     x = np.concatenate([pairs(s) for s in head_scores])
     y = np.concatenate([pairs(c) for c in contacts])
-    return LogisticRegression(C=0.15, l1_ratio=1.0, solver="liblinear").fit(x, y)
+    return make_pipeline(StandardScaler(), LogisticRegression(C=0.15, l1_ratio=1.0, solver="liblinear")).fit(x, y)
 
 
 def regression_scores(model: Any, head_scores: np.ndarray) -> np.ndarray:

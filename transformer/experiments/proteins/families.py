@@ -25,7 +25,7 @@ import numpy as np
 from transformer.data.batches import IGNORED, host_rows
 from transformer.data.tasks import DataTask
 from transformer.experiments.proteins.fold import contact_map, fold
-from transformer.experiments.proteins.potts import Q, Potts, draw_potts, gibbs
+from transformer.experiments.proteins.potts import COUPLING, FIELD, Q, Potts, draw_potts, gibbs
 
 START = Q  # the token before every sequence (the amino acids are 0..Q-1): a vocabulary of Q + 1
 
@@ -41,8 +41,8 @@ class FamilySpec:
     sequences: int = 20_000  # per family
     held_out: int = 500  # the last this many sequences of each family: validation, and contacts are read from them
     sweeps: int = 50  # Gibbs sweeps of every chain from a uniformly random start
-    coupling: float = 0.5  # std of the contacts' couplings
-    field: float = 0.5  # std of the fields
+    coupling: float = COUPLING  # std of the contacts' couplings
+    field: float = FIELD  # std of the fields
     seed: int = 0  # family i draws from (seed, i), whatever the training seed
 
     def __post_init__(self) -> None:

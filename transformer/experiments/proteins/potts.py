@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 Q = 20  # amino acids
-COUPLING = 1.0  # standard deviation of a contact's coupling J_ij(a, b)
-FIELD = 0.5  # standard deviation of the fields h_i(a): weak, so the couplings shape the family
+COUPLING = 0.5  # standard deviation of a contact's coupling J_ij(a, b)
+FIELD = 1.0  # standard deviation of the fields h_i(a): conserved sites, which tell the families apart
 
 
 class Potts(NamedTuple):

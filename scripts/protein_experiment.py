@@ -91,7 +91,8 @@ def main() -> None:
     generated = time.perf_counter() - started
     held_out = list(range(spec.train_families, spec.families))
     results = {"command": "python scripts/protein_experiment.py " + " ".join(
-        f"--{k} {v}" for k, v in vars(args).items() if k != "out"), "generation_s": generated,
+        f"--{k} {v}" for k, v in vars(args).items() if k != "out"),
+        "source": "scripts/protein_experiment.py: every number from this run", "generation_s": generated,
         "lengths": [len(family(spec, i).contacts) for i in range(spec.families)],
         "contacts": [int(cp.pairs(family(spec, i).contacts).sum()) for i in range(spec.families)],
         "pairs": [int(cp.pairs(separation_mask(len(family(spec, i).contacts))).sum()) for i in range(spec.families)],

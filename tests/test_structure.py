@@ -22,6 +22,7 @@ FEATURE_LINES: dict[str, int] = {
     "sparse autoencoders": 490,
     "attribution patching": 100,
     "mixture of experts": 220,
+    "proteins: a synthetic family, contacts from attention": 310,
 }
 MAX_LINES = CORE_LINES + sum(FEATURE_LINES.values())
 

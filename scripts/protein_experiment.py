@@ -78,13 +78,14 @@ def main() -> None:
     parser.add_argument("--workdir", required=True, help="runs go to WORKDIR/seed_K")
     parser.add_argument("--config", default="configs/proteins.py")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=0, help="train.steps (0: the config's)")
+    parser.add_argument("--steps", type=int, default=0, help="train.steps, 4 checkpoints (0: the config's)")
     parser.add_argument("--out", default="docs/experiments/proteins.json")
     args = parser.parse_args()
     started = time.perf_counter()
     config = load_config(args.config)
     if args.steps:
-        config.train.steps = config.train.checkpoint_every = args.steps
+        config.train.steps = args.steps
+        config.train.checkpoint_every = config.train.eval_every = max(1, args.steps // 4)  # contacts read at each
     spec = FamilySpec.from_config(config.data.proteins)
     for i in range(spec.families):
         family(spec, i)
@@ -97,6 +98,7 @@ def main() -> None:
         "contacts": [int(cp.pairs(family(spec, i).contacts).sum()) for i in range(spec.families)],
         "pairs": [int(cp.pairs(separation_mask(len(family(spec, i).contacts))).sum()) for i in range(spec.families)],
         "baselines": baselines(spec, held_out), "seeds": []}
+    results["generation_s_per_family"] = generated / spec.families
     results["baselines_s"] = time.perf_counter() - started - generated
     for seed in range(args.seeds):
         config.train.seed = seed

@@ -240,6 +240,44 @@ def load_tables_model():
     return cfg, params, saved, workdir
 
 
+def proteins_config(smoke: bool = SMOKE):
+    """proteins.ipynb's model: configs/proteins.py as it is (seed 0 of docs/experiments/proteins.md's
+    command), or a tiny one on tiny families trained for a few steps in smoke mode."""
+    from configs import proteins
+
+    c = proteins.get_config()
+    if smoke:
+        c.data.proteins.update(dict(families=3, train_families=2, min_length=16, max_length=20, sequences=300,
+                                    held_out=30, sweeps=5))
+        c.model.update(dict(d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_seq_len=20))
+        c.train.update(dict(steps=10, batch_size=4, seq_len=20, eval_every=10, eval_batches=1, checkpoint_every=10))
+        c.optim.warmup_steps = 2
+    return c
+
+
+PROTEINS_MODEL = "configs/proteins.py"  # model.from for proteins.ipynb's model
+# The protein task's fields, recorded for proteins.ipynb's model besides RUN_FIELDS.
+PROTEINS_FIELDS = ("data.task", *(f"data.proteins.{k}" for k in (
+    "families", "train_families", "min_length", "max_length", "sequences", "held_out", "sweeps", "coupling",
+    "field", "seed")))
+
+
+@functools.cache
+def _smoke_proteins_workdir() -> str:
+    return tempfile.mkdtemp(prefix="notebook-smoke-proteins-")
+
+
+def load_proteins_model():
+    """(cfg, params, run config, workdir) of proteins.ipynb's model: NOTEBOOK_PROTEINS_WORKDIR, else
+    runs/proteins/seed_0 (what scripts/protein_experiment.py --workdir runs/proteins trains; a temporary
+    folder in smoke mode), trained there first if it holds no finished run of proteins_config()."""
+    workdir = (resolve(os.environ["NOTEBOOK_PROTEINS_WORKDIR"]) if os.environ.get("NOTEBOOK_PROTEINS_WORKDIR")
+               else _smoke_proteins_workdir() if SMOKE else os.path.join(ROOT, "runs", "proteins", "seed_0"))
+    cfg, params, _, saved = _finished_run(proteins_config(), workdir, "_setup.proteins_config()", PROTEINS_FIELDS,
+                                          PROTEINS_MODEL)
+    return cfg, params, saved, workdir
+
+
 def load_model():
     """(cfg, params, tokenizer, workdir): NOTEBOOK_CHECKPOINT's model, else the notebooks' own one,
     trained first if its workdir holds no finished run (a stopped run resumes)."""

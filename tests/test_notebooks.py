@@ -29,8 +29,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = ["attention_basics", "attention_maps", "attention_sinks", "head_ablation", "kv_cache", "looking_inside",
-             "retrieval_heads", "tables", "features", "vision"]
-OWN_MODELS = ("looking_inside", "retrieval_heads", "tables", "vision")  # they train models of their own tasks or lengths: no user's run
+             "retrieval_heads", "tables", "features", "vision", "proteins"]
+OWN_MODELS = ("looking_inside", "retrieval_heads", "tables", "vision", "proteins")  # they train models of their own tasks or lengths: no user's run
 KERNEL = "transformer-notebook-test"
 import _setup  # noqa: E402  (the notebooks' shared set-up; notebooks/ is on pytest's pythonpath)
 from scripts import plot_metrics  # noqa: E402
@@ -74,6 +74,10 @@ def builds_now(name):
         config = _setup.tables_config(smoke=False)
         fields = _setup.run_fields(config, _setup.RUN_FIELDS + _setup.TABLES_FIELDS)
         return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, fields, _setup.TABLES_MODEL
+    if name == "proteins":
+        config = _setup.proteins_config(smoke=False)
+        fields = _setup.run_fields(config, _setup.RUN_FIELDS + _setup.PROTEINS_FIELDS)
+        return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, fields, _setup.PROTEINS_MODEL
     if name == "attention_sinks":  # its own runs (configs/sweeps/sinks.py) with their training fields, no one model
         return (*_setup.sinks_configs(smoke=False), None)
     if name == "vision":  # its three ViT runs (configs/vit.py with 0 and 4 registers, configs/vit_digits.py)
@@ -417,6 +421,12 @@ def vision_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def proteins_model(tmp_path_factory):
+    """The folder of proteins.ipynb's tiny protein model, trained by the notebook."""
+    return tmp_path_factory.mktemp("proteins_model")
+
+
+@pytest.fixture(scope="module")
 def recall_model(tmp_path_factory):
     """The folder of retrieval_heads.ipynb's tiny recall model, trained by the notebook."""
     return tmp_path_factory.mktemp("recall_model")
@@ -430,13 +440,14 @@ def recall_model(tmp_path_factory):
     + [(n, "notebook_model") for n in NOTEBOOKS if uses_a_model(n)] + [("retrieval_heads", "recall_model"),
                                                                        ("looking_inside", "looking_model"),
                                                                        ("tables", "tables_model"),
-                                                                       ("vision", "vision_model")]])
+                                                                       ("vision", "vision_model"),
+                                                                       ("proteins", "proteins_model")]])
 def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
     work = tmp_path / "notebooks"
     shutil.copytree(os.path.join(ROOT, "notebooks"), work, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     for var in ("NOTEBOOK_CHECKPOINT", "NOTEBOOK_WORKDIR", "NOTEBOOK_FIGURES", "NOTEBOOK_DATA",
                 "NOTEBOOK_RECALL_WORKDIR", "NOTEBOOK_LOOKING_WORKDIR", "NOTEBOOK_TABLES_WORKDIR",
-                "NOTEBOOK_VISION_WORKDIR"):
+                "NOTEBOOK_VISION_WORKDIR", "NOTEBOOK_PROTEINS_WORKDIR"):
         monkeypatch.delenv(var, raising=False)
     if model == "notebook_model":
         run = str(request.getfixturevalue("notebook_model"))
@@ -453,6 +464,9 @@ def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
     elif model == "vision_model":
         run = str(request.getfixturevalue("vision_model"))
         monkeypatch.setenv("NOTEBOOK_VISION_WORKDIR", run)
+    elif model == "proteins_model":
+        run = str(request.getfixturevalue("proteins_model"))
+        monkeypatch.setenv("NOTEBOOK_PROTEINS_WORKDIR", run)
     else:
         relative = request.getfixturevalue("own_run")
         assert not (work / relative).exists()  # so it must be found from the repository root
@@ -490,6 +504,10 @@ def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
         text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
         assert f"model: {run}, step 10" in text and record["model"]["from"] == _setup.TABLES_MODEL
         assert record["run"]["data.task"] == "tables"
+    if model == "proteins_model":
+        text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
+        assert f"model: {run}, step 10" in text and record["model"]["from"] == _setup.PROTEINS_MODEL
+        assert record["run"]["data.task"] == "proteins"
     if model == "looking_model":
         runs = {"default": 10, "long": 20, "copying": 20}
         assert record["model"]["step"] == runs and set(record["configs"]) == set(runs)

@@ -15,6 +15,7 @@ from ml_collections import ConfigDict
 from transformer.data.batches import text_task
 from transformer.data.tasks import DataTask
 from transformer.experiments.induction.induction import INDUCTION
+from transformer.experiments.proteins.families import proteins_task
 from transformer.experiments.recall.needle import needle_task
 from transformer.experiments.recall.retrieval import EXACT_MATCH
 from transformer.experiments.sinks.sinks import ATTENTION_SHARES
@@ -30,6 +31,7 @@ TASKS: dict[str, Callable[[ConfigDict], DataTask]] = {  # data.task -> build(con
     "needle": needle_task,  # needle-in-a-document questions
     "tables": table_task,  # synthetic classification tables (text=False)
     "images": image_task,  # pictures and their class for a ViT (text=False)
+    "proteins": proteins_task,  # sequences of synthetic protein families (text=False)
 }
 METRICS: list[tuple[EvalMetric, Callable[[ConfigDict], bool]]] = [  # (metric, does the config ask for it?)
     (ATTENTION_SHARES, lambda config: bool(config.train.get("eval_attention_shares", False))),

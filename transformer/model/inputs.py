@@ -11,6 +11,7 @@ functions, called with the Decoder as `module` (so their parameters sit at its t
 from __future__ import annotations
 
 import types
+from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -138,4 +139,41 @@ def check_positions(cfg: ModelConfig, positions: Array, cache: Cache | None) -> 
 
 TOKENS = types.SimpleNamespace(example=lambda cfg, length=1: jnp.zeros((1, length), jnp.int32), embed=embed_tokens,
                                logits=vocabulary_logits)
-INPUTS = {"tokens": TOKENS, "table": table.ROWS}
+
+
+# ----------------------------------------------------------------------------- an image and text (cross_attention)
+
+
+def text_of(data: Any) -> Array:
+    """The token ids [B, T] of an image-and-text input {"image": ..., "tokens": [B, T]}, or of a decoding
+    step's plain ids [B, T] (the image's keys and values are in the cache then)."""
+    return data["tokens"] if isinstance(data, Mapping) else data
+
+
+def encode(module: nn.Module, cfg: ModelConfig, data: Any, cache: Cache | None, deterministic: bool) -> Array | None:
+    """The encoder's output tokens e [B, S, D_e]: the encoder (a Decoder of cfg.encoder, `encoder`, e.g.
+    a ViT) run on data["image"], its final-normed hidden states; None when the cache holds their keys
+    and values already (a decoding step: the encoder is not run again, whatever image is passed)."""
+    if cache is not None and cache[0].cross_k is not None:
+        return None
+    image = data.get("image") if isinstance(data, Mapping) else None
+    if image is None:
+        raise ValueError("a cross-attention model (inputs='image_text') reads {'image': an array [B, ...] for its "
+                         "encoder, 'tokens': ids [B, T]}; pass the image too (a decoding step from a filled cache "
+                         "may pass the tokens alone)")
+    if image.shape[0] != text_of(data).shape[0]:
+        raise ValueError(f"the image batch has {image.shape[0]} rows but the tokens {text_of(data).shape[0]}; give "
+                         "one image per row of tokens")
+    # The same Decoder class, read as an encoder; type(module) keeps this module free of an import circle.
+    encoder = type(module)(cfg.encoder_config(), hidden_states=True, name="encoder")
+    return encoder(image, deterministic=deterministic)[0]
+
+
+IMAGE_TEXT = types.SimpleNamespace(
+    example=lambda cfg, length=1: {"image": INPUTS[cfg.encoder.inputs].example(cfg.encoder),
+                                   "tokens": TOKENS.example(cfg, length)},
+    embed=lambda module, cfg, data, *rest: embed_tokens(module, cfg, text_of(data), *rest),
+    logits=lambda module, cfg, h, data, *rest: vocabulary_logits(module, cfg, h, text_of(data), *rest),
+    encode=encode,
+)
+INPUTS = {"tokens": TOKENS, "table": table.ROWS, "image_text": IMAGE_TEXT}

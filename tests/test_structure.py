@@ -22,6 +22,7 @@ FEATURE_LINES: dict[str, int] = {
     "sparse autoencoders": 490,
     "attribution patching": 100,
     "mixture of experts": 220,
+    "vision: image patches, a bidirectional mask, registers measured": 110,
 }
 MAX_LINES = CORE_LINES + sum(FEATURE_LINES.values())
 

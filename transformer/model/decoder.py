@@ -130,11 +130,11 @@ class Decoder(nn.Module):
     under jit a row's logits are NaN from its first bad token on (model/inputs.py)."""
 
     cfg: ModelConfig
-    hidden_states: bool = False  # True: give the final-normed hidden states [B, T, D], not logits (an encoder)
 
     @nn.compact
     def __call__(self, tokens: Array, positions: Array | None = None, cache: Cache | None = None,
-                 deterministic: bool = True) -> tuple[Array, Cache | None]:
+                 deterministic: bool = True, hidden: bool = False) -> tuple[Array, Cache | None]:
+        """hidden=True: the final-normed x [B, T, D] in place of the logits (an encoder's output tokens)."""
         cfg = self.cfg
         cfg.check_resolved()  # dtype / attention_impl 'auto' are chosen before any model is built
         kind = INPUTS[cfg.inputs]  # token ids -> vocabulary logits, or a table's rows -> class logits
@@ -147,7 +147,7 @@ class Decoder(nn.Module):
         x = x[:, r:]  # [B, T, D]: the registers give no logits
         if cfg.prenorm:
             x = config_norm(cfg, "final_norm")(x)  # [B, T, D]
-        if self.hidden_states:  # an encoder's output tokens (model/inputs.py's IMAGE_TEXT reads them)
+        if hidden:
             return x, None
         logits = kind.logits(self, cfg, x, tokens, positions, cache)  # [B, T, V] float32
         if cache is not None:

@@ -6,7 +6,11 @@ functions, called with the Decoder as `module` (so their parameters sit at its t
     embed(module, cfg, data, positions, cache, det)   ->  x [B, T, D], positions [B, T], order
     logits(module, cfg, h, data, positions, cache)    ->  [B, T, V or C] float32 (the point `logits`)
 
-`order`: an additive [B, 1, T, T] in place of the causal mask in every layer, or None: causal."""
+`order`: an additive [B, 1, T, T] in place of the causal mask in every layer, or None: causal. An image
+and text (`IMAGE_TEXT`, inputs='image_text') has a fourth, the encoder's output tokens that every block
+cross-attends to (cfg.cross_attention), or None when the cache holds their keys and values:
+
+    encode(module, cfg, data, cache, det)             ->  e [B, S, D_e] or None"""
 
 from __future__ import annotations
 
@@ -165,8 +169,8 @@ def encode(module: nn.Module, cfg: ModelConfig, data: Any, cache: Cache | None, 
         raise ValueError(f"the image batch has {image.shape[0]} rows but the tokens {text_of(data).shape[0]}; give "
                          "one image per row of tokens")
     # The same Decoder class, read as an encoder; type(module) keeps this module free of an import circle.
-    encoder = type(module)(cfg.encoder_config(), hidden_states=True, name="encoder")
-    return encoder(image, deterministic=deterministic)[0]
+    encoder = type(module)(cfg.encoder_config(), name="encoder")
+    return encoder(image, deterministic=deterministic, hidden=True)[0]
 
 
 IMAGE_TEXT = types.SimpleNamespace(

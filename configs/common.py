@@ -47,7 +47,7 @@ def base_config(model: dict) -> ml_collections.ConfigDict:
     c.data.val_fraction = 0.05  # the last 5% of the token stream is the validation set
     c.data.start_token = -1  # a token id that begins every window (a fixed start token, like a BOS); -1 = none
     c.data.cache_dir = ""  # memory-mapped token arrays, reused across runs; "" = .cache/tokens in the repository
-    c.data.task = "text"  # 'text': windows of the corpus; 'needle': documents (needle.py); 'tables': tables.py
+    c.data.task = "text"  # 'text': windows of the corpus; 'needle': documents (needle.py); 'tables': tables.py; 'images': vit.py
     c.data.needle = ml_collections.ConfigDict()  # the needle documents (data.task='needle'), filler from the corpus
     c.data.needle.min_length = 64  # prompt length in tokens (bytes), drawn uniformly in [min_length, max_length]
     c.data.needle.max_length = 256  # train.seq_len must hold it and the answer
@@ -66,6 +66,8 @@ def base_config(model: dict) -> ml_collections.ConfigDict:
     c.data.tables.mlp_share = 0.5  # share of tables from a random MLP; the rest are Gaussian mixtures
     c.data.tables.min_separation = 0.5  # Gaussian mixtures: spread of the class centres, drawn in [min, max]
     c.data.tables.max_separation = 3.0
+    c.data.images = ml_collections.ConfigDict()  # the pictures of data.task='images' (transformer/data/images.py)
+    c.data.images.name = "shapes"  # 'shapes' (procedural, 32 x 32 x 3, 3 classes) or 'digits' (8 x 8 x 1, 10)
 
     c.optim = ml_collections.ConfigDict()
     c.optim.name = "adamw"  # 'adamw', or 'muon': Muon on the layers' matrices, AdamW on the rest (optim.py)

@@ -26,7 +26,7 @@ from transformer.model.decoder import Decoder
 from transformer.model.kv_cache import Cache, registers_to_run
 from transformer.model.edits import Edit
 from transformer.model.edits import run, variables as edit_variables
-from transformer.model.inputs import as_tokens
+from transformer.model.inputs import as_tokens, num_tokens
 from transformer.training.loss import cross_entropy
 from transformer.model.points import COLLECTION, EDITS, FEATURES, LAYER, SOWN, layer_points, point_names
 
@@ -51,7 +51,7 @@ def capture(params: Any, cfg: ModelConfig, tokens: Array, names: Sequence[str], 
     known = point_names(cfg)
     for name in wanted:
         check_name(name, cfg, known)
-    variables = {"params": params, EDITS: edit_variables(cfg, edits, cache, tokens.shape[1])}
+    variables = {"params": params, EDITS: edit_variables(cfg, edits, cache, num_tokens(cfg, tokens))}
     (logits, new_cache), state = Decoder(cfg).apply(variables, tokens, positions=positions, cache=cache,
                                                     mutable=[COLLECTION])
     r = registers_to_run(cfg, cache)

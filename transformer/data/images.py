@@ -55,9 +55,11 @@ def _background(rng: np.random.Generator, n: int) -> np.ndarray:
     return (level + grating[..., None] + rng.normal(0, 0.04, (n, SIZE, SIZE, 3))).astype(np.float32)
 
 
-def shapes(n: int, seed: int, objects: tuple[int, int] = (1, MAX_OBJECTS)) -> dict:
+def shapes(n: int, seed: int | list[int], objects: tuple[int, int] = (1, MAX_OBJECTS),
+           radius: tuple[float, float] = RADIUS, offset: float = SLOT_OFFSET) -> dict:
     """n pictures of `objects` = (fewest, most) shapes each, drawn from `seed` alone: the dict of the
-    module docstring. The same (n, seed, objects) gives the same arrays."""
+    module docstring. Sizes r drawn in `radius`; a slot's centre `offset` pixels from the picture's.
+    The same arguments give the same arrays."""
     lo, hi = objects
     if not 1 <= lo <= hi <= MAX_OBJECTS:
         raise ValueError(f"objects={objects} must be (fewest, most) with 1 <= fewest <= most <= {MAX_OBJECTS}")
@@ -68,11 +70,11 @@ def shapes(n: int, seed: int, objects: tuple[int, int] = (1, MAX_OBJECTS)) -> di
     shape = rng.integers(0, len(SHAPES), (n, MAX_OBJECTS))
     colour = rng.integers(0, len(COLOURS), (n, MAX_OBJECTS))
     position = np.argsort(rng.random((n, len(POSITIONS))), axis=1)[:, :MAX_OBJECTS]  # distinct slots per picture
-    r = rng.uniform(*RADIUS, (n, MAX_OBJECTS))
+    r = rng.uniform(*radius, (n, MAX_OBJECTS))
     jitter = rng.uniform(-JITTER, JITTER, (n, MAX_OBJECTS, 2))
     shade = rng.uniform(0.85, 1.0, (n, MAX_OBJECTS, 1))  # a little brightness variation per object
     side = np.array([[-1, 0], [1, 0], [0, -1], [0, 1]], np.float32)  # (x, y) direction of each position
-    centre = SIZE / 2 + SLOT_OFFSET * side[position] + jitter  # [n, K, 2]
+    centre = SIZE / 2 + offset * side[position] + jitter  # [n, K, 2]
     y, x = np.mgrid[0:SIZE, 0:SIZE].astype(np.float32) + 0.5  # pixel centres
     masks = np.zeros((n, MAX_OBJECTS, SIZE, SIZE), bool)
     for k in range(MAX_OBJECTS):  # later objects paint over earlier ones
@@ -103,7 +105,7 @@ def digits(split: str = "all") -> dict:
             "label": data.target[index].astype(np.int64), "label_names": tuple(str(d) for d in range(10))}
 
 
-def classification(name: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def classification(name: str, n: int, seed: int | list[int]) -> tuple[np.ndarray, np.ndarray]:
     """(images float32 [n, H, W, C], labels int [n]) of the classification set `name`: 'shapes' (one
     object per picture, labelled by its shape; H = W = 32, C = 3) drawn from `seed`, or 'digits' (n
     pictures of the training split drawn with replacement by `seed`; H = W = 8, C = 1)."""

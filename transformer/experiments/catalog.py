@@ -20,6 +20,7 @@ from transformer.experiments.recall.retrieval import EXACT_MATCH
 from transformer.experiments.sinks.sinks import ATTENTION_SHARES
 from transformer.experiments.tables.table_classifier import TABLE_ACCURACY
 from transformer.experiments.tables.table_rows import table_task
+from transformer.experiments.vision.image_task import image_task
 from transformer.experiments.vqa.answers import VQA_ACCURACY
 from transformer.experiments.vqa.questions import vqa_task
 from transformer.run.signals import StopOnSignal
@@ -30,6 +31,7 @@ TASKS: dict[str, Callable[[ConfigDict], DataTask]] = {  # data.task -> build(con
     "text": text_task,  # windows of the corpus
     "needle": needle_task,  # needle-in-a-document questions
     "tables": table_task,  # synthetic classification tables (text=False)
+    "images": image_task,  # pictures and their class for a ViT (text=False)
     "vqa": vqa_task,  # questions about procedural pictures, answered in bytes (text=False)
 }
 METRICS: list[tuple[EvalMetric, Callable[[ConfigDict], bool]]] = [  # (metric, does the config ask for it?)
@@ -37,7 +39,7 @@ METRICS: list[tuple[EvalMetric, Callable[[ConfigDict], bool]]] = [  # (metric, d
     (INDUCTION, lambda config: bool(config.train.get("eval_induction", False))),
     (EXACT_MATCH, lambda config: config.data.task == "needle"
      and config.data.needle.get("graded", "answer") == "answer"),
-    (TABLE_ACCURACY, lambda config: config.data.task == "tables"),
+    (TABLE_ACCURACY, lambda config: config.data.task in ("tables", "images")),  # the graded rows' accuracy
     (VQA_ACCURACY, lambda config: config.data.task == "vqa"),
 ]
 

@@ -16,7 +16,9 @@ CHOICES = {
     "attention": ("mha", "mla"),
     "dtype": ("float32", "bfloat16", "float16", "auto"),
     "attention_impl": ("reference", "xla", "cudnn", "auto"),
-    "inputs": ("tokens", "table", "image_text"),
+    "inputs": ("tokens", "table", "image", "image_text"),
+    "mask": ("causal", "bidirectional"),
+    "pool": ("cls", "mean"),
 }
 # A value chosen at start-up from the backend JAX runs on (transformer/model/execution.py: resolve_auto).
 AUTO = "auto"
@@ -95,6 +97,13 @@ class ModelConfig:
     attention_impl: str = "reference"  # 'xla' / 'cudnn': jax.nn.dot_product_attention; 'auto': per backend
     scan_layers: bool = True  # stack the layers with nn.scan (fast compile for deep models)
     remat: bool = False  # recompute each layer's activations in the backward pass
+    # --- the mask kind and images (model/image.py: a ViT); num_classes is the class head's width ---
+    mask: str = "causal"  # 'bidirectional': every query sees every key of its call (one pass, no cache)
+    image_size: int = 0  # inputs='image': H = W, the pixels per side of images [B, H, W, C]
+    patch_size: int = 0  # P: an image is cut into (H / P)^2 patches of P x P pixels, each a token
+    channels: int = 0  # C, the colour channels of an image
+    cls_token: bool = False  # a learned [CLS] token before the patches
+    pool: str = "cls"  # what the class head reads: the [CLS] token ('cls') or the patch tokens' mean ('mean')
     # --- cross-attention (inputs='image_text'): the blocks also read an encoder's output tokens e [B, S, D_e] ---
     cross_attention: bool = False  # each block: x = x + cross(norm(x), e) between attention and MLP (post-norm alike)
     encoder: Any = None  # the encoder's ModelConfig, or its fields as a mapping (a ViT: inputs='image'); None: none
@@ -126,6 +135,7 @@ class ModelConfig:
         self._check_sinks_and_windows()
         self._check_recipe()
         self._check_table()
+        self._check_image()
         self._check_experts()
         self._check_cross()
         self._check_mla() if self.attention == "mla" else self._check_mha()
@@ -204,9 +214,10 @@ class ModelConfig:
         """inputs='table' needs F >= 1 and C >= 2, and none of the options that read token order or ids."""
         for name in ("num_features", "num_classes"):
             _check(_is_count(getattr(self, name)), f".{name} must be an integer >= 0, got {getattr(self, name)!r}")
-        if self.inputs in ("tokens", "image_text"):
-            _check(not (self.num_features or self.num_classes), ": num_features and num_classes are read with "
-                   "inputs='table' only; set inputs='table' or leave them 0")
+        if self.inputs != "table":
+            _check(not (self.num_features or (self.num_classes and self.inputs in ("tokens", "image_text"))), ": num_features and "
+                   "num_classes are read with inputs='table' only (num_classes with 'image' too); set inputs='table' "
+                   "or leave them 0")
             return
         _check(self.num_features >= 1 and self.num_classes >= 2, ": inputs='table' needs num_features >= 1 and "
                f"num_classes >= 2 (got {self.num_features} and {self.num_classes}): the widest table the model "
@@ -219,6 +230,42 @@ class ModelConfig:
                    "attention_window": (self.attention_window, "rows have no order to window: set attention_window=0")}
         for name, (bad, fix) in refused.items():
             _check(not bad, f": inputs='table' does not take {name}={getattr(self, name)!r}; {fix}")
+
+    def _check_image(self) -> None:
+        """inputs='image' needs a size that P divides, C >= 1 and >= 2 classes, the bidirectional mask, and
+        none of the options that read token ids or a 1-D order; the image fields are read with images only."""
+        image = ("image_size", "patch_size", "channels")
+        for name in image:
+            _check(_is_count(getattr(self, name)), f".{name} must be an integer >= 0, got {getattr(self, name)!r}")
+        _flag("cls_token", self.cls_token)
+        _check(not (self.mask == "bidirectional" and self.attention_window), ": mask='bidirectional' sees every "
+               f"key, so attention_window={self.attention_window} (a causal band) does not apply; set it to 0")
+        if self.inputs != "image":
+            _check(not any(getattr(self, f) for f in image + ("cls_token",)), ": image_size, patch_size, channels "
+                   "and cls_token are read with inputs='image' only; set inputs='image' or leave them 0 / False")
+            return
+        p, h = self.patch_size, self.image_size
+        _check(p >= 1 and h >= 1 and self.channels >= 1 and self.num_classes >= 2, ": inputs='image' needs "
+               f"image_size, patch_size, channels >= 1 and num_classes >= 2 (got {h}, {p}, {self.channels}, "
+               f"{self.num_classes})")
+        _check(h % p == 0, f": image_size={h} is not a multiple of patch_size={p}; choose a patch_size dividing it")
+        refused = {"mask": (self.mask != "bidirectional", "every patch sees every patch: set mask='bidirectional'"),
+                   "position": (self.position not in ("learned", "sinusoidal", "none"), "patches are placed by "
+                                "learned, 2-D sinusoidal or no position embeddings: set one of those"),
+                   "tie_embeddings": (self.tie_embeddings, "patches have no token embedding: set tie_embeddings=False"),
+                   "embed_scale": (self.embed_scale, "patches have no token embedding: set embed_scale=False"),
+                   "pool": (self.pool == "cls" and not self.cls_token, "set cls_token=True, or pool='mean'")}
+        for name, (bad, fix) in refused.items():
+            _check(not bad, f": inputs='image' does not take {name}={getattr(self, name)!r}; {fix}")
+        _check(self.position != "sinusoidal" or self.d_model % 4 == 0, ": 2-D sinusoidal positions need d_model "
+               f"divisible by 4 (half for the row, half for the column), got {self.d_model}")
+        _check(self.max_seq_len >= self.image_tokens, f": max_seq_len={self.max_seq_len} is below the image's "
+               f"{self.image_tokens} tokens ((image_size / patch_size)^2 patches + [CLS]); raise it")
+
+    @property
+    def image_tokens(self) -> int:
+        """An image's tokens: N = (H / P)^2 patches, then one more with a [CLS] token (model/image.py)."""
+        return (self.image_size // self.patch_size) ** 2 + self.cls_token
 
     def _check_experts(self) -> None:
         e, k, c = self.num_experts, self.experts_per_token, self.load_balance_coef

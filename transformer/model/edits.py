@@ -19,6 +19,7 @@ import numpy as np
 
 from transformer.model.config import ModelConfig
 from transformer.model.decoder import Decoder
+from transformer.model.inputs import num_tokens
 from transformer.model.kv_cache import Cache, registers_to_run
 from transformer.model.ops import MASK_VALUE
 from transformer.model.points import CAPTURE_ONLY, EDITS, FEATURES, SOWN, SPLICE, TOP, layer_points, point_axes
@@ -187,8 +188,7 @@ def run(params: Any, cfg: ModelConfig, tokens: Array, edits: Sequence[Edit], pos
         cache: Cache | None = None) -> tuple[Array, Cache | None]:
     """The model on `tokens` [B, T] with `edits` applied -> (logits [B, T, V], updated cache or None),
     as `Decoder.apply` returns them. Works under jax.jit (cfg static; edits are pytrees)."""
-    length = (tokens["tokens"] if isinstance(tokens, dict) else tokens).shape[1]  # an image and text: its tokens'
-    return Decoder(cfg).apply({"params": params, EDITS: variables(cfg, edits, cache, length)}, tokens,
+    return Decoder(cfg).apply({"params": params, EDITS: variables(cfg, edits, cache, num_tokens(cfg, tokens))}, tokens,
                               positions=positions, cache=cache)
 
 

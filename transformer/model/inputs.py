@@ -1,5 +1,5 @@
 """What the decoder reads and gives back: token ids -> vocabulary logits (here), or a table's rows ->
-class logits (model/table.py), chosen by ModelConfig.inputs through `INPUTS`. An input kind has three
+class logits (model/table.py), or images -> class logits (model/image.py), chosen by ModelConfig.inputs through `INPUTS`. An input kind has three
 functions, called with the Decoder as `module` (so their parameters sit at its top level):
 
     example(cfg, length)                                  zeros of the input's shape, to build params
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.model import kv_cache, ops, table
+from transformer.model import image as image_kind, kv_cache, ops, table
 from transformer.model.config import ModelConfig
 from transformer.model.kv_cache import Cache
 from transformer.model.linear import Linear
@@ -168,9 +168,7 @@ def encode(module: nn.Module, cfg: ModelConfig, data: Any, cache: Cache | None, 
     if image.shape[0] != text_of(data).shape[0]:
         raise ValueError(f"the image batch has {image.shape[0]} rows but the tokens {text_of(data).shape[0]}; give "
                          "one image per row of tokens")
-    # The same Decoder class, read as an encoder; type(module) keeps this module free of an import circle.
-    encoder = type(module)(cfg.encoder_config(), name="encoder")
-    return encoder(image, deterministic=deterministic, hidden=True)[0]
+    return image_kind.encode_image(module, cfg.encoder_config(), image, deterministic)
 
 
 IMAGE_TEXT = types.SimpleNamespace(
@@ -180,4 +178,9 @@ IMAGE_TEXT = types.SimpleNamespace(
     logits=lambda module, cfg, h, data, *rest: vocabulary_logits(module, cfg, h, text_of(data), *rest),
     encode=encode,
 )
-INPUTS = {"tokens": TOKENS, "table": table.ROWS, "image_text": IMAGE_TEXT}
+INPUTS = {"tokens": TOKENS, "table": table.ROWS, "image": image_kind.PIXELS, "image_text": IMAGE_TEXT}
+
+
+def num_tokens(cfg: ModelConfig, data: Array) -> int:
+    """The tokens T one call's input gives: T of ids [B, T] or rows [B, T, F + 1]; an image's cfg.image_tokens."""
+    return cfg.image_tokens if cfg.inputs == "image" else text_of(data).shape[1]

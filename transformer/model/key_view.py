@@ -6,7 +6,9 @@ keys; per segment the positions [B, S_i] (registers -R..-1, an empty slot PAD_PO
 [B, 1 or H, T, S_i]: 0 where query t sees key s, a large negative value where not, plus the position
 scheme's score bias. Query t sees key s iff pos_s <= pos_t, with a window W also pos_t - pos_s < W
 unless s is kept for good (sinks, registers); a cached slot only if filled before this call. An input
-may bring its own order of this call's keys instead (`order`: a table's rows).
+may bring its own order of this call's keys instead (`order`: a table's rows). With mask='bidirectional'
+(cfg.mask, the mask kind) a query sees every key of its call, registers too, but padding (PAD_POSITION):
+such a model reads its input in one pass, without a cache.
 
 A rolling layer with sinks or registers numbers its cache as StreamingLLM does once a query q runs
 past sinks + W - 1: the keys kept for good move `shift` = q - (sinks + W - 1) towards it, so the
@@ -84,6 +86,9 @@ def key_view(cfg, positions: Array, cached: LayerCache | None = None, window: in
     segments = []  # per segment its parts (positions, valid or None, leading slots kept for good): cache first
     new = [(positions, None, 0)]
     if cached is not None:
+        if cfg.mask == "bidirectional":
+            raise ValueError("a model with mask='bidirectional' reads its input in one pass (every token sees the "
+                             "later ones), without a KV cache; pass cache=None")
         if order is not None:
             raise ValueError("an input with its own order of keys (a table's rows) is read in one forward "
                              "pass, without a KV cache; pass cache=None")
@@ -105,7 +110,12 @@ def key_view(cfg, positions: Array, cached: LayerCache | None = None, window: in
 
     def bias(k_positions: Array, valid: Array | None, leading: int) -> Array:
         own_order = valid is None and order is not None  # this call's keys, in the input's own order
-        mask = order if own_order else ops.causal_mask(positions, k_positions, valid, window=window, sinks=sinks)
+        if own_order:
+            mask = order
+        elif cfg.mask == "bidirectional":  # as a query after every position: it sees every key but padding
+            mask = ops.causal_mask(jnp.full_like(positions, PAD_POSITION - 1), k_positions)
+        else:
+            mask = ops.causal_mask(positions, k_positions, valid, window=window, sinks=sinks)
         if bias_of is not None:  # measured from the kept slots' positions moved `shift` towards the queries
             scored = k_positions
             if shift is not None and leading:

@@ -30,11 +30,12 @@ class EvalMetric:
     first_batch: bool = False  # measured on the first validation batch alone
 
 
-def compile_metric(metric: EvalMetric, cfg: ModelConfig, mesh: Mesh, state: Any, rules: Rules, inputs: jax.Array
-                   ) -> MetricFn:
-    """The metric compiled for the validation batches' shape: (params, eval_set) -> its row entries."""
+def compile_metric(metric: EvalMetric, cfg: ModelConfig, mesh: Mesh, state: Any, rules: Rules, inputs: jax.Array,
+                   targets: jax.Array | None = None) -> MetricFn:
+    """The metric compiled for the validation batches' shape: (params, eval_set) -> its row entries;
+    targets: a batch's, when their shape is not the inputs' [B, T] (an image's [B, 1])."""
     data = batch_sharding(mesh, rules)
-    targets = jax.ShapeDtypeStruct(inputs.shape[:2], jnp.int32)
+    targets = jax.ShapeDtypeStruct(inputs.shape[:2] if targets is None else targets.shape, jnp.int32)
     measure = sharded_jit(metric.measure(cfg, inputs), mesh, rules, (state_sharding(state.params, mesh, rules), data, data)
                           ).lower(state.params, inputs, targets).compile()
 

@@ -303,5 +303,5 @@ def compile_steps(cfg: ModelConfig, grad_accum: int, tx, rates: dict, metrics: l
     step = sharded_jit(step, mesh, rules, (on_mesh, data, data), (on_mesh, None), donate_argnums=(0,))
     evaluate = sharded_jit(evaluate, mesh, rules, (state_sharding(state.params, mesh, rules), data, data))
     train, evaluate = step.lower(state, x, y).compile(), evaluate.lower(state.params, x, y).compile()
-    measures = {m.name: compile_metric(m, cfg, mesh, state, rules, x) for m in metrics}
+    measures = {m.name: compile_metric(m, cfg, mesh, state, rules, x, y) for m in metrics}
     return Steps(train=train, eval=evaluate, metrics=measures, put=put, compile_seconds=time.perf_counter() - compiling)

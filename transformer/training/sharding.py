@@ -71,6 +71,8 @@ PARAM_AXES = {
     # a mixture of experts (model/moe.py): the router [E, D], each expert's W_gate, W_up [E, F, D], W_out [D, E, F]
     ("router", "kernel"): ("experts", "embed"), ("expert_out", "kernel"): ("embed", "experts", "mlp"),
     **{(name, "kernel"): ("experts", "mlp", "embed") for name in ("expert_gate", "expert_up")},
+    # a ViT (model/image.py): the patch embedding W [D, P P C] (its inputs replicated) and the [CLS] token [D]
+    ("patch_embed", "kernel"): ("embed", "norm"), ("patch_embed", "bias"): ("embed",), ("cls",): ("embed",),
 }
 # Of every *_norm module: [D], [latent width] or [K], replicated ("norm").
 NORM_PARAMS = ("scale", "bias")
@@ -137,7 +139,7 @@ def make_rules(cfg: ModelConfig, mesh: Mesh, rules: Mapping[str, str] | None = N
 def param_axes(path: tuple[str, ...], ndim: int) -> tuple[str, ...]:
     """The logical axes of the parameter at `path` (('layers', 'attn', 'q', 'kernel'), ...) with
     `ndim` dimensions; KeyError for a parameter the table does not know."""
-    if path[-1] in ("pos_embed", "registers"):  # top-level arrays, no module of their own
+    if path[-1] in ("pos_embed", "registers", "cls"):  # top-level arrays, no module of their own
         axes = PARAM_AXES[(path[-1],)]
     elif len(path) >= 2 and path[-2].endswith("norm") and path[-1] in NORM_PARAMS:
         axes = ("norm",)

@@ -142,7 +142,9 @@ class Decoder(nn.Module):
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))  # logical axes (sharding.py)
         r = kv_cache.registers_to_run(cfg, cache)  # R without a cache or filling an empty one, else 0
         x_all, positions_all = self._prepend_registers(x, positions) if r else (x, positions)  # [B, R + T, ...]
-        memory = kind.encode(self, cfg, tokens, cache, deterministic) if cfg.cross_attention else None  # [B, S, D_e]
+        image = kind.encoder_input(cfg, tokens, cache) if cfg.cross_attention else None  # None: its keys are cached
+        memory = None if image is None else Decoder(cfg.encoder_config(), name="encoder")(  # e [B, S, D_e]: a ViT's
+            image, deterministic=deterministic, hidden=True)[0]  # final-normed output tokens
         x, new = self._layers(x_all, positions_all, cache, deterministic, order, memory)
         x = x[:, r:]  # [B, T, D]: the registers give no logits
         if cfg.prenorm:

@@ -7,10 +7,11 @@ functions, called with the Decoder as `module` (so their parameters sit at its t
     logits(module, cfg, h, data, positions, cache)    ->  [B, T, V or C] float32 (the point `logits`)
 
 `order`: an additive [B, 1, T, T] in place of the causal mask in every layer, or None: causal. An image
-and text (`IMAGE_TEXT`, inputs='image_text') has a fourth, the encoder's output tokens that every block
-cross-attends to (cfg.cross_attention), or None when the cache holds their keys and values:
+and text (`IMAGE_TEXT`, inputs='image_text') has a fourth: what its encoder reads (the decoder runs the
+encoder, whose output tokens every block cross-attends to), or None when the cache holds their keys
+and values:
 
-    encode(module, cfg, data, cache, det)             ->  e [B, S, D_e] or None"""
+    encoder_input(cfg, data, cache)                   ->  data["image"] or None"""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.model import image as image_kind, kv_cache, ops, table
+from transformer.model import image, kv_cache, ops, table
 from transformer.model.config import ModelConfig
 from transformer.model.kv_cache import Cache
 from transformer.model.linear import Linear
@@ -154,21 +155,21 @@ def text_of(data: Any) -> Array:
     return data["tokens"] if isinstance(data, Mapping) else data
 
 
-def encode(module: nn.Module, cfg: ModelConfig, data: Any, cache: Cache | None, deterministic: bool) -> Array | None:
-    """The encoder's output tokens e [B, S, D_e]: the encoder (a Decoder of cfg.encoder, `encoder`, e.g.
-    a ViT) run on data["image"], its final-normed hidden states; None when the cache holds their keys
-    and values already (a decoding step: the encoder is not run again, whatever image is passed)."""
+def encoder_input(cfg: ModelConfig, data: Any, cache: Cache | None) -> Array | None:
+    """What the encoder reads, data["image"] [B, ...] (a ViT's images), or None when the cache holds the
+    keys and values of its output tokens already (a decoding step: the encoder is not run again,
+    whatever image is passed). The decoder runs the encoder, a Decoder of cfg.encoder (`encoder`)."""
     if cache is not None and cache[0].cross_k is not None:
         return None
-    image = data.get("image") if isinstance(data, Mapping) else None
-    if image is None:
+    picture = data.get("image") if isinstance(data, Mapping) else None
+    if picture is None:
         raise ValueError("a cross-attention model (inputs='image_text') reads {'image': an array [B, ...] for its "
                          "encoder, 'tokens': ids [B, T]}; pass the image too (a decoding step from a filled cache "
                          "may pass the tokens alone)")
-    if image.shape[0] != text_of(data).shape[0]:
-        raise ValueError(f"the image batch has {image.shape[0]} rows but the tokens {text_of(data).shape[0]}; give "
+    if picture.shape[0] != text_of(data).shape[0]:
+        raise ValueError(f"the image batch has {picture.shape[0]} rows but the tokens {text_of(data).shape[0]}; give "
                          "one image per row of tokens")
-    return image_kind.encode_image(module, cfg.encoder_config(), image, deterministic)
+    return picture
 
 
 IMAGE_TEXT = types.SimpleNamespace(
@@ -176,9 +177,9 @@ IMAGE_TEXT = types.SimpleNamespace(
                                    "tokens": TOKENS.example(cfg, length)},
     embed=lambda module, cfg, data, *rest: embed_tokens(module, cfg, text_of(data), *rest),
     logits=lambda module, cfg, h, data, *rest: vocabulary_logits(module, cfg, h, text_of(data), *rest),
-    encode=encode,
+    encoder_input=encoder_input,
 )
-INPUTS = {"tokens": TOKENS, "table": table.ROWS, "image": image_kind.PIXELS, "image_text": IMAGE_TEXT}
+INPUTS = {"tokens": TOKENS, "table": table.ROWS, "image": image.PIXELS, "image_text": IMAGE_TEXT}
 
 
 def num_tokens(cfg: ModelConfig, data: Array) -> int:

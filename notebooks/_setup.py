@@ -574,3 +574,57 @@ def load_looking_models() -> dict:
                                        "step": {k: v["step"] for k, v in sources.items()},
                                        "val_loss": None, "runs": sources})
     return models
+
+
+# --- vision.ipynb: the ViT runs of docs/experiments/vision.md (seed 0 of each) ---------------------------
+
+VISION_RUNS = {"shapes": ("vit", 0), "shapes_registers": ("vit", 4), "digits": ("vit_digits", 0)}  # config, registers
+
+
+def vision_configs(smoke: bool = SMOKE) -> dict:
+    """vision.ipynb's runs, name -> run config: configs/vit.py (0 and 4 registers) and configs/vit_digits.py,
+    seed 0, as scripts/vision_experiment.py trains them; in smoke mode a tiny ViT for 10 steps."""
+    import importlib
+
+    runs = {}
+    for name, (module, registers) in VISION_RUNS.items():
+        c = importlib.import_module(f"configs.{module}").get_config()
+        c.model.num_registers = registers
+        if smoke:
+            c.model.update(dict(d_model=16, num_layers=2, num_heads=2, mlp_dim=32))
+            c.train.update(dict(steps=10, batch_size=8, eval_every=10, eval_batches=1, checkpoint_every=10))
+            c.optim.warmup_steps = 2
+        runs[name] = c
+    return runs
+
+
+def vision_folder(env: Mapping[str, str] = os.environ, smoke: bool = SMOKE) -> str:
+    """Where vision.ipynb finds its runs (NAME_seed0 each): NOTEBOOK_VISION_WORKDIR, else runs/vision (what
+    scripts/vision_experiment.py trains; a temporary folder in smoke mode)."""
+    if env.get("NOTEBOOK_VISION_WORKDIR"):
+        return resolve(env["NOTEBOOK_VISION_WORKDIR"])
+    return os.path.join(_smoke_workdir(), "vision") if smoke else os.path.join(ROOT, "runs", "vision")
+
+
+def load_vision_models() -> dict:
+    """{name: (cfg, params, workdir)} of vision.ipynb's runs (`vision_configs`), each trained first if its
+    folder holds no finished run; records the provenance of all three."""
+    from transformer.run.checkpoint import Checkpointer, latest_step, restore_for_inference
+
+    models, configs, fields, sources = {}, {}, {}, {}
+    for name, config in vision_configs().items():
+        workdir = os.path.join(vision_folder(), f"{name}_seed0")
+        done = os.path.isdir(os.path.join(workdir, "checkpoints")) and (
+            latest_step(workdir) or 0) >= config.train.steps
+        if done:
+            _check_same_run(config, workdir, "_setup.vision_configs()")
+        else:
+            _train(config, workdir)
+        cfg, params, _ = restore_for_inference(workdir)
+        models[name] = (cfg, params, workdir)
+        configs[name], fields[name] = cfg, run_fields(Checkpointer(workdir, read_only=True).config())
+        sources[name] = {"run": _name(workdir), "step": latest_step(workdir), "val_loss": _val_loss(workdir)}
+    provenance(configs, fields, model={"run": _name(vision_folder()), "from": "_setup.vision_configs()",
+                                       "step": {k: v["step"] for k, v in sources.items()},
+                                       "val_loss": None, "runs": sources})
+    return models

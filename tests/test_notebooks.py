@@ -29,8 +29,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = ["attention_basics", "attention_maps", "attention_sinks", "head_ablation", "kv_cache", "looking_inside",
-             "retrieval_heads", "tables", "features"]
-OWN_MODELS = ("looking_inside", "retrieval_heads", "tables")  # they train models of their own tasks or lengths: no user's run
+             "retrieval_heads", "tables", "features", "vision"]
+OWN_MODELS = ("looking_inside", "retrieval_heads", "tables", "vision")  # they train models of their own tasks or lengths: no user's run
 KERNEL = "transformer-notebook-test"
 import _setup  # noqa: E402  (the notebooks' shared set-up; notebooks/ is on pytest's pythonpath)
 from scripts import plot_metrics  # noqa: E402
@@ -76,6 +76,10 @@ def builds_now(name):
         return {"model": resolve_auto(ModelConfig.from_dict(config.model)).cfg}, fields, _setup.TABLES_MODEL
     if name == "attention_sinks":  # its own runs (configs/sweeps/sinks.py) with their training fields, no one model
         return (*_setup.sinks_configs(smoke=False), None)
+    if name == "vision":  # its three ViT runs (configs/vit.py with 0 and 4 registers, configs/vit_digits.py)
+        runs = _setup.vision_configs(smoke=False)
+        return ({k: resolve_auto(ModelConfig.from_dict(c.model)).cfg for k, c in runs.items()},
+                {k: _setup.run_fields(c) for k, c in runs.items()}, None)
     if name == "looking_inside":  # its three runs of configs/modern.py
         runs = _setup.looking_configs(smoke=False)
         return ({k: resolve_auto(ModelConfig.from_dict(c.model)).cfg for k, c in runs.items()},
@@ -407,6 +411,12 @@ def tables_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def vision_model(tmp_path_factory):
+    """The folder of vision.ipynb's three tiny ViT runs, trained by the notebook."""
+    return tmp_path_factory.mktemp("vision_model")
+
+
+@pytest.fixture(scope="module")
 def recall_model(tmp_path_factory):
     """The folder of retrieval_heads.ipynb's tiny recall model, trained by the notebook."""
     return tmp_path_factory.mktemp("recall_model")
@@ -419,12 +429,14 @@ def recall_model(tmp_path_factory):
     for name, model in [(n, "own_run") for n in NOTEBOOKS if n not in OWN_MODELS]
     + [(n, "notebook_model") for n in NOTEBOOKS if uses_a_model(n)] + [("retrieval_heads", "recall_model"),
                                                                        ("looking_inside", "looking_model"),
-                                                                       ("tables", "tables_model")]])
+                                                                       ("tables", "tables_model"),
+                                                                       ("vision", "vision_model")]])
 def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
     work = tmp_path / "notebooks"
     shutil.copytree(os.path.join(ROOT, "notebooks"), work, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     for var in ("NOTEBOOK_CHECKPOINT", "NOTEBOOK_WORKDIR", "NOTEBOOK_FIGURES", "NOTEBOOK_DATA",
-                "NOTEBOOK_RECALL_WORKDIR", "NOTEBOOK_LOOKING_WORKDIR", "NOTEBOOK_TABLES_WORKDIR"):
+                "NOTEBOOK_RECALL_WORKDIR", "NOTEBOOK_LOOKING_WORKDIR", "NOTEBOOK_TABLES_WORKDIR",
+                "NOTEBOOK_VISION_WORKDIR"):
         monkeypatch.delenv(var, raising=False)
     if model == "notebook_model":
         run = str(request.getfixturevalue("notebook_model"))
@@ -438,6 +450,9 @@ def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
     elif model == "tables_model":
         run = str(request.getfixturevalue("tables_model"))
         monkeypatch.setenv("NOTEBOOK_TABLES_WORKDIR", run)
+    elif model == "vision_model":
+        run = str(request.getfixturevalue("vision_model"))
+        monkeypatch.setenv("NOTEBOOK_VISION_WORKDIR", run)
     else:
         relative = request.getfixturevalue("own_run")
         assert not (work / relative).exists()  # so it must be found from the repository root

@@ -52,7 +52,7 @@ import jax.numpy as jnp  # noqa: E402
 from transformer.analysis.capture import capture  # noqa: E402
 from transformer.model import image, ops  # noqa: E402
 from transformer.model.config import ModelConfig  # noqa: E402
-from transformer.model.decoder import Decoder  # noqa: E402
+from transformer.model.decoder import Decoder, encode  # noqa: E402
 from transformer.model.edits import ablate_heads, run  # noqa: E402
 from transformer.model.key_view import key_view  # noqa: E402
 from transformer.model.kv_cache import PAD_POSITION, init_cache  # noqa: E402
@@ -143,13 +143,13 @@ def test_the_class_head_reads_cls_or_the_mean_of_the_patch_tokens(pool):
     np.testing.assert_allclose(np.asarray(logits)[:, 0], expected, rtol=1e-4, atol=1e-5)
 
 
-def test_encode_image_gives_the_final_normed_tokens_inside_another_module():
+def test_encode_gives_the_final_normed_tokens_inside_another_module():
     cfg = vit_cfg(num_registers=2)
 
     class Reader(nn.Module):
         @nn.compact
         def __call__(self, images):
-            return image.encode_image(self, cfg, images)
+            return encode(self, cfg, images)
 
     x = jnp.asarray(pictures(2))
     variables = Reader().init(jax.random.key(0), x)
@@ -205,3 +205,49 @@ def test_bad_configs_and_images_get_one_line_errors():
         with pytest.raises(ValueError, match=message) as error:
             Decoder(cfg).apply({"params": params}, images)
         assert "\n" not in str(error.value)
+
+
+# --- the data task -------------------------------------------------------------------------------------
+
+from configs.vit import get_config as vit_config  # noqa: E402
+from configs.vit_digits import get_config as digits_config  # noqa: E402
+from transformer.experiments.catalog import data_task, eval_metrics  # noqa: E402
+
+
+def test_the_image_task_gives_batches_of_pictures_and_their_class():
+    for config, shape, classes in ((vit_config(), (8, 32, 32, 3), 3), (digits_config(), (8, 8, 8, 1), 10)):
+        task = data_task(config)
+        assert not task.text and [m.name for m in eval_metrics(config)] == ["table_accuracy"]
+        x, y = task.batch_at(None, seed=0, step=2, batch_size=8, seq_len=17)
+        again, _ = task.batch_at(None, seed=0, step=2, batch_size=8, seq_len=17)
+        assert x.shape == shape and x.dtype == np.float32 and y.shape == (8, 1) and y.dtype == np.int32
+        assert set(y.ravel()) <= set(range(classes)) and np.array_equal(x, again)
+        assert not np.array_equal(x, task.batch_at(None, seed=0, step=3, batch_size=8, seq_len=17)[0])
+        held = task.eval_batches(None, num_batches=2, batch_size=8, seq_len=17)
+        assert len(held) == 2 and held[0][0].shape == shape and not np.array_equal(held[0][0], held[1][0])
+    test = images.digits("test")
+    held = data_task(digits_config()).eval_batches(None, num_batches=1, batch_size=8, seq_len=17)
+    np.testing.assert_array_equal(held[0][0], test["images"][:8])  # the held-out digits, never a training one
+    wrong = vit_config()
+    wrong.model.channels = 1
+    with pytest.raises(ValueError, match="set model.inputs='image', image_size=32, channels=3"):
+        data_task(wrong)
+    wrong = vit_config()
+    wrong.data.images.name = "cifar"
+    with pytest.raises(ValueError, match="not an image set"):
+        data_task(wrong)
+
+
+@pytest.mark.slow
+def test_catalog_trains_the_digits_config_a_few_steps(tmp_path):
+    from transformer.experiments.catalog import train
+    from transformer.load import load_run
+
+    config = digits_config()
+    config.train.steps, config.train.eval_every, config.train.checkpoint_every = 4, 4, 4
+    config.train.eval_batches, config.train.batch_size, config.train.log_every = 1, 8, 2
+    train(config, str(tmp_path / "digits"))
+    rows = [line for line in (tmp_path / "digits" / "metrics.jsonl").read_text().splitlines() if "val_accuracy" in line]
+    assert len(rows) == 1 and not (tmp_path / "digits" / "tokenizer").exists()
+    cfg, params, _ = load_run(str(tmp_path / "digits"))
+    assert cfg.inputs == "image" and params["patch_embed"]["kernel"].shape == (64, 4)

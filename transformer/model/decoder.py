@@ -143,8 +143,7 @@ class Decoder(nn.Module):
         r = kv_cache.registers_to_run(cfg, cache)  # R without a cache or filling an empty one, else 0
         x_all, positions_all = self._prepend_registers(x, positions) if r else (x, positions)  # [B, R + T, ...]
         image = kind.encoder_input(cfg, tokens, cache) if cfg.cross_attention else None  # None: its keys are cached
-        memory = None if image is None else Decoder(cfg.encoder_config(), name="encoder")(  # e [B, S, D_e]: a ViT's
-            image, deterministic=deterministic, hidden=True)[0]  # final-normed output tokens
+        memory = None if image is None else encode(self, cfg.encoder_config(), image, deterministic)  # e [B, S, D_e]
         x, new = self._layers(x_all, positions_all, cache, deterministic, order, memory)
         x = x[:, r:]  # [B, T, D]: the registers give no logits
         if cfg.prenorm:
@@ -208,6 +207,14 @@ class Decoder(nn.Module):
 def example_input(cfg: ModelConfig, length: int = 1) -> Array:
     """Zeros a model of `cfg` reads, to build its parameters: tokens [1, length] or table rows."""
     return INPUTS[cfg.inputs].example(cfg, length)
+
+
+def encode(module: nn.Module, cfg: ModelConfig, data: Array, deterministic: bool = True, name: str = "encoder"
+           ) -> Array:
+    """An encoder's output tokens: a Decoder of `cfg` made inside `module` (in a compact method) as its
+    submodule `name` reads `data` (images [B, H, W, C] for a ViT) -> the final-normed h [B, T, D], the
+    registers' rows dropped. Its parameters are module's params[name]: a trained model's, without its head."""
+    return Decoder(cfg, name=name)(data, deterministic=deterministic, hidden=True)[0]
 
 
 def count_params(params) -> int:

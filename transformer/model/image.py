@@ -16,7 +16,7 @@
 
 The class head is a table's (`table.logits`). Another module reads the ViT's output tokens, the
 final-normed h [B, S, D] ([CLS] first, then the patches row by row; the registers' rows dropped), with
-`encode_image`, or from trained parameters as the point `final_norm.out` (analysis/capture.py).
+`decoder.encode(module, cfg, images)` inside a module, or from trained parameters as the point `final_norm.out` (analysis/capture.py).
 """
 
 from __future__ import annotations
@@ -92,15 +92,6 @@ def logits(module: nn.Module, cfg: ModelConfig, h: Array, images: Array, positio
     the patch tokens' mean (cfg.pool)."""
     pooled = h[:, :1] if cfg.pool == "cls" else h[:, int(cfg.cls_token):].mean(axis=1, keepdims=True)  # [B, 1, D]
     return table.logits(module, cfg, pooled, images, positions, cache)
-
-
-def encode_image(module: nn.Module, cfg: ModelConfig, images: Array, deterministic: bool = True) -> Array:
-    """The ViT's output tokens, h [B, S, D] (final-normed; [CLS] first, then the patches row by row, no
-    registers), from a Decoder of `cfg` made inside `module` (a compact method's) as the submodule
-    `encoder`: its parameters are `module`'s params['encoder'], a ViT's params (without its unused `head`)."""
-    from transformer.model.decoder import Decoder  # the decoder imports the input kinds
-
-    return Decoder(cfg, name="encoder")(images, deterministic=deterministic, hidden=True)[0]
 
 
 def check_images(cfg: ModelConfig, images: Array) -> None:

@@ -102,6 +102,8 @@ def main() -> None:
     above = paired_differences(accuracy, chance)
     results = {
         "command": "python scripts/vqa_experiment.py --runs runs/vqa --seeds " + " ".join(map(str, args.seeds)),
+        "source": "the runs trained here from configs/vqa.py (runs/vqa/seed<s>, the latest checkpoint), measured on "
+                  "held-out pictures drawn from seeds TEST_SEED + i",
         "steps": args.steps or config.train.steps, "test_pictures": TEST_BATCHES * BATCH, "seeds": seeds,
         "accuracy": spread(list(accuracy)), "chance": spread(list(chance)),
         "above_chance": {**spread(list(above)), "interval": bootstrap_interval(above),

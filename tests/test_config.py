@@ -197,6 +197,9 @@ def test_every_config_file_builds_the_model_it_states(name):
     if built.inputs == "table":  # rows in, classes out (configs/tables.py)
         assert params["row_embed"]["kernel"].shape == (model.d_model, model.num_features + model.num_classes)
         assert params["head"]["kernel"].shape == (model.num_classes, model.d_model)
+    elif built.inputs == "image":  # patches in, classes out (configs/vit.py)
+        assert params["patch_embed"]["kernel"].shape == (model.d_model, model.patch_size ** 2 * model.channels)
+        assert params["head"]["kernel"].shape == (model.num_classes, model.d_model)
     else:
         assert params["embed"]["embedding"].shape == (model.vocab_size, model.d_model)
     assert blocks(params) == model.num_layers

@@ -22,7 +22,7 @@ FEATURE_LINES: dict[str, int] = {
     "sparse autoencoders": 490,
     "attribution patching": 100,
     "mixture of experts": 220,
-    "vision: image patches, a bidirectional mask, registers measured": 420,
+    "vision: image patches, a bidirectional mask, registers measured": 430,
     "cross-attention: a decoder reading an encoder's tokens": 340,
 }
 MAX_LINES = CORE_LINES + sum(FEATURE_LINES.values())

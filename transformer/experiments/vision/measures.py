@@ -22,8 +22,8 @@ import numpy as np
 from transformer.analysis import statistics
 from transformer.analysis.capture import capture
 from transformer.data import images
-from transformer.experiments.vision.image_task import EVAL_SEED
-from transformer.load import load_run
+from transformer.experiments.vision.image_task import EVAL_SEED, SETS
+from transformer.run.checkpoint import restore_for_inference
 from transformer.model import image
 from transformer.model.config import ModelConfig
 
@@ -94,7 +94,7 @@ def register_story(pattern: np.ndarray, last: np.ndarray, cfg: ModelConfig, on_o
 
 def measure_run(workdir: str, name: str, seed: int) -> dict[str, Any]:
     """Everything of one run on the held-out pictures (shapes: the [CLS] and register measures too)."""
-    cfg, params, _ = load_run(workdir)
+    cfg, params, _ = restore_for_inference(workdir)
     x, y, masks = held_out(name)
     logits, pattern, last = (np.asarray(a) for a in _points(params, cfg, x))
     with open(os.path.join(workdir, "metrics.jsonl")) as f:  # the last evaluation's time since the start
@@ -120,7 +120,8 @@ def everything(runs: dict[str, list[str]]) -> dict[str, Any]:
     found = {name: [measure_run(w, name.split("_")[0], s) for s, w in enumerate(folders)] for name, folders in runs.items()}
     summary = {name: {k: spread([r[k] for r in per]) for k in ("accuracy", "logistic", "knn", "train_seconds")}
                for name, per in found.items()}
-    for name in ("shapes", "shapes_registers"):
+    for name in summary:
+        summary[name]["chance"] = 1 / SETS[name.split("_")[0]][2]  # 1 / classes    for name in ("shapes", "shapes_registers"):
         per = found[name]
         layers = np.array([r["cls"]["share"] for r in per])  # [seeds, L]
         chance = np.array([r["cls"]["chance"] for r in per])
@@ -138,4 +139,5 @@ def everything(runs: dict[str, list[str]]) -> dict[str, Any]:
                                                   "interval": statistics.bootstrap_interval(differences)}
     return {"command": "python scripts/vision_experiment.py train --runs runs/vision; "
                        "python scripts/vision_experiment.py measure --runs runs/vision",
+            "source": "written by scripts/vision_experiment.py measure from the runs of its train phase (3 seeds)",
             "outlier_threshold": OUTLIER, "held_out_shapes": HELD_OUT, "summary": summary, "runs": found}

@@ -24,6 +24,7 @@ FEATURE_LINES: dict[str, int] = {
     "mixture of experts": 220,
     "vision: image patches, a bidirectional mask, registers measured": 430,
     "proteins: a synthetic family, contacts from attention": 310,
+    "cross-attention: a decoder reading an encoder's tokens": 340,
 }
 MAX_LINES = CORE_LINES + sum(FEATURE_LINES.values())
 

@@ -22,6 +22,8 @@ from transformer.experiments.sinks.sinks import ATTENTION_SHARES
 from transformer.experiments.tables.table_classifier import TABLE_ACCURACY
 from transformer.experiments.tables.table_rows import table_task
 from transformer.experiments.vision.image_task import image_task
+from transformer.experiments.vqa.answers import VQA_ACCURACY
+from transformer.experiments.vqa.questions import vqa_task
 from transformer.run.signals import StopOnSignal
 from transformer.training import loop, setup
 from transformer.training.eval_metrics import EvalMetric
@@ -32,6 +34,7 @@ TASKS: dict[str, Callable[[ConfigDict], DataTask]] = {  # data.task -> build(con
     "tables": table_task,  # synthetic classification tables (text=False)
     "images": image_task,  # pictures and their class for a ViT (text=False)
     "proteins": proteins_task,  # sequences of synthetic protein families (text=False)
+    "vqa": vqa_task,  # questions about procedural pictures, answered in bytes (text=False)
 }
 METRICS: list[tuple[EvalMetric, Callable[[ConfigDict], bool]]] = [  # (metric, does the config ask for it?)
     (ATTENTION_SHARES, lambda config: bool(config.train.get("eval_attention_shares", False))),
@@ -39,6 +42,7 @@ METRICS: list[tuple[EvalMetric, Callable[[ConfigDict], bool]]] = [  # (metric, d
     (EXACT_MATCH, lambda config: config.data.task == "needle"
      and config.data.needle.get("graded", "answer") == "answer"),
     (TABLE_ACCURACY, lambda config: config.data.task in ("tables", "images")),  # the graded rows' accuracy
+    (VQA_ACCURACY, lambda config: config.data.task == "vqa"),
 ]
 
 

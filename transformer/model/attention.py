@@ -55,21 +55,19 @@ class Attention(nn.Module):
     """Multi-head attention with learned W_q, W_k, W_v, W_o; G < H key/value heads = grouped-query.
 
     x [B, T, D] -> out [B, T, D] and this call's cache entries KVCache(k, v [B, T, G, K]); window and
-    order (as Block's) go to the key view."""
+    order (as Block's) go to the key view. cross=True: cross-attention, `cross_attention` below."""
 
     cfg: ModelConfig
+    cross: bool = False
 
     @nn.compact
     def __call__(self, x: Array, positions: Array, cached: KVCache | None = None,
-                 window: int | Array | None = None, order: Array | None = None) -> tuple[Array, KVCache]:
+                 window: int | Array | None = None, order: Array | None = None,
+                 memory: Array | None = None) -> tuple[Array, KVCache | tuple[Array, Array] | None]:
         cfg = self.cfg
-        q = dense(cfg, (cfg.num_heads, cfg.head_dim), "q")(x)  # [B, T, H, K]: W_q [H, K, D]
-        k = dense(cfg, (cfg.num_kv_heads, cfg.head_dim), "k")(x)  # [B, T, G, K]
-        v = dense(cfg, (cfg.num_kv_heads, cfg.head_dim), "v")(x)  # [B, T, G, K]
-        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))  # logical axes (sharding.py)
-        k, v = (nn.with_logical_constraint(a, ("batch", "length", "kv_heads", "head_dim")) for a in (k, v))
-        if cfg.qk_norm:  # each head's q and k to RMS 1 over K (gains [K] shared by the heads), before RoPE
-            q, k = rms_norm_module(cfg, "q_norm")(q), rms_norm_module(cfg, "k_norm")(k)
+        if self.cross:
+            return self.cross_attention(x, cached, memory)
+        q, k, v = self._project(x, x)
         rotate, theta = scheme(cfg).rotate, layer_rope_theta(cfg, window)
         if rotate is not None:
             q, k = rotate(q, positions, cfg, theta), rotate(k, positions, cfg, theta)
@@ -80,13 +78,52 @@ class Attention(nn.Module):
         if cached is not None:  # one layer's cache first, [B, G, S, K] as it lies
             ks = view.segments(cfg, cached.k.astype(k.dtype), k, slot_axis=2, theta=theta)
             vs, heads_first = view.segments(cfg, cached.v.astype(v.dtype), v, slot_axis=2, rotary=None), [True, False]
+        return self._attend(q, ks, vs, view, heads_first, cached is not None), KVCache(k=k, v=v)
+
+    @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
+    def cross_attention(self, x: Array, cached: KVCache | None, memory: Array | None
+                        ) -> tuple[Array, tuple[Array, Array] | None]:
+        """Queries from x [B, T, D], keys and values from the encoder's tokens memory [B, S, D_e], every
+        one visible, without positions -> (out [B, T, D], the keys and values [B, G, S, K] to cache, or
+        None when memory is None: a decoding step reads those its prefill stored in `cached`)."""
+        q, k, v = self._project(x, memory)  # k, v [B, S, G, K], or None
+        q = point(self, "queries", q)
+        if memory is None:
+            k, v, heads_first = cached.cross_k.astype(q.dtype), cached.cross_v.astype(q.dtype), True
+        else:
+            k, v, heads_first = point(self, "keys", k), point(self, "values", v), False
+        seen = jnp.zeros((x.shape[0], k.shape[2 if heads_first else 1]), jnp.int32)  # [B, S]: no positions
+        view = KeyView([seen], [None])  # no mask: every encoder token is seen by every query
+        out = self._attend(q, [k], [v], view, [heads_first], cached is not None)
+        return out, None if memory is None else (k.swapaxes(1, 2), v.swapaxes(1, 2))
+
+    @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
+    def _project(self, x: Array, source: Array | None) -> tuple[Array, Array | None, Array | None]:
+        """q = W_q x [B, T, H, K]; k = W_k s, v = W_v s [B, S, G, K] of source [B, S, D_s] (None: none);
+        with qk_norm each head's q and k to RMS 1 over K (gains [K] shared by the heads)."""
+        cfg = self.cfg
+        q = dense(cfg, (cfg.num_heads, cfg.head_dim), "q")(x)  # [B, T, H, K]: W_q [H, K, D]
+        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))  # logical axes (sharding.py)
+        q = rms_norm_module(cfg, "q_norm")(q) if cfg.qk_norm else q
+        if source is None:
+            return q, None, None
+        k = dense(cfg, (cfg.num_kv_heads, cfg.head_dim), "k")(source)  # [B, S, G, K]
+        v = dense(cfg, (cfg.num_kv_heads, cfg.head_dim), "v")(source)  # [B, S, G, K]
+        k, v = (nn.with_logical_constraint(a, ("batch", "length", "kv_heads", "head_dim")) for a in (k, v))
+        return q, rms_norm_module(cfg, "k_norm")(k) if cfg.qk_norm else k, v
+
+    @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
+    def _attend(self, q: Array, ks: list[Array], vs: list[Array], view: KeyView, heads_first: list[bool],
+                cached: bool) -> Array:
+        """softmax(q k^T / sqrt(d) + bias) v over the view's segments, then W_o -> [B, T, D]."""
+        cfg = self.cfg
         at = looking_at(self, cfg, view)  # the weights' points need the reference path, as a cache does
-        implementation = "reference" if cached is not None or at else cfg.attention_impl
+        implementation = "reference" if cached or at else cfg.attention_impl
         out, _ = ops.dot_product_attention(q, ks, vs, view.bias, at=at, implementation=implementation,
                                            heads_first=heads_first, sink=sink_logit(self, cfg),
                                            scale=cfg.attn_scale_dim ** -0.5 if cfg.attn_scale_dim else None,
                                            cap=cfg.attn_softcap or None)
-        return output_projection(self, cfg, out), KVCache(k=k, v=v)
+        return output_projection(self, cfg, out)
 
 
 def layer_rope_theta(cfg: ModelConfig, window: int | Array | None) -> float | Array:

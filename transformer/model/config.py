@@ -16,7 +16,7 @@ CHOICES = {
     "attention": ("mha", "mla"),
     "dtype": ("float32", "bfloat16", "float16", "auto"),
     "attention_impl": ("reference", "xla", "cudnn", "auto"),
-    "inputs": ("tokens", "table", "image"),
+    "inputs": ("tokens", "table", "image", "image_text"),
     "mask": ("causal", "bidirectional"),
     "pool": ("cls", "mean"),
 }
@@ -104,6 +104,9 @@ class ModelConfig:
     channels: int = 0  # C, the colour channels of an image
     cls_token: bool = False  # a learned [CLS] token before the patches
     pool: str = "cls"  # what the class head reads: the [CLS] token ('cls') or the patch tokens' mean ('mean')
+    # --- cross-attention (inputs='image_text'): the blocks also read an encoder's output tokens e [B, S, D_e] ---
+    cross_attention: bool = False  # each block: x = x + cross(norm(x), e) between attention and MLP (post-norm alike)
+    encoder: Any = None  # the encoder's ModelConfig, or its fields as a mapping (a ViT: inputs='image'); None: none
     # Which DERIVED_FIELDS were given as None (filled by __post_init__); not a config field.
     derived: frozenset = dataclasses.field(default=frozenset(), init=False, repr=False, compare=False)
 
@@ -134,6 +137,7 @@ class ModelConfig:
         self._check_table()
         self._check_image()
         self._check_experts()
+        self._check_cross()
         self._check_mla() if self.attention == "mla" else self._check_mha()
 
     def _fill_derived(self) -> None:
@@ -211,7 +215,7 @@ class ModelConfig:
         for name in ("num_features", "num_classes"):
             _check(_is_count(getattr(self, name)), f".{name} must be an integer >= 0, got {getattr(self, name)!r}")
         if self.inputs != "table":
-            _check(not (self.num_features or (self.num_classes and self.inputs == "tokens")), ": num_features and "
+            _check(not (self.num_features or (self.num_classes and self.inputs in ("tokens", "image_text"))), ": num_features and "
                    "num_classes are read with inputs='table' only (num_classes with 'image' too); set inputs='table' "
                    "or leave them 0")
             return
@@ -273,6 +277,35 @@ class ModelConfig:
             _check(_is_count(k) and 1 <= k <= e, f".experts_per_token={k!r} must be an integer in 1..num_experts={e}")
             _check(self.mlp_dim and self.activation == "swiglu", f": num_experts={e} needs activation='swiglu' and "
                    f"mlp_dim > 0 (each expert is a SwiGLU MLP of width mlp_dim), got {self.activation!r}, {self.mlp_dim}")
+
+    def _check_cross(self) -> None:
+        """cross_attention needs inputs='image_text', an encoder (its fields checked here, named
+        ModelConfig.encoder.FIELD) and MHA / GQA; an encoder without cross-attention is unused."""
+        _flag("cross_attention", self.cross_attention)
+        needs = self.cross_attention or self.inputs == "image_text" or self.encoder is not None
+        if not needs:
+            return
+        _check(self.cross_attention and self.inputs == "image_text" and self.encoder is not None, ": cross-attention "
+               "needs all three of cross_attention=True, inputs='image_text' and an encoder (its fields, e.g. "
+               f"encoder=dict(inputs='image', ...)); got cross_attention={self.cross_attention}, inputs="
+               f"{self.inputs!r}, encoder={'set' if self.encoder is not None else None}")
+        _check(self.attention == "mha", ": cross_attention=True is implemented for attention='mha' (and grouped "
+               "queries) only; set attention='mha'")
+        if not isinstance(self.encoder, ModelConfig):
+            fields = self.encoder.to_dict() if hasattr(self.encoder, "to_dict") else self.encoder
+            _check(isinstance(fields, Mapping), f".encoder must be a ModelConfig or a mapping of its fields, got "
+                   f"{type(self.encoder).__name__}")
+            try:
+                object.__setattr__(self, "encoder", ModelConfig.from_dict(fields))
+            except ValueError as error:  # its own one-line error, named as this config's field
+                raise ValueError(str(error).replace("ModelConfig", "ModelConfig.encoder", 1)
+                                 .replace("model config", "model.encoder config", 1)) from None
+        _check(not self.encoder.cross_attention and self.encoder.inputs != "table", ".encoder reads an image or "
+               "tokens on its own: it takes no cross_attention and no table (inputs='image' for a ViT)")
+
+    def encoder_config(self) -> "ModelConfig":
+        """The encoder's config computing as this model does (its dtype and attention_impl)."""
+        return self.encoder.replace(dtype=self.dtype, attention_impl=self.attention_impl)
 
     @property
     def row_width(self) -> int:
@@ -342,7 +375,8 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """All fields, with the derived defaults filled in (JSON-serialisable)."""
-        return {f.name: getattr(self, f.name) for f in self.fields()}
+        return {f.name: getattr(self, f.name).to_dict() if isinstance(getattr(self, f.name), ModelConfig)
+                else getattr(self, f.name) for f in self.fields()}
 
     def architecture(self) -> dict[str, Any]:
         """The fields that say what the parameters mean (all but INIT_FIELDS and EXECUTION_FIELDS)."""

@@ -76,34 +76,45 @@ class Block(nn.Module):
     """One decoder layer: attention and MLP, each with a residual add and a norm (mlp_dim=0: no MLP).
     x [B, T, D] -> x [B, T, D] and this layer's new cache entries, as (carry, outputs) for `nn.scan`.
     window: W or None; in a scanned stack of local and global layers the traced `layer_window`
-    (NO_WINDOW for a global layer). order: the input's own order of keys [B, 1, T, T], or None."""
+    (NO_WINDOW for a global layer). order: the input's own order of keys [B, 1, T, T], or None.
+    memory: cross_attention's encoder tokens [B, S, D_e] (None: those the cache holds), read by the
+    `cross` sublayer between attention and MLP."""
 
     cfg: ModelConfig
     deterministic: bool = True
     window: int | None = None
 
     @nn.compact
-    def __call__(self, x: Array, positions: Array, cached: Cache | None,
-                 layer_window: Array | None = None, order: Array | None = None) -> tuple[Array, Cache | None]:
+    def __call__(self, x: Array, positions: Array, cached: Cache | None, layer_window: Array | None = None,
+                 order: Array | None = None, memory: Array | None = None) -> tuple[Array, Cache | None]:
         cfg = self.cfg
         window = self.window if layer_window is None else layer_window
         drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
         attention = (LatentAttention if cfg.attention == "mla" else Attention)(cfg, name="attn")
         mlp = (MoE if cfg.num_experts else MLP)(cfg, name="mlp")  # never called with mlp_dim=0: no parameters then
         x = point(self, "resid_pre", x)  # the named points: model/points.py
+        cross = Attention(cfg, cross=True, name="cross") if cfg.cross_attention else None
+        out_norm = lambda name, y: config_norm(cfg, name)(y) if cfg.sublayer_out_norm else y  # noqa: E731
         if cfg.prenorm:  # with sublayer_out_norm each sublayer's output is normalised too (Gemma)
-            out_norm = lambda name, y: config_norm(cfg, name)(y) if cfg.sublayer_out_norm else y  # noqa: E731
             a, new = attention(config_norm(cfg, "attn_norm")(x), positions, cached, window, order)
             x = point(self, "resid_mid", x + drop(out_norm("attn_out_norm", a)))
+            if cross:  # x + cross(norm(x), e)
+                c, encoded = cross(config_norm(cfg, "cross_norm")(x), positions, cached, memory=memory)
+                x = x + drop(out_norm("cross_out_norm", c))
             if cfg.mlp_dim:
                 x = x + drop(out_norm("mlp_out_norm", mlp(config_norm(cfg, "mlp_norm")(x))))
         else:
             a, new = attention(x, positions, cached, window, order)
             x = point(self, "resid_mid", config_norm(cfg, "attn_norm")(x + drop(a)))
+            if cross:  # norm(x + cross(x, e))
+                c, encoded = cross(x, positions, cached, memory=memory)
+                x = config_norm(cfg, "cross_norm")(x + drop(c))
             if cfg.mlp_dim:
                 x = config_norm(cfg, "mlp_norm")(x + drop(mlp(x)))
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))  # the residual stream: whole D
         x = point(self, "resid_post", x)
+        if cross and encoded is not None:  # the encoder's keys and values [B, G, S, K], cached once
+            new = new.replace(cross_k=encoded[0], cross_v=encoded[1])
         return x, new if cached is not None else None
 
 
@@ -131,7 +142,9 @@ class Decoder(nn.Module):
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))  # logical axes (sharding.py)
         r = kv_cache.registers_to_run(cfg, cache)  # R without a cache or filling an empty one, else 0
         x_all, positions_all = self._prepend_registers(x, positions) if r else (x, positions)  # [B, R + T, ...]
-        x, new = self._layers(x_all, positions_all, cache, deterministic, order)
+        image = kind.encoder_input(cfg, tokens, cache) if cfg.cross_attention else None  # None: its keys are cached
+        memory = None if image is None else encode(self, cfg.encoder_config(), image, deterministic)  # e [B, S, D_e]
+        x, new = self._layers(x_all, positions_all, cache, deterministic, order, memory)
         x = x[:, r:]  # [B, T, D]: the registers give no logits
         if cfg.prenorm:
             x = config_norm(cfg, "final_norm")(x)  # [B, T, D]
@@ -156,7 +169,7 @@ class Decoder(nn.Module):
 
     @nn.nowrap  # a helper of __call__, not a call of its own: no name scope in the profile
     def _layers(self, x: Array, positions: Array, cache: Cache | None, deterministic: bool,
-                order: Array | None = None) -> tuple[Array, Cache | None]:
+                order: Array | None = None, memory: Array | None = None) -> tuple[Array, Cache | None]:
         """x [B, T, D] through the L blocks -> (x [B, T, D], the L layers' new cache entries or None).
 
         scan_layers: one `nn.scan` over a block whose params, points and edits have a leading L axis
@@ -176,16 +189,17 @@ class Decoder(nn.Module):
                 block,
                 variable_axes={"params": 0, COLLECTION: 0, EDITS: 0, ROUTER_STATS: 0},  # points, edits, loads too
                 split_rngs={"params": True, "dropout": True},
-                in_axes=(nn.broadcast, 0, 0, nn.broadcast),
+                in_axes=(nn.broadcast, 0, 0, nn.broadcast, nn.broadcast),
                 length=cfg.num_layers,
             )(cfg, deterministic, None if mixed else windows[0], name="layers")
             # The scanned layout's one boundary: the L layers' caches in as one of [L, ...] arrays, and out.
-            x, new = layers(x, positions, None if cache is None else kv_cache.stacked(cache), layer_windows, order)
+            x, new = layers(x, positions, None if cache is None else kv_cache.stacked(cache), layer_windows, order,
+                            memory)
             return x, None if cache is None else kv_cache.per_layer(new, cfg.num_layers)
         news = []  # unscanned: a Python loop, each layer its own params and cache buffers
         for i in range(cfg.num_layers):
             x, new_i = block(cfg, deterministic, windows[i], name=f"layers_{i}")(
-                x, positions, None if cache is None else cache[i], None, order)
+                x, positions, None if cache is None else cache[i], None, order, memory)
             news.append(new_i)
         return x, None if cache is None else tuple(news)
 

@@ -82,15 +82,15 @@ def steer(cfg: ModelConfig, name: str, vector: Array, *, position: Any = None, l
     return at_layer(cfg, name, jnp.ones_like(select), alpha * jnp.asarray(vector, jnp.float32) * select)
 
 
-def ablate_heads(cfg: ModelConfig, head_mask: Array) -> Edit:
+def ablate_heads(cfg: ModelConfig, head_mask: Array, sublayer: str = "attn") -> Edit:
     """Head h of layer l scaled by head_mask[l, h] [L, H] at attn.z (1 keeps it, 0 switches it off),
-    at every position, in every call (prefill and decoding alike)."""
+    at every position, in every call (prefill and decoding alike); sublayer='cross': a cross-attention head."""
     head_mask = jnp.asarray(head_mask, jnp.float32)
     if head_mask.shape != (cfg.num_layers, cfg.num_heads):
         raise ValueError(f"head_mask has shape {head_mask.shape}; this model needs [L, H] = "
                          f"{(cfg.num_layers, cfg.num_heads)} (1 keeps a head, 0 switches it off)")
     scale = head_mask[:, None, None, :, None]  # [L, B=1, T=1, H, Kv=1] against z [B, T, H, Kv]
-    return Edit("blocks.*.attn.z", scale, jnp.zeros_like(scale))
+    return Edit(f"blocks.*.{sublayer}.z", scale, jnp.zeros_like(scale))
 
 
 def switch_off_experts(cfg: ModelConfig, expert_mask: Array) -> Edit:
@@ -115,7 +115,7 @@ def selection(cfg: ModelConfig, name: str, head: Any, position: Any, length: int
         if "h" not in axes:
             raise ValueError(f"{name!r} has no head axis (its axes are {axes}); select heads at attn.z, "
                              "attn.q / k / v, attn.scores or attn.pattern")
-        heads = cfg.num_kv_heads if name.endswith(("attn.k", "attn.v", "k_norm.out")) else cfg.num_heads
+        heads = cfg.num_kv_heads if name.endswith(("attn.k", "attn.v", "cross.k", "cross.v", "k_norm.out")) else cfg.num_heads
         select = select * _one_hot(head, heads, axes.index("h"), len(axes), "head")
     if position is not None:
         if length is None:

@@ -6,11 +6,17 @@ functions, called with the Decoder as `module` (so their parameters sit at its t
     embed(module, cfg, data, positions, cache, det)   ->  x [B, T, D], positions [B, T], order
     logits(module, cfg, h, data, positions, cache)    ->  [B, T, V or C] float32 (the point `logits`)
 
-`order`: an additive [B, 1, T, T] in place of the causal mask in every layer, or None: causal."""
+`order`: an additive [B, 1, T, T] in place of the causal mask in every layer, or None: causal. An image
+and text (`IMAGE_TEXT`, inputs='image_text') has a fourth: what its encoder reads (the decoder runs the
+encoder, whose output tokens every block cross-attends to), or None when the cache holds their keys
+and values:
+
+    encoder_input(cfg, data, cache)                   ->  data["image"] or None"""
 
 from __future__ import annotations
 
 import types
+from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -138,9 +144,44 @@ def check_positions(cfg: ModelConfig, positions: Array, cache: Cache | None) -> 
 
 TOKENS = types.SimpleNamespace(example=lambda cfg, length=1: jnp.zeros((1, length), jnp.int32), embed=embed_tokens,
                                logits=vocabulary_logits)
-INPUTS = {"tokens": TOKENS, "table": table.ROWS, "image": image.PIXELS}
+
+
+# ----------------------------------------------------------------------------- an image and text (cross_attention)
+
+
+def text_of(data: Any) -> Array:
+    """The token ids [B, T] of an image-and-text input {"image": ..., "tokens": [B, T]}, or of a decoding
+    step's plain ids [B, T] (the image's keys and values are in the cache then)."""
+    return data["tokens"] if isinstance(data, Mapping) else data
+
+
+def encoder_input(cfg: ModelConfig, data: Any, cache: Cache | None) -> Array | None:
+    """What the encoder reads, data["image"] [B, ...] (a ViT's images), or None when the cache holds the
+    keys and values of its output tokens already (a decoding step: the encoder is not run again,
+    whatever image is passed). The decoder runs the encoder, a Decoder of cfg.encoder (`encoder`)."""
+    if cache is not None and cache[0].cross_k is not None:
+        return None
+    picture = data.get("image") if isinstance(data, Mapping) else None
+    if picture is None:
+        raise ValueError("a cross-attention model (inputs='image_text') reads {'image': an array [B, ...] for its "
+                         "encoder, 'tokens': ids [B, T]}; pass the image too (a decoding step from a filled cache "
+                         "may pass the tokens alone)")
+    if picture.shape[0] != text_of(data).shape[0]:
+        raise ValueError(f"the image batch has {picture.shape[0]} rows but the tokens {text_of(data).shape[0]}; give "
+                         "one image per row of tokens")
+    return picture
+
+
+IMAGE_TEXT = types.SimpleNamespace(
+    example=lambda cfg, length=1: {"image": INPUTS[cfg.encoder.inputs].example(cfg.encoder),
+                                   "tokens": TOKENS.example(cfg, length)},
+    embed=lambda module, cfg, data, *rest: embed_tokens(module, cfg, text_of(data), *rest),
+    logits=lambda module, cfg, h, data, *rest: vocabulary_logits(module, cfg, h, text_of(data), *rest),
+    encoder_input=encoder_input,
+)
+INPUTS = {"tokens": TOKENS, "table": table.ROWS, "image": image.PIXELS, "image_text": IMAGE_TEXT}
 
 
 def num_tokens(cfg: ModelConfig, data: Array) -> int:
     """The tokens T one call's input gives: T of ids [B, T] or rows [B, T, F + 1]; an image's cfg.image_tokens."""
-    return cfg.image_tokens if cfg.inputs == "image" else data.shape[1]
+    return cfg.image_tokens if cfg.inputs == "image" else text_of(data).shape[1]

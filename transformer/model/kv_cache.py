@@ -38,6 +38,9 @@ class KVCache:
     registers: int = flax.struct.field(pytree_node=False, default=0)  # R leading register slots
     registers_written: bool = flax.struct.field(pytree_node=False, default=False)
     sinks: int = flax.struct.field(pytree_node=False, default=0)
+    # cross_attention: the encoder's keys and values [B, G, S_e, K], written by the prefill, then only read
+    cross_k: Array | None = None
+    cross_v: Array | None = None
 
 
 @flax.struct.dataclass
@@ -151,6 +154,8 @@ def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None
             written[name] = buffer.at[rows, slot].set(value) if buffer.ndim == 3 else buffer.at[rows, :, slot].set(value)
         if c.positions is not None:  # each ring slot records the position it now holds
             written["positions"] = c.positions.at[rows, slot].set(positions)
+        if isinstance(n, KVCache) and n.cross_k is not None:  # the prefill's encoder keys and values, whole
+            written.update(cross_k=n.cross_k.astype(c.k.dtype), cross_v=n.cross_v.astype(c.v.dtype))
         return c.replace(**written)
 
     return tuple(put(c, n) for c, n in zip(cache, new, strict=True))

@@ -23,7 +23,10 @@ TransformerLens's hook names, without the `hook_`:
     blocks.{l}.attn.head_out    [B, T, H, D]     each head's contribution W_o[:, h] z_h (no bias)
     blocks.{l}.attn.out         [B, T, D]        the attention's output: the heads' sum plus W_o's bias
     blocks.{l}.attn_out_norm.out [B, T, D]  sublayer_out_norm: the attention's output normalised
-    blocks.{l}.resid_mid        [B, T, D]   between attention and MLP
+    blocks.{l}.resid_mid        [B, T, D]   between attention and MLP (and cross-attention)
+    blocks.{l}.cross_norm.out, cross.*      cross_attention: as attn's, queries from the tokens, keys and values
+                                            from the encoder's S tokens (cross.k, cross.v [B, S, G, K]; cross.pattern
+                                            [B, H, T, S]); a decoding step reads cached keys (no cross.k, cross.v)
     blocks.{l}.mlp_norm.out     [B, T, D]   the MLP's norm (post-norm: of x + MLP)
     blocks.{l}.mlp.hidden       [B, T, F]   the MLP's hidden activation (swiglu: the gated product)
     blocks.{l}.mlp.router_logits  [B, T, E]  num_experts = E > 0: the router's logits (float32), no mlp.hidden
@@ -59,6 +62,10 @@ LAYER = {
     "attn.kv_norm.out": "btc", "attn.latent": "btc", "attn.q": "bthk", "attn.k": "bthk", "attn.v": "bthk",
     "attn.scores": "bhts", "attn.pattern": "bhts", "attn.sink_share": "bht", "attn.register_share": "bht",
     "attn.z": "bthk", "attn.head_out": "bthd", "attn.out": "btd", "attn_out_norm.out": "btd", "resid_mid": "btd",
+    # cross_attention: as attn's (cross.k, cross.v: their t is the encoder's S tokens)
+    **{f"cross.{name}": axes for name, axes in (("q", "bthk"), ("k", "bthk"), ("v", "bthk"), ("scores", "bhts"),
+                                                 ("pattern", "bhts"), ("z", "bthk"), ("head_out", "bthd"), ("out", "btd"))},
+    "cross_norm.out": "btd", "cross_out_norm.out": "btd",
     "mlp_norm.out": "btd", "mlp.hidden": "btf", "mlp.router_logits": "bte", "mlp.expert_weights": "bte", "mlp.out": "btd",
     "mlp_out_norm.out": "btd", "resid_post": "btd",
 }
@@ -68,7 +75,7 @@ TOP = {"embed": "btd", "pos_embed": "btd", "final_norm.out": "btd", "logits": "b
 SOWN = {"embed": "token_embedding", "pos_embed": "position_embedding", "q": "queries", "k": "keys",
         "v": "values", "out": "output"}
 # Points computed from others for the capture alone: edit the point they come from (z, the pattern).
-CAPTURE_ONLY = ("attn.sink_share", "attn.register_share", "attn.head_out")
+CAPTURE_ONLY = ("attn.sink_share", "attn.register_share", "attn.head_out", "cross.head_out")
 # A sparse autoencoder spliced in at a point P (the edits collection holds it under P's key + SPLICE)
 # makes the point P.features [B, T, N] (axes "..n"), captured and edited like any other.
 SPLICE, FEATURES = ".splice", ".features"
@@ -109,6 +116,8 @@ def layer_points(cfg: ModelConfig) -> list[str]:
         "mlp_norm.out": cfg.mlp_dim, "mlp.hidden": cfg.mlp_dim and not cfg.num_experts, "mlp.out": cfg.mlp_dim,
         "mlp.router_logits": cfg.num_experts, "mlp.expert_weights": cfg.num_experts,
         "attn_out_norm.out": cfg.sublayer_out_norm, "mlp_out_norm.out": cfg.sublayer_out_norm and cfg.mlp_dim,
+        **{name: cfg.cross_attention for name in LAYER if name.startswith("cross")},
+        "cross_out_norm.out": cfg.cross_attention and cfg.sublayer_out_norm,
     }
     return [name for name in LAYER if present.get(name, True)]
 

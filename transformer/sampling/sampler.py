@@ -209,18 +209,21 @@ def forward(params: dict, cfg: ModelConfig, tokens: Array, positions: Array, cac
 
 @functools.partial(jax.jit, static_argnames=("cfg", "cache_len", "options", "sinks"))
 def prefill(params: dict, cfg: ModelConfig, tokens: Array, lengths: Array, keys: Array, cache_len: int,
-            options: SamplingOptions, edits: Sequence[Edit] = (), sinks: int | None = None) -> DecodeState:
+            options: SamplingOptions, edits: Sequence[Edit] = (), sinks: int | None = None,
+            images: Array | None = None) -> DecodeState:
     """tokens [B, P] int32, right-padded prompts of lengths [B] (n_b >= 1), keys [B], cache_len S >= P
     -> the decode state after each row's first new token (positions [B] = lengths). Padding sits at
     PAD_POSITION (seen by no token, written to no slot: a ring would lose the prompt's end to it).
-    edits: model/edits.py's, at every position. sinks: None, or S >= 0 for a rolling cache."""
+    edits: model/edits.py's, at every position. sinks: None, or S >= 0 for a rolling cache. images: a
+    cross-attention model's encoder input [B, ...], encoded here once (its keys and values cached)."""
     batch, length = tokens.shape
     steps = jnp.arange(length, dtype=jnp.int32)[None, :]  # [1, P]
     positions = jnp.where(steps < lengths[:, None], steps, PAD_POSITION)  # [B, P]: padding at PAD_POSITION
     if len(set(cfg.layer_windows())) > 1 or sinks is not None:  # rings of several sizes do not stack
         params, cfg = unrolled(params, cfg)
     cache = init_cache(cfg, batch, cache_len) if sinks is None else init_rolling_cache(cfg, batch, sinks)
-    logits, cache = forward(params, cfg, tokens, positions, cache, edits)
+    data = tokens if images is None else {"image": images, "tokens": tokens}
+    logits, cache = forward(params, cfg, data, positions, cache, edits)
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     first = _draw(last, keys, 0, options)
     return DecodeState(cache=cache, tokens=first, positions=lengths.astype(jnp.int32), keys=keys,
@@ -269,16 +272,18 @@ def bucket(n: int, cap: int) -> int:
 
 
 def generate(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
-             edits: Sequence[Edit] = (), sinks: int | None = None, **sampling: Any) -> GenerateOutput:
+             edits: Sequence[Edit] = (), sinks: int | None = None, images: Array | None = None,
+             **sampling: Any) -> GenerateOutput:
     """Continues B prompts (token ids, lengths >= 1) by up to N = `max_new_tokens` tokens: one prefill,
     one `lax.scan` -> GenerateOutput(tokens [B, N], lengths [B]). key: a PRNG key or an int seed (row b
     uses fold_in(key, b)), or [B] keys. The longest prompt + N must fit in max_seq_len, unless `sinks` =
     S >= 0: past the context at constant memory (init_rolling_cache). edits: model/edits.py's, at every
-    position, e.g. `ablate_heads`. sampling: SamplingOptions' fields."""
+    position, e.g. `ablate_heads`. images: one per prompt, for a cross-attention model (inputs='image_text').
+    sampling: SamplingOptions' fields."""
     options = SamplingOptions(**sampling)
     edits = list(edits)
     check_for_sampling(edits, cfg)
-    state = _start(params, cfg, prompts, key, max_new_tokens, options, edits, sinks)
+    state = _start(params, cfg, prompts, key, max_new_tokens, options, edits, sinks, images)
     first = state.tokens[:, None]  # the first new token: no row is done before it
     _, rest, emitted = decode(params, cfg, state, max_new_tokens - 1, options, edits)
     tokens = np.asarray(jnp.concatenate([first, rest], axis=1))
@@ -288,12 +293,12 @@ def generate(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], k
 
 def generate_stream(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array,
                     max_new_tokens: int, chunk_size: int = 16, sinks: int | None = None,
-                    **sampling: Any) -> Iterator[np.ndarray]:
+                    images: Array | None = None, **sampling: Any) -> Iterator[np.ndarray]:
     """`generate`, yielding new tokens as made: [B, 1], then [B, <= chunk_size] per scan (joined: `generate`'s)."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
     options = SamplingOptions(**sampling)
-    state = _start(params, cfg, prompts, key, max_new_tokens, options, sinks=sinks)
+    state = _start(params, cfg, prompts, key, max_new_tokens, options, sinks=sinks, images=images)
     yield np.asarray(state.tokens)[:, None]  # the first token at once: time to first token
     params, cfg = unrolled(params, cfg)  # once for all chunks; see decode
     made = 1
@@ -305,7 +310,8 @@ def generate_stream(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[i
 
 
 def _start(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key: Array, max_new_tokens: int,
-           options: SamplingOptions, edits: Sequence[Edit] = (), sinks: int | None = None) -> DecodeState:
+           options: SamplingOptions, edits: Sequence[Edit] = (), sinks: int | None = None,
+           images: Array | None = None) -> DecodeState:
     """Checks the request, right-pads the prompts to a bucketed length and runs the prefill."""
     rows = _check_prompts(cfg, prompts, max_new_tokens, rolling=sinks is not None)
     if sinks is not None:  # the rolling cache refuses learned positions and bad counts by name
@@ -319,7 +325,11 @@ def _start(params: dict, cfg: ModelConfig, prompts: Sequence[Sequence[int]], key
     for b, row in enumerate(rows):
         tokens[b, : len(row)] = row
     lengths = np.array([len(r) for r in rows], np.int32)
-    return prefill(params, cfg, tokens, lengths, row_keys(key, len(rows)), cache_len, options, edits, sinks)
+    if (images is None) == cfg.cross_attention:
+        raise ValueError("a cross-attention model (inputs='image_text') generates from images=[B, ...] with the "
+                         "prompts, one per prompt; another model takes no images" if cfg.cross_attention else
+                         "images are read by a cross-attention model only (inputs='image_text'); pass images=None")
+    return prefill(params, cfg, tokens, lengths, row_keys(key, len(rows)), cache_len, options, edits, sinks, images)
 
 
 def _check_prompts(cfg: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int,

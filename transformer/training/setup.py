@@ -205,7 +205,7 @@ def set_up(config: ConfigDict, workdir: str, task: DataTask, metrics: list[EvalM
     tokenizer, corpus, train_tokens, val_tokens, bytes_per_token = None, [], None, None, None
     if task.text:  # a task that makes its own batches (tables) reads no corpus
         tokenizer, corpus, train_tokens, val_tokens, bytes_per_token = load_text(checked, workdir, ckpt, host)
-    put = lambda x: jax.make_array_from_process_local_data(data_sharding, x)  # noqa: E731
+    put = lambda x: jax.tree.map(lambda a: jax.make_array_from_process_local_data(data_sharding, a), x)  # noqa: E731
     batches = task.eval_batches(val_tokens, num_batches=t.eval_batches, batch_size=t.batch_size, seq_len=t.seq_len,
                                 host_index=host, host_count=hosts)
     eval_set = [(put(x), put(y)) for x, y in (with_start_token(b, config.data.get("start_token", -1)) for b in batches)]
@@ -221,7 +221,8 @@ def set_up(config: ConfigDict, workdir: str, task: DataTask, metrics: list[EvalM
     num_params = count_params(state.params)
     flops = flops_per_token(cfg, num_params, t.seq_len)
     if host == 0:
-        cache = f"KV cache {describe_cache_size(cfg)}" if cfg.inputs == "tokens" else "a table read in one pass, no KV cache"
+        cached = cfg.inputs in ("tokens", "image_text")
+        cache = f"KV cache {describe_cache_size(cfg)}" if cached else "a table read in one pass, no KV cache"
         print(f"model: {num_params:,} parameters, {flops / 1e6:.1f} MFLOP per token (6N + 12 L T d), "
               f"{cache}; {len(jax.devices())} device(s), "
               f"mesh {dict(mesh.shape)}; {checked.execution.describe()}; compiled in {steps.compile_seconds:.1f} s")

@@ -64,7 +64,7 @@ PARAM_AXES = {
     ("kv_down", "kernel"): ("latent", "embed"), ("kv_down", "bias"): ("latent",),  # W_DKV [C + Kr, D]
     ("attn", "k_up"): ("heads", "head_dim", "latent"),  # W_UK [H, K, C]
     ("attn", "v_up"): ("heads", "head_dim", "latent"),  # W_UV [H, Kv, C]
-    ("attn", "sink"): ("heads",),  # the sink logit per head [H] (attention_sink)
+    ("attn", "sink"): ("heads",), ("cross", "sink"): ("heads",),  # the sink logit per head [H] (attention_sink)
     ("registers",): ("length", "embed"),  # register tokens [R, D] (num_registers)
     # a table model's row embedding W [D, F + C] (model/table.py): its few inputs replicated, like a norm's
     ("row_embed", "kernel"): ("embed", "norm"), ("row_embed", "bias"): ("embed",),

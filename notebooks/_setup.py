@@ -616,20 +616,23 @@ def load_looking_models() -> dict:
 
 # --- vision.ipynb: the ViT runs of docs/experiments/vision.md (seed 0 of each) ---------------------------
 
-VISION_RUNS = {"shapes": ("vit", 0), "shapes_registers": ("vit", 4), "digits": ("vit_digits", 0)}  # config, registers
+VISION_RUNS = {"shapes": ("vit", 0), "shapes_registers": ("vit", 4), "digits": ("vit_digits", 0),  # config, registers
+               "vqa": ("vqa", 0)}  # image question answering: scripts/vqa_experiment.py trains it into runs/vqa/seed0
 
 
 def vision_configs(smoke: bool = SMOKE) -> dict:
-    """vision.ipynb's runs, name -> run config: configs/vit.py (0 and 4 registers) and configs/vit_digits.py,
-    seed 0, as scripts/vision_experiment.py trains them; in smoke mode a tiny ViT for 10 steps."""
+    """vision.ipynb's runs, name -> run config: configs/vit.py (0 and 4 registers), configs/vit_digits.py and
+    configs/vqa.py, seed 0, as scripts/vision_experiment.py and scripts/vqa_experiment.py train them; in smoke
+    mode a tiny ViT (and the question-answering model) for 10 steps."""
     import importlib
 
     runs = {}
     for name, (module, registers) in VISION_RUNS.items():
         c = importlib.import_module(f"configs.{module}").get_config()
         c.model.num_registers = registers
-        if smoke:
+        if smoke and name != "vqa":  # the question-answering model is small already: fewer steps only
             c.model.update(dict(d_model=16, num_layers=2, num_heads=2, mlp_dim=32))
+        if smoke:
             c.train.update(dict(steps=10, batch_size=8, eval_every=10, eval_batches=1, checkpoint_every=10))
             c.optim.warmup_steps = 2
         runs[name] = c
@@ -652,6 +655,8 @@ def load_vision_models() -> dict:
     models, configs, fields, sources = {}, {}, {}, {}
     for name, config in vision_configs().items():
         workdir = os.path.join(vision_folder(), f"{name}_seed0")
+        if name == "vqa" and workdir == os.path.join(ROOT, "runs", "vision", "vqa_seed0"):
+            workdir = os.path.join(ROOT, "runs", "vqa", "seed0")  # where scripts/vqa_experiment.py trains it
         done = os.path.isdir(os.path.join(workdir, "checkpoints")) and (
             latest_step(workdir) or 0) >= config.train.steps
         if done:

@@ -222,7 +222,7 @@ def set_up(config: ConfigDict, workdir: str, task: DataTask, metrics: list[EvalM
     flops = flops_per_token(cfg, num_params, t.seq_len)
     if host == 0:
         cached = cfg.inputs in ("tokens", "image_text")
-        cache = f"KV cache {describe_cache_size(cfg)}" if cached else "a table read in one pass, no KV cache"
+        cache = f"KV cache {describe_cache_size(cfg)}" if cached else f"{cfg.inputs} read in one pass, no KV cache"
         print(f"model: {num_params:,} parameters, {flops / 1e6:.1f} MFLOP per token (6N + 12 L T d), "
               f"{cache}; {len(jax.devices())} device(s), "
               f"mesh {dict(mesh.shape)}; {checked.execution.describe()}; compiled in {steps.compile_seconds:.1f} s")

@@ -2,7 +2,7 @@
 sequences drawn by Gibbs sampling.
 
     potts = draw_potts(rng, contacts)                     # fields h [L, Q], couplings J [L, L, Q, Q]
-    x = gibbs(potts, key, num_chains=20_000, sweeps=60)   # int32 [N, L]: one sequence per chain
+    x = gibbs(potts, key, num_chains=20_000, sweeps=50)   # int32 [N, L]: one sequence per chain
     f = pair_frequencies(x)                               # [L, L, Q, Q]
     p = exact_pair_frequencies(potts)                     # the same, by enumerating all Q^L sequences (tiny L)
 

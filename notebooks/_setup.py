@@ -590,25 +590,34 @@ def load_looking_models() -> dict:
     """{name: (cfg, params, tokenizer, workdir)} of looking_inside.ipynb's runs (`looking_configs`),
     each trained first if its folder holds no finished run (a stopped run resumes), the copying
     corpus written first; records the provenance of all three."""
-    from transformer.run.checkpoint import Checkpointer, latest_step, restore_for_inference
-
     from transformer.experiments.copying.copying import write_copying_corpus
+    from transformer.run.checkpoint import restore_for_inference
 
     write_copying_corpus(copying_corpus_path(), num_bytes=20_000 if SMOKE else 2_000_000)
+    runs = {name: (config, os.path.join(looking_folder(), name)) for name, config in looking_configs().items()}
+    return _trained_runs(runs, looking_folder(), "_setup.looking_configs()",
+                         lambda workdir: (*restore_for_inference(workdir), workdir))
+
+
+def _trained_runs(runs: Mapping, folder: str, builder: str, load) -> dict:
+    """{name: load(workdir)} of runs {name: (config, workdir)}, each trained first if its folder holds
+    no finished run (a stopped run resumes) or checked to be that config's; records their provenance
+    (`builder`: the function that made the configs, named in a mismatch's error)."""
+    from transformer.run.checkpoint import Checkpointer, latest_step
+
     models, configs, fields, sources = {}, {}, {}, {}
-    for name, config in looking_configs().items():
-        workdir = os.path.join(looking_folder(), name)
+    for name, (config, workdir) in runs.items():
         done = os.path.isdir(os.path.join(workdir, "checkpoints")) and (
             latest_step(workdir) or 0) >= config.train.steps
         if done:
-            _check_same_run(config, workdir, "_setup.looking_configs()")
+            _check_same_run(config, workdir, builder)
         else:
             _train(config, workdir)
-        models[name] = (*restore_for_inference(workdir), workdir)
+        models[name] = load(workdir)
         ckpt = Checkpointer(workdir, read_only=True)
         configs[name], fields[name] = models[name][0], run_fields(ckpt.config())
         sources[name] = {"run": _name(workdir), "step": latest_step(workdir), "val_loss": _val_loss(workdir)}
-    provenance(configs, fields, model={"run": _name(looking_folder()), "from": "_setup.looking_configs()",
+    provenance(configs, fields, model={"run": _name(folder), "from": builder,
                                        "step": {k: v["step"] for k, v in sources.items()},
                                        "val_loss": None, "runs": sources})
     return models
@@ -649,25 +658,14 @@ def vision_folder(env: Mapping[str, str] = os.environ, smoke: bool = SMOKE) -> s
 
 def load_vision_models() -> dict:
     """{name: (cfg, params, workdir)} of vision.ipynb's runs (`vision_configs`), each trained first if its
-    folder holds no finished run; records the provenance of all three."""
-    from transformer.run.checkpoint import Checkpointer, latest_step, restore_for_inference
+    folder holds no finished run; records the provenance of all of them."""
+    from transformer.run.checkpoint import restore_for_inference
 
-    models, configs, fields, sources = {}, {}, {}, {}
+    runs = {}
     for name, config in vision_configs().items():
         workdir = os.path.join(vision_folder(), f"{name}_seed0")
         if name == "vqa" and workdir == os.path.join(ROOT, "runs", "vision", "vqa_seed0"):
             workdir = os.path.join(ROOT, "runs", "vqa", "seed0")  # where scripts/vqa_experiment.py trains it
-        done = os.path.isdir(os.path.join(workdir, "checkpoints")) and (
-            latest_step(workdir) or 0) >= config.train.steps
-        if done:
-            _check_same_run(config, workdir, "_setup.vision_configs()")
-        else:
-            _train(config, workdir)
-        cfg, params, _ = restore_for_inference(workdir)
-        models[name] = (cfg, params, workdir)
-        configs[name], fields[name] = cfg, run_fields(Checkpointer(workdir, read_only=True).config())
-        sources[name] = {"run": _name(workdir), "step": latest_step(workdir), "val_loss": _val_loss(workdir)}
-    provenance(configs, fields, model={"run": _name(vision_folder()), "from": "_setup.vision_configs()",
-                                       "step": {k: v["step"] for k, v in sources.items()},
-                                       "val_loss": None, "runs": sources})
-    return models
+        runs[name] = (config, workdir)
+    return _trained_runs(runs, vision_folder(), "_setup.vision_configs()",
+                         lambda workdir: (*restore_for_inference(workdir)[:2], workdir))

@@ -389,12 +389,6 @@ def kernels(tmp_path_factory):
     return jupyter
 
 
-@pytest.fixture(scope="module")
-def notebook_model(tmp_path_factory):
-    """The folder of the notebooks' own tiny model, trained by the first notebook that needs it."""
-    return tmp_path_factory.mktemp("notebook_model")
-
-
 def docs_state():
     """git's view of docs/ and every file's modification time there."""
     status = subprocess.run(["git", "status", "--porcelain", "docs/"], cwd=ROOT, capture_output=True, text=True)
@@ -402,34 +396,27 @@ def docs_state():
     return status.stdout, {f: os.stat(f).st_mtime_ns for f in files if os.path.isfile(f)}
 
 
-@pytest.fixture(scope="module")
-def looking_model(tmp_path_factory):
-    """The folder of looking_inside.ipynb's three tiny runs, trained by the notebook."""
-    return tmp_path_factory.mktemp("looking_model")
+# The environment variable that points a notebook at its own tiny model's folder, by model.
+OWN_MODEL_FOLDERS = {"notebook_model": "NOTEBOOK_WORKDIR", "recall_model": "NOTEBOOK_RECALL_WORKDIR",
+                     "looking_model": "NOTEBOOK_LOOKING_WORKDIR", "tables_model": "NOTEBOOK_TABLES_WORKDIR",
+                     "vision_model": "NOTEBOOK_VISION_WORKDIR", "proteins_model": "NOTEBOOK_PROTEINS_WORKDIR"}
+# The models trained by one notebook of a task of its own: (_setup's name for it, its data.task).
+TASK_MODELS = {"recall_model": (_setup.RECALL_MODEL, "needle"), "tables_model": (_setup.TABLES_MODEL, "tables"),
+               "proteins_model": (_setup.PROTEINS_MODEL, "proteins")}
 
 
 @pytest.fixture(scope="module")
-def tables_model(tmp_path_factory):
-    """The folder of tables.ipynb's tiny table model, trained by the notebook."""
-    return tmp_path_factory.mktemp("tables_model")
+def model_folders(tmp_path_factory):
+    """model -> its folder, made on first use and shared by the notebooks of this module: the first
+    notebook that needs a model trains it there."""
+    folders = {}
 
+    def folder(model: str) -> str:
+        if model not in folders:
+            folders[model] = str(tmp_path_factory.mktemp(model))
+        return folders[model]
 
-@pytest.fixture(scope="module")
-def vision_model(tmp_path_factory):
-    """The folder of vision.ipynb's three tiny ViT runs, trained by the notebook."""
-    return tmp_path_factory.mktemp("vision_model")
-
-
-@pytest.fixture(scope="module")
-def proteins_model(tmp_path_factory):
-    """The folder of proteins.ipynb's tiny protein model, trained by the notebook."""
-    return tmp_path_factory.mktemp("proteins_model")
-
-
-@pytest.fixture(scope="module")
-def recall_model(tmp_path_factory):
-    """The folder of retrieval_heads.ipynb's tiny recall model, trained by the notebook."""
-    return tmp_path_factory.mktemp("recall_model")
+    return folder
 
 
 # Every notebook on the user's run, but those of OWN_MODELS, which train models of their own (the needle task, a longer run) and
@@ -442,31 +429,14 @@ def recall_model(tmp_path_factory):
                                                                        ("tables", "tables_model"),
                                                                        ("vision", "vision_model"),
                                                                        ("proteins", "proteins_model")]])
-def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
+def test_notebook_runs(name, model, request, kernels, model_folders, tmp_path, monkeypatch):
     work = tmp_path / "notebooks"
     shutil.copytree(os.path.join(ROOT, "notebooks"), work, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    for var in ("NOTEBOOK_CHECKPOINT", "NOTEBOOK_WORKDIR", "NOTEBOOK_FIGURES", "NOTEBOOK_DATA",
-                "NOTEBOOK_RECALL_WORKDIR", "NOTEBOOK_LOOKING_WORKDIR", "NOTEBOOK_TABLES_WORKDIR",
-                "NOTEBOOK_VISION_WORKDIR", "NOTEBOOK_PROTEINS_WORKDIR"):
+    for var in ("NOTEBOOK_CHECKPOINT", "NOTEBOOK_FIGURES", "NOTEBOOK_DATA", *OWN_MODEL_FOLDERS.values()):
         monkeypatch.delenv(var, raising=False)
-    if model == "notebook_model":
-        run = str(request.getfixturevalue("notebook_model"))
-        monkeypatch.setenv("NOTEBOOK_WORKDIR", run)
-    elif model == "recall_model":
-        run = str(request.getfixturevalue("recall_model"))
-        monkeypatch.setenv("NOTEBOOK_RECALL_WORKDIR", run)
-    elif model == "looking_model":
-        run = str(request.getfixturevalue("looking_model"))
-        monkeypatch.setenv("NOTEBOOK_LOOKING_WORKDIR", run)
-    elif model == "tables_model":
-        run = str(request.getfixturevalue("tables_model"))
-        monkeypatch.setenv("NOTEBOOK_TABLES_WORKDIR", run)
-    elif model == "vision_model":
-        run = str(request.getfixturevalue("vision_model"))
-        monkeypatch.setenv("NOTEBOOK_VISION_WORKDIR", run)
-    elif model == "proteins_model":
-        run = str(request.getfixturevalue("proteins_model"))
-        monkeypatch.setenv("NOTEBOOK_PROTEINS_WORKDIR", run)
+    if model in OWN_MODEL_FOLDERS:
+        run = model_folders(model)
+        monkeypatch.setenv(OWN_MODEL_FOLDERS[model], run)
     else:
         relative = request.getfixturevalue("own_run")
         assert not (work / relative).exists()  # so it must be found from the repository root
@@ -496,18 +466,11 @@ def test_notebook_runs(name, model, request, kernels, tmp_path, monkeypatch):
         assert f"model: {os.path.relpath(run, ROOT) if model == 'own_run' else run}, step" in text
         assert record["model"]["from"] == ("NOTEBOOK_CHECKPOINT" if model == "own_run" else _setup.OWN_MODEL)
         assert record["configs"]["model"]["attention"] == ("mla" if model == "own_run" else "mha")
-    if model == "recall_model":
+    if model in TASK_MODELS:
         text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
-        assert f"model: {run}, step 10" in text and record["model"]["from"] == _setup.RECALL_MODEL
-        assert record["run"]["data.task"] == "needle"
-    if model == "tables_model":
-        text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
-        assert f"model: {run}, step 10" in text and record["model"]["from"] == _setup.TABLES_MODEL
-        assert record["run"]["data.task"] == "tables"
-    if model == "proteins_model":
-        text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
-        assert f"model: {run}, step 10" in text and record["model"]["from"] == _setup.PROTEINS_MODEL
-        assert record["run"]["data.task"] == "proteins"
+        source, task = TASK_MODELS[model]
+        assert f"model: {run}, step 10" in text and record["model"]["from"] == source
+        assert record["run"]["data.task"] == task
     if model == "looking_model":
         runs = {"default": 10, "long": 20, "copying": 20}
         assert record["model"]["step"] == runs and set(record["configs"]) == set(runs)

@@ -168,11 +168,14 @@ def table(runs: list[Run], eval_every: str) -> str:
         + f" nats/token. Evaluations every {eval_every} steps on every side; steps and seconds to the target "
         "interpolated between the evaluations around it; seconds from each process's start (imports, data, "
         "compiling, evaluations and checkpoints included). x (c): seconds to the target over (c)'s in the "
-        "same round.", "",
+        "same round. Whole run x (c): the side's whole process (every step, the final sample included) over "
+        "(c)'s whole process in the same round.", "",
         "| side | config | round | set-up s | steps to target | seconds to target | x (c) | final val loss | "
-        "process s |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+        "process s | whole run x (c) |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
+    whole_reference = {r.round: r.process_seconds for r in runs if r.side.key == "c"}
+    whole: dict[str, list[float]] = {}
     ratios: dict[str, list[float]] = {}
     for r in runs:
         reached = time_to_target(r.evals, target[r.round])
@@ -183,11 +186,14 @@ def table(runs: list[Run], eval_every: str) -> str:
             cells = (f"{reached[0]:.0f}", f"{reached[1]:.1f}", f"{ratio:.2f}")
         lines.append(f"| {r.side.name} | `{os.path.relpath(r.side.config, ROOT)}` | {r.round} | "
                      f"{r.setup_seconds:.1f} | {' | '.join(cells)} | {r.evals[-1]['val_loss']:.4f} | "
-                     f"{r.process_seconds:.0f} |")
+                     f"{r.process_seconds:.1f} | {r.process_seconds / whole_reference[r.round]:.2f} |")
+        whole.setdefault(r.side.name, []).append(r.process_seconds / whole_reference[r.round])
     lines += ["", "Mean over the rounds of x (c): " + "; ".join(
         f"{name} {statistics.mean(v):.2f}" + (f" ({len(v)} of {len(targets(runs))} rounds reached it)"
                                               if len(v) < len(target) else "")
-        for name, v in ratios.items()) + "."]
+        for name, v in ratios.items()) + ".",
+        "Mean over the rounds of whole run x (c): " + "; ".join(
+        f"{name} {statistics.mean(v):.2f}" for name, v in whole.items()) + "."]
     return "\n".join(lines)
 
 

@@ -14,13 +14,15 @@ configs/modern.py's model (RoPE, context C = 128), random weights, float32 on th
            ring of C slots whose first 4 keep the first tokens.
 
 For each n: ms per decode step, timed over 96 steps that end at n (the cache then holds n tokens;
-the fastest of a few rounds), and the cache's bytes (every array of the pytree, measured). These
-machines are shared and noisy: compare ratios from one run.
+the fastest of a few rounds, the three forms interleaved round by round), the cache's bytes (every
+array of the pytree, measured), and the rolling step's time over the window's. These machines are
+shared and noisy: compare ratios from one run.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -43,8 +45,9 @@ def start(cfg, params, cache_len: int, sinks: int | None):
                             sinks=sinks)
 
 
-def measure(cfg, params, n: int, sinks: int | None, rounds: int) -> tuple[float, int]:
-    """(ms per decode step over the TIMED steps ending at n, cache bytes) for one form."""
+def prepare(cfg, params, n: int, sinks: int | None) -> tuple[Callable[[], float], int]:
+    """(a timer of ms per decode step over the TIMED steps ending at n, cache bytes) for one form,
+    compiled here."""
     cache_len = n if sinks is None else cfg.max_seq_len
     state = start(cfg, params, cache_len, sinks)
     flat, flat_cfg = unrolled(params, cfg)
@@ -52,31 +55,31 @@ def measure(cfg, params, n: int, sinks: int | None, rounds: int) -> tuple[float,
     state, _, _ = sampling.decode(flat, flat_cfg, state, fill, GREEDY)
     run = lambda: sampling.decode(flat, flat_cfg, state, TIMED, GREEDY)  # noqa: E731
     timing.timed(run)  # compile
-    seconds = timing.best(run, rounds)
-    return 1e3 * seconds / TIMED, kv_cache.measured_bytes(state.cache)
+    return lambda: 1e3 * timing.seconds(run) / TIMED, kv_cache.measured_bytes(state.cache)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="n up to 4x the context, 2 rounds")
+    parser.add_argument("--quick", action="store_true", help="n up to 4x the context, 3 rounds")
     args = parser.parse_args()
     base = model_config(modern.get_config().model, dropout=0.0)
     context = base.max_seq_len
     params = random_params(base)  # RoPE: the same parameters serve every context and window
     lengths = [context * k for k in ((1, 2, 4) if args.quick else (1, 2, 4, 8))]
-    rounds = 2 if args.quick else 7
+    rounds = 3 if args.quick else 9
     print(f"configs/modern.py: d_model {base.d_model}, {base.num_layers} layers, context C = {context}; "
           f"batch {BATCH}, {jax.default_backend()}, float32\n")
     print("| n (tokens) | full: ms/step | full: cache bytes | window C: ms/step | window C: cache bytes "
-          "| rolling, 4 sinks: ms/step | rolling: cache bytes |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| rolling, 4 sinks: ms/step | rolling: cache bytes | rolling / window |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for n in lengths:
-        full = measure(base.replace(max_seq_len=n), params, n, None, rounds)
-        window = measure(base.replace(max_seq_len=n, attention_window=context), params, n, None, rounds)
-        rolling = measure(base, params, n, 4, rounds)
-        print(f"| {n} | " + " | ".join(f"{ms:.2f} | {size:,}" for ms, size in (full, window, rolling)) + " |",
-              flush=True)
-
+        forms = {"full": prepare(base.replace(max_seq_len=n), params, n, None),
+                 "window": prepare(base.replace(max_seq_len=n, attention_window=context), params, n, None),
+                 "rolling": prepare(base, params, n, 4)}
+        # Interleaved rounds: a busy moment of the shared machine falls on every form alike.
+        ms = timing.alternate({name: timer for name, (timer, _) in forms.items()}, rounds)
+        print(f"| {n} | " + " | ".join(f"{ms[name]:.3f} | {size:,}" for name, (_, size) in forms.items())
+              + f" | {ms['rolling'] / ms['window']:.2f}x |", flush=True)
 
 if __name__ == "__main__":
     main()

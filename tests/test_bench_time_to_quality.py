@@ -51,12 +51,16 @@ def test_the_table_has_a_row_per_side_and_the_figure_is_written(tiny):
     final = [r for r in reference if "val_loss" in r][-1]
     assert final["step"] == STEPS
     assert f"round 1: {final['val_loss']:.4f}" in out  # the target: (c)'s loss at its last step
-    side, config, round_, setup, steps, seconds, ratio, loss, process = table["(c) PyTorch GPT-2"]
-    assert (config, round_, steps, ratio, loss) == ("`configs/tiny.py`", "1", str(STEPS), "1.00",
-                                                   f"{final['val_loss']:.4f}")
+    side, config, round_, setup, steps, seconds, ratio, loss, process, whole = table["(c) PyTorch GPT-2"]
+    assert (config, round_, steps, ratio, loss, whole) == ("`configs/tiny.py`", "1", str(STEPS), "1.00",
+                                                          f"{final['val_loss']:.4f}", "1.00")
     assert 0 < float(setup) < float(seconds) == pytest.approx(final["elapsed_seconds"], abs=0.05)
     ours = [r for r in read_metrics(tmp / "runs" / "round1" / "a" / "metrics.jsonl") if "val_loss" in r]
     assert table["(a) default recipe"][7] == f"{ours[-1]['val_loss']:.4f}"
+    # the whole run's ratio: the two processes' seconds, as the table prints them
+    a_process, a_whole = table["(a) default recipe"][8:10]
+    assert float(a_whole) == pytest.approx(float(a_process) / float(process), abs=0.03)
+    assert f"Mean over the rounds of whole run x (c): (c) PyTorch GPT-2 1.00; (a) default recipe {a_whole}." in out
     assert (tmp / "ttq.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

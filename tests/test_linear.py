@@ -4,7 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.model.linear import Linear
+import pytest
+
+from transformer.model.linear import FEW_ROWS, Linear, times_transpose
 
 
 def test_linear_is_w_x_plus_b_with_w_stored_out_by_in():
@@ -39,3 +41,31 @@ def test_linear_computes_in_dtype_and_keeps_float32_params():
     params = layer.init(jax.random.key(0), x)["params"]
     assert params["kernel"].dtype == jnp.float32
     assert layer.apply({"params": params}, x).dtype == jnp.bfloat16
+
+
+def barriers(rows: int) -> int:
+    """How many optimization barriers times_transpose puts into its program for x [rows, 16]."""
+    x, w = jnp.ones((rows, 16)), jnp.ones((8, 16))
+    return str(jax.make_jaxpr(times_transpose)(x, w)).count("optimization_barrier")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 8, FEW_ROWS, FEW_ROWS + 1, 300])
+def test_times_transpose_equals_the_product_and_its_gradient(rows):
+    """Weight-major or not, x W^T and its gradients are the plain product's (float32 sums in another order)."""
+    x = jax.random.normal(jax.random.key(0), (rows, 16))
+    w = jax.random.normal(jax.random.key(1), (8, 16))
+    plain = lambda x, w: jnp.einsum("...i,oi->...o", x, w)  # noqa: E731
+    np.testing.assert_allclose(times_transpose(x, w), plain(x, w), rtol=1e-5, atol=1e-5)
+    loss = lambda f: lambda x, w: (jnp.sin(f(x, w)) ** 2).sum()  # noqa: E731
+    for got, want in zip(jax.grad(loss(times_transpose), (0, 1))(x, w), jax.grad(loss(plain), (0, 1))(x, w)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_few_rows_go_weight_major_on_a_cpu_and_others_do_not():
+    """A decoding step's few rows (2..FEW_ROWS) take the weight-major form, held by its two barriers;
+    one row (a matrix-vector product) and a training batch's many rows take the plain product."""
+    assert jax.default_backend() == "cpu"
+    assert [barriers(rows) for rows in (1, 2, FEW_ROWS, FEW_ROWS + 1)] == [0, 2, 2, 0]
+    batched = jax.make_jaxpr(times_transpose)(jnp.ones((2, 4, 16)), jnp.ones((8, 16)))  # [B, T, D]: 8 rows
+    assert str(batched).count("optimization_barrier") == 2
+    assert times_transpose(jnp.ones((2, 4, 16)), jnp.ones((8, 16))).shape == (2, 4, 8)

@@ -28,6 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "sweeps", "tiny.py")
 LECTURE = os.path.join(ROOT, "configs", "sweeps", "lecture.py")
 RECIPE = os.path.join(ROOT, "configs", "sweeps", "recipe.py")
+FEWER = os.path.join(ROOT, "configs", "sweeps", "fewer_tokens.py")
+FEWER_SEEDS = os.path.join(ROOT, "configs", "sweeps", "fewer_tokens_seeds.py")
 
 
 def run_sweep(workdir, extra) -> tuple[int, str]:
@@ -189,6 +191,34 @@ def test_the_recipe_sweep_takes_out_one_piece_of_the_default_recipe_per_variant(
         assert getattr(models[name], field) == lecture.model[field], name
     assert configs["adamw"].optim.name == lecture.optim.name == "adamw"
     assert configs["cosine"].optim.schedule == lecture.optim.schedule
+
+
+def test_the_fewer_tokens_sweep_trains_the_default_model_on_fewer_bytes(tmp_path):
+    """configs/sweeps/fewer_tokens.py: `recipe` is configs/modern.py itself; every other variant keeps
+    its model and sequence length and trains on fewer bytes (batch x steps); the seeds file repeats
+    three of its variants, unchanged, on seeds 0, 1 and 2."""
+    from configs import modern
+
+    jobs = sweep.plan(sweep.load_sweep(FEWER), FEWER, str(tmp_path / "one"))
+    configs = {job.name: resolve(job.config, "") for job in jobs}
+    model = lambda config: resolve_auto(ModelConfig.from_dict(config.model)).cfg  # noqa: E731
+    default = modern.get_config()
+    tokens = lambda t: t.batch_size * t.steps * t.seq_len  # noqa: E731
+    assert jobs[0].name == "recipe-seed0" and not jobs[0].changes
+    assert tokens(configs["recipe-seed0"].train) == tokens(default.train)
+    for name, config in configs.items():
+        assert config.train.seq_len == default.train.seq_len and config.optim.name == "muon", name
+        if name != "recipe-seed0":
+            assert tokens(config.train) < tokens(default.train), name
+            assert set(model(config).differences(model(default))) <= {"logit_softcap"}, name
+    seeded = sweep.plan(sweep.load_sweep(FEWER_SEEDS), FEWER_SEEDS, str(tmp_path / "three"))
+    assert sorted(job.name for job in seeded) == sorted(f"{v}-seed{s}" for v in ("recipe", "b16_d70",
+                                                                              "b16_d50_momentum_09")
+                                                        for s in (0, 1, 2))
+    for job in seeded:
+        variant = job.name.rsplit("-seed", 1)[0]
+        assert job.config.train.seed == int(job.name[-1])
+        assert job.changes == next(j for j in jobs if j.name == f"{variant}-seed0").changes
 
 
 def test_a_base_config_that_is_not_a_config_dict_is_a_sweep_error(tmp_path):

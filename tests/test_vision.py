@@ -200,8 +200,9 @@ def test_bad_configs_and_images_get_one_line_errors():
                     attention_window=4)
     cfg = vit_cfg()
     params = init_params(cfg, jax.random.key(0))
-    for images, message in ((np.zeros((1, 8, 8, 1)), "got 1 channels"), (np.zeros((8, 8, 3)), r"shape \(8, 8, 3\)"),
-                            (np.zeros((1, 12, 12, 3)), r"shape \(1, 12, 12, 3\)")):
+    for images, message in ((np.zeros((1, 8, 8, 1)), "got 1 channels; convert them to 3 channels"),
+                            (np.zeros((8, 8, 3)), r"shape \(8, 8, 3\); resize them"),
+                            (np.zeros((1, 12, 12, 3)), r"shape \(1, 12, 12, 3\); resize them")):
         with pytest.raises(ValueError, match=message) as error:
             Decoder(cfg).apply({"params": params}, images)
         assert "\n" not in str(error.value)

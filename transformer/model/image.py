@@ -98,11 +98,12 @@ def check_images(cfg: ModelConfig, images: Array) -> None:
     """Raises a clear error for images that are not [B, image_size, image_size, channels] (shapes are known under jit too)."""
     want = (cfg.image_size, cfg.image_size, cfg.channels)
     if images.ndim != 4 or tuple(images.shape[1:]) != want:
-        problem = (f"{images.shape[-1]} channels" if images.ndim == 4 and images.shape[1:3] == want[:2]
-                   else f"shape {tuple(images.shape)}")
+        channels_only = images.ndim == 4 and images.shape[1:3] == want[:2]
+        problem, fix = ((f"{images.shape[-1]} channels", f"convert them to {cfg.channels} channels") if channels_only
+                        else (f"shape {tuple(images.shape)}", "resize them"))
         raise ValueError(f"a ViT of image_size={cfg.image_size}, channels={cfg.channels} reads images [B, "
-                         f"{cfg.image_size}, {cfg.image_size}, {cfg.channels}], got {problem}; resize the images "
-                         "(H and W multiples of patch_size) or train a model for them")
+                         f"{cfg.image_size}, {cfg.image_size}, {cfg.channels}], got {problem}; {fix}, or train a "
+                         "model for them")
 
 
 PIXELS = types.SimpleNamespace(example=example, embed=embed, logits=logits)  # an input kind (model/inputs.py)

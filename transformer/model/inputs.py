@@ -1,6 +1,7 @@
-"""What the decoder reads and gives back: token ids -> vocabulary logits (here), or a table's rows ->
-class logits (model/table.py), or images -> class logits (model/image.py), chosen by ModelConfig.inputs through `INPUTS`. An input kind has three
-functions, called with the Decoder as `module` (so their parameters sit at its top level):
+"""What the decoder reads and gives back: token ids -> vocabulary logits (here), a table's rows ->
+class logits (model/table.py) or images -> class logits (model/image.py), chosen by ModelConfig.inputs
+through `INPUTS`. An input kind has three functions, called with the Decoder as `module` (so their
+parameters sit at its top level):
 
     example(cfg, length)                                  zeros of the input's shape, to build params
     embed(module, cfg, data, positions, cache, det)   ->  x [B, T, D], positions [B, T], order
@@ -27,7 +28,7 @@ import numpy as np
 from transformer.model import image, kv_cache, ops, table
 from transformer.model.config import ModelConfig
 from transformer.model.kv_cache import Cache
-from transformer.model.linear import Linear
+from transformer.model.linear import Linear, times_transpose
 from transformer.model.points import point
 from transformer.model.positions import scheme
 
@@ -65,7 +66,7 @@ def vocabulary_logits(module: nn.Module, cfg: ModelConfig, h: Array, tokens: Arr
         # E's rows contracted in place: embed.attend transposes E, and XLA:CPU then fuses the final norm
         # into a slow loop over E (docs/performance.md).
         embedding = module.variables["params"]["embed"]["embedding"]  # E [V, D], made by embed_tokens
-        logits = jnp.einsum("btd,vd->btv", h, embedding.astype(cfg.dtype))
+        logits = times_transpose(h, embedding.astype(cfg.dtype))
     else:
         init = nn.initializers.zeros if cfg.zero_init_head else nn.initializers.normal(0.02)
         logits = Linear(cfg.vocab_size, use_bias=False, dtype=cfg.dtype, kernel_init=init, name="head")(h)

@@ -60,8 +60,9 @@ class KeyView:
         if rotary is not None:  # kept [B, R + S, G, K] or [B, R + S, C + Kr]
             part = kept[..., rotary]
             flat = part if part.ndim == 4 else part[:, :, None]  # [B, R + S, G or 1, Kr]
-            turned = rotate(flat, jnp.broadcast_to(self.shift[:, None], flat.shape[:2]), cfg, theta)
-            kept = kept.at[..., rotary].set(turned.reshape(part.shape))
+            shift = jnp.broadcast_to(self.shift[:, None], flat.shape[:2])
+            turned = rotate(flat, shift, cfg, theta).reshape(part.shape)
+            kept = turned if part.shape == kept.shape else kept.at[..., rotary].set(turned)  # all turned: no scatter
         if self.joined:
             return [cached, jnp.concatenate([kept.astype(new.dtype), new], axis=1)]
         return [jax.lax.dynamic_update_slice_in_dim(cached, jnp.moveaxis(kept, 1, slot_axis), 0, slot_axis), new]

@@ -17,6 +17,23 @@ from transformer.model.config import ModelConfig
 Array = jax.Array
 
 
+FEW_ROWS = 64  # products of at most this many rows (a decoding step's batch) go weight-major on a CPU
+
+
+def times_transpose(x: Array, w: Array) -> Array:
+    """x [..., in] . W [out, in]^T -> [..., out]. With 2..FEW_ROWS rows of x on a CPU (a decoding step
+    at batch > 1) it is computed as (W x^T)^T: XLA:CPU then streams W once past the few columns of
+    x^T, where its row-major product of a skinny x is several times slower (docs/performance.md). The
+    barriers keep XLA from folding the two small transposes back into the product."""
+    lead = x.shape[:-1]
+    rows = math.prod(lead)
+    if not 1 < rows <= FEW_ROWS or jax.default_backend() != "cpu":
+        return jnp.einsum("...i,oi->...o", x, w)
+    x_t = jax.lax.optimization_barrier(x.reshape(rows, x.shape[-1]).T)  # [in, M]
+    y_t = jax.lax.optimization_barrier(jnp.einsum("oi,im->om", w, x_t))  # [out, M]
+    return y_t.T.reshape(*lead, w.shape[0])
+
+
 class Linear(nn.Module):
     """x [..., *in_shape] -> y [..., *features] = W x + b over the last `in_axes` axes of x (2 for W_o,
     which reads [H, K]). W [*features, *in_shape] and b [*features] float32, cast to `dtype` per use."""
@@ -36,7 +53,7 @@ class Linear(nn.Module):
         # dot_general over several axes makes XLA:CPU transpose the kernel on every call.
         n_out, n_in_flat = math.prod(out), math.prod(in_shape)
         x2 = x.reshape(*x.shape[: x.ndim - self.in_axes], n_in_flat).astype(self.dtype)
-        y = jnp.einsum("...i,oi->...o", x2, w.reshape(n_out, n_in_flat).astype(self.dtype))
+        y = times_transpose(x2, w.reshape(n_out, n_in_flat).astype(self.dtype))
         y = y.reshape(*y.shape[:-1], *out)
         if self.use_bias:
             y = y + self.param("bias", nn.initializers.zeros, out, jnp.float32).astype(self.dtype)

@@ -42,7 +42,7 @@ def held_out(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
 
 
 @functools.partial(jax.jit, static_argnums=1)
-def _points(params: Any, cfg: ModelConfig, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def attention_points(params: Any, cfg: ModelConfig, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(class logits [B, C], every layer's weights [L, B, H, T, R + T], the last layer's output [B, T, D])."""
     last = f"blocks.{cfg.num_layers - 1}.resid_post"
     logits, _, got = capture(params, cfg, x, ["blocks.*.attn.pattern", last])
@@ -96,7 +96,7 @@ def measure_run(workdir: str, name: str, seed: int) -> dict[str, Any]:
     """Everything of one run on the held-out pictures (shapes: the [CLS] and register measures too)."""
     cfg, params, _ = restore_for_inference(workdir)
     x, y, masks = held_out(name)
-    logits, pattern, last = (np.asarray(a) for a in _points(params, cfg, x))
+    logits, pattern, last = (np.asarray(a) for a in attention_points(params, cfg, x))
     with open(os.path.join(workdir, "metrics.jsonl")) as f:  # the last evaluation's time since the start
         seconds = [json.loads(line)["elapsed_seconds"] for line in f if "val_loss" in line][-1]
     out = {"accuracy": float(np.mean(logits.argmax(-1) == y)), "train_seconds": seconds,

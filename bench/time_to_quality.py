@@ -184,10 +184,10 @@ def table(runs: list[Run], eval_every: str) -> str:
             ratio = reached[1] / reference[r.round]
             ratios.setdefault(r.side.name, []).append(ratio)
             cells = (f"{reached[0]:.0f}", f"{reached[1]:.1f}", f"{ratio:.2f}")
+        whole.setdefault(r.side.name, []).append(r.process_seconds / whole_reference[r.round])
         lines.append(f"| {r.side.name} | `{os.path.relpath(r.side.config, ROOT)}` | {r.round} | "
                      f"{r.setup_seconds:.1f} | {' | '.join(cells)} | {r.evals[-1]['val_loss']:.4f} | "
-                     f"{r.process_seconds:.1f} | {r.process_seconds / whole_reference[r.round]:.2f} |")
-        whole.setdefault(r.side.name, []).append(r.process_seconds / whole_reference[r.round])
+                     f"{r.process_seconds:.1f} | {whole[r.side.name][-1]:.2f} |")
     lines += ["", "Mean over the rounds of x (c): " + "; ".join(
         f"{name} {statistics.mean(v):.2f}" + (f" ({len(v)} of {len(targets(runs))} rounds reached it)"
                                               if len(v) < len(target) else "")

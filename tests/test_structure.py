@@ -25,6 +25,7 @@ FEATURE_LINES: dict[str, int] = {
     "vision: image patches, a bidirectional mask, registers measured": 430,
     "proteins: a synthetic family, contacts from attention": 310,
     "cross-attention: a decoder reading an encoder's tokens": 340,
+    "Muon's update on each matrix as it lies (no transposes: half optax's time on a CPU)": 34,
 }
 MAX_LINES = CORE_LINES + sum(FEATURE_LINES.values())
 

@@ -9,7 +9,6 @@ map (W_q [H, K, D] as [H*K, D], as modded-nanogpt), scaled by sqrt(max(1, out / 
 
 from __future__ import annotations
 
-import math
 import re
 import sys
 from collections.abc import Mapping
@@ -18,9 +17,10 @@ from typing import Any
 import jax
 import numpy as np
 import optax
-from optax.contrib import MuonDimensionNumbers, scale_by_muon
+from optax.contrib import MuonDimensionNumbers
 
 from transformer.run.checkpoint import CheckpointError
+from transformer.training.muon import scale_by_muon, scale_by_shape
 
 OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
@@ -55,23 +55,6 @@ def muon_labels(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(
         lambda path, x: "adamw" if _dimension_numbers(path, x) is None else "muon", params
     )
-
-
-def scale_by_width() -> optax.GradientTransformation:
-    """Muon's shape scale: each orthogonalised update x sqrt(max(1, out / in)) (W_fc_in [F, D]:
-    x sqrt(F / D)), as optax.contrib.muon applies it without exporting it."""
-
-    def scale(path, u):
-        numbers = _dimension_numbers(path, u)
-        fan_in = math.prod(u.shape[a] for a in numbers.reduction_axis)
-        fan_out = math.prod(u.shape[a] for a in numbers.output_axis)
-        return u * math.sqrt(max(1.0, fan_out / fan_in))
-
-    def update(updates, state, params=None):
-        del params
-        return jax.tree_util.tree_map_with_path(scale, updates), state
-
-    return optax.GradientTransformation(optax.init_empty_state, update)
 
 
 def _dimension_numbers(path, x) -> MuonDimensionNumbers | None:
@@ -135,8 +118,8 @@ def make_optimizer(optim: Mapping[str, Any], steps: int, rates: Mapping[str, opt
     )
     if optimizer_name(optim) == "muon":
         muon = optax.chain(
-            scale_by_muon(beta=optim["muon_momentum"], nesterov=True, weight_dimension_numbers=muon_dimension_numbers),
-            scale_by_width(),
+            scale_by_muon(optim["muon_momentum"], muon_dimension_numbers),
+            scale_by_shape(muon_dimension_numbers),
             optax.add_decayed_weights(optim["muon_weight_decay"]),  # then x the rate, as AdamW's
             optax.scale_by_learning_rate(rates["muon_learning_rate"]),
         )

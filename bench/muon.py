@@ -1,0 +1,64 @@
+"""Muon's update on each matrix as it lies (transformer/training/muon.py) against optax's (issue 50).
+
+    python bench/muon.py     # ~2 minutes
+
+The train step of configs/modern.py (batch 32) and of configs/modern_fewer_bytes.py (batch 16),
+random batches, float32 on the CPU, compiled twice: with Muon's orthogonalisation as committed, and
+with optax.contrib.scale_by_muon (which turns each matrix to [in, out] and back, batched by vmap).
+The two steps alternate, round by round; each side's fastest round of STEPS steps. Prints a Markdown
+table; compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import time
+
+import optax
+
+from bench.train import Ours
+from configs import modern, modern_fewer_bytes
+from transformer.training import optimizer
+
+STEPS, ROUNDS = 15, 5
+
+
+def optax_muon(beta: float, dimension_numbers):
+    return optax.contrib.scale_by_muon(beta=beta, nesterov=True, weight_dimension_numbers=dimension_numbers)
+
+
+def steps(config) -> dict[str, Ours]:
+    """{'ours': the committed step, 'optax': the step with optax's Muon}, both compiled and warm."""
+    ours = Ours(config)
+    committed, optimizer.scale_by_muon = optimizer.scale_by_muon, optax_muon
+    try:
+        theirs = Ours(config)
+    finally:
+        optimizer.scale_by_muon = committed
+    for side in (ours, theirs):
+        side.run(3)
+    return {"ours": ours, "optax": theirs}
+
+
+def fastest(sides: dict[str, Ours]) -> dict[str, float]:
+    """ms per step, each side's fastest of ROUNDS rounds, the sides alternating."""
+    best = {name: float("inf") for name in sides}
+    for _ in range(ROUNDS):
+        for name, side in sides.items():
+            start = time.perf_counter()
+            side.run(STEPS)
+            best[name] = min(best[name], 1e3 * (time.perf_counter() - start) / STEPS)
+    return best
+
+
+def main() -> None:
+    print("| config | batch | optax's Muon (ms/step) | ours (ms/step) | optax / ours |")
+    print("|---|---|---|---|---|")
+    for name, module in (("modern", modern), ("modern_fewer_bytes", modern_fewer_bytes)):
+        config = module.get_config()
+        ms = fastest(steps(config))
+        print(f"| {name} | {config.train.batch_size} | {ms['optax']:.1f} | {ms['ours']:.1f} | "
+              f"{ms['optax'] / ms['ours']:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -3,6 +3,7 @@ PyTorch GPT of the lecture's shape take to reach the validation loss (c) reaches
 
     python bench/time_to_quality.py                    # 2 rounds of 3 runs of 1000 steps: ~45 min on 2 cores
     python bench/time_to_quality.py --quick            # 1 round of 100 steps each (figure into runs/)
+    python bench/time_to_quality.py --sides ca --rounds 1   # PyTorch and the default alone (figure into runs/)
     python bench/time_to_quality.py --default configs/modern.py --rounds 3 --workdir runs/ttq
 
 Every side is a process of its own, started as `make train` starts train.py:
@@ -25,7 +26,9 @@ The target is (c)'s validation loss at its last step, in each round. A side's st
 the target are interpolated linearly between its last evaluation above the target and its first at
 or below it; the ratio divides them by (c)'s seconds in the same round (for (c), its last step
 unless an earlier evaluation was lower). Prints a Markdown table; draws the validation loss against
-wall time of every side and round into --figure.
+wall time of every side and round into --figure: by default the committed docs/figures/time_to_quality.png
+for the page's own comparison (every side, the default configs, their steps, no overrides), else
+runs/time_to_quality_other.png, so that another comparison leaves the page's figure alone.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from dataclasses import dataclass
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 DEFAULT_FIGURE = os.path.join(ROOT, "docs", "figures", "time_to_quality.png")
-QUICK_FIGURE = os.path.join(ROOT, "runs", "time_to_quality_quick.png")  # --quick leaves the committed one alone
+OTHER_FIGURE = os.path.join(ROOT, "runs", "time_to_quality_other.png")  # any other comparison's: the page's stays
 QUICK = dict(steps=100, eval_every=20, rounds=1)
 
 
@@ -239,7 +242,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--steps", type=int, default=0, help="train.steps of every side (0: each config's own)")
     parser.add_argument("--sides", default="cab", help="which sides run, e.g. 'ca' for (c) and (a) alone")
     parser.add_argument("--figure", default="", help=f"where to save the loss-against-time figure (default "
-                        f"{os.path.relpath(DEFAULT_FIGURE, ROOT)}; --quick: {os.path.relpath(QUICK_FIGURE, ROOT)})")
+                        f"{os.path.relpath(DEFAULT_FIGURE, ROOT)} for every side with the default configs and "
+                        f"steps, else {os.path.relpath(OTHER_FIGURE, ROOT)})")
     parser.add_argument("--workdir", default="", help="keep the runs here (a new folder); default: a temporary one")
     parser.add_argument("--quick", action="store_true",
                         help=f"short runs: {QUICK['rounds']} round of {QUICK['steps']} steps, an evaluation every "
@@ -249,7 +253,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         parser.error(f"unknown arguments {bad}; config overrides take the form --config.train.seed=1")
     if args.quick:
         args.steps, args.eval_every, args.rounds = QUICK["steps"], QUICK["eval_every"], QUICK["rounds"]
-    args.figure = args.figure or (QUICK_FIGURE if args.quick else DEFAULT_FIGURE)
+    pages_own = (sorted(args.sides) == sorted("cab") and not args.steps and not overrides
+                 and (args.default, args.lecture) == (parser.get_default("default"), parser.get_default("lecture")))
+    args.figure = args.figure or (DEFAULT_FIGURE if pages_own else OTHER_FIGURE)
     if "c" not in args.sides or set(args.sides) - set("cab"):
         parser.error(f"--sides={args.sides!r}: letters of 'cab', with c, the reference that sets the target")
     if args.rounds < 1:

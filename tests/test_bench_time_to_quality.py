@@ -118,3 +118,18 @@ def test_torch_gpt2_refuses_an_architecture_gpt2_cannot_express():
     config = time_to_quality.load_config(TINY, ["--config.model.position=rope"])
     with pytest.raises(ValueError, match=r"'position': 'rope'"):
         torch_gpt2(model_config(config.model))
+
+
+@pytest.mark.parametrize("argv, committed", [
+    ([], True),  # the page's own comparison: every side, the default configs and steps
+    (["--sides", "ca", "--rounds", "1"], False),
+    (["--default", "configs/tiny.py"], False),
+    (["--quick"], False),
+    (["--config.train.seed=1"], False),
+    (["--sides", "ca", "--figure", "elsewhere.png"], False),
+])
+def test_only_the_pages_own_comparison_redraws_the_committed_figure(argv, committed):
+    args, _ = time_to_quality.parse(argv)
+    assert (args.figure == time_to_quality.DEFAULT_FIGURE) == committed
+    if "--figure" in argv:
+        assert args.figure == "elsewhere.png"

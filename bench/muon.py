@@ -11,10 +11,9 @@ table; compare ratios within one run.
 
 from __future__ import annotations
 
-import time
-
 import optax
 
+from bench import timing
 from bench.train import Ours
 from configs import modern, modern_fewer_bytes
 from transformer.training import optimizer
@@ -40,14 +39,9 @@ def steps(config) -> dict[str, Ours]:
 
 
 def fastest(sides: dict[str, Ours]) -> dict[str, float]:
-    """ms per step, each side's fastest of ROUNDS rounds, the sides alternating."""
-    best = {name: float("inf") for name in sides}
-    for _ in range(ROUNDS):
-        for name, side in sides.items():
-            start = time.perf_counter()
-            side.run(STEPS)
-            best[name] = min(best[name], 1e3 * (time.perf_counter() - start) / STEPS)
-    return best
+    """ms per step, each side's fastest of ROUNDS rounds of STEPS steps, the sides alternating."""
+    timers = {name: lambda side=side: timing.seconds(lambda: side.run(STEPS)) for name, side in sides.items()}
+    return {name: 1e3 * s / STEPS for name, s in timing.alternate(timers, ROUNDS).items()}
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ import sys
 import numpy as np
 
 from transformer.analysis.statistics import bootstrap_interval, verdict
+from transformer.run.metrics import read_metrics
 
 RUN = re.compile(r"^(?P<variant>.+)-seed(?P<seed>\d+)$")
 
@@ -29,6 +30,8 @@ RUN = re.compile(r"^(?P<variant>.+)-seed(?P<seed>\d+)$")
 def final_losses(folder: str) -> dict[str, dict[int, float]]:
     """{variant: {seed: validation loss at train.steps}} of the finished runs in `folder` (a run is
     finished when it has an evaluation at its config.json's train.steps)."""
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"no sweep folder {folder}: give the --workdir the sweep was run with")
     losses: dict[str, dict[int, float]] = {}
     for name in sorted(os.listdir(folder)):
         match, run = RUN.match(name), os.path.join(folder, name)
@@ -36,9 +39,8 @@ def final_losses(folder: str) -> dict[str, dict[int, float]]:
             continue
         with open(os.path.join(run, "config.json")) as f:
             steps = json.load(f)["train"]["steps"]
-        with open(os.path.join(run, "metrics.jsonl")) as f:
-            final = [json.loads(line) for line in f if '"val_loss"' in line]
-        final = [r["val_loss"] for r in final if r["step"] == steps]
+        final = [r["val_loss"] for r in read_metrics(os.path.join(run, "metrics.jsonl"))
+                 if "val_loss" in r and r["step"] == steps]
         if final:
             losses.setdefault(match["variant"], {})[int(match["seed"])] = round(final[-1], 4)
     return losses

@@ -52,3 +52,8 @@ def test_an_unfinished_variant_or_a_missing_baseline_is_refused(sweep, capsys):
     assert "'short' has no finished run for seeds [2]" in capsys.readouterr().err
     with pytest.raises(ValueError, match="no finished run of the baseline 'nothing'"):
         seed_sweep.compare(seed_sweep.final_losses(str(sweep)), "nothing")
+
+
+def test_a_missing_folder_is_named(tmp_path, capsys):
+    assert seed_sweep.main([str(tmp_path / "nothing"), "--baseline", "recipe"]) == 1
+    assert "no sweep folder" in capsys.readouterr().err

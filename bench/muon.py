@@ -2,7 +2,7 @@
 
     python bench/muon.py     # ~2 minutes
 
-The train step of configs/modern.py (batch 32) and of configs/modern_fewer_bytes.py (batch 16),
+The train step of configs/modern_b32.py (batch 32) and of configs/modern.py (batch 16),
 random batches, float32 on the CPU, compiled twice: with Muon's orthogonalisation as committed, and
 with optax.contrib.scale_by_muon (which turns each matrix to [in, out] and back, batched by vmap).
 The two steps alternate, round by round; each side's fastest round of STEPS steps. Prints a Markdown
@@ -15,7 +15,7 @@ import optax
 
 from bench import timing
 from bench.train import Ours
-from configs import modern, modern_fewer_bytes
+from configs import modern, modern_b32
 from transformer.training import optimizer
 
 STEPS, ROUNDS = 15, 5
@@ -47,7 +47,7 @@ def fastest(sides: dict[str, Ours]) -> dict[str, float]:
 def main() -> None:
     print("| config | batch | optax's Muon (ms/step) | ours (ms/step) | optax / ours |")
     print("|---|---|---|---|---|")
-    for name, module in (("modern", modern), ("modern_fewer_bytes", modern_fewer_bytes)):
+    for name, module in (("modern_b32", modern_b32), ("modern", modern)):
         config = module.get_config()
         ms = fastest(steps(config))
         print(f"| {name} | {config.train.batch_size} | {ms['optax']:.1f} | {ms['ours']:.1f} | "

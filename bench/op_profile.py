@@ -33,12 +33,12 @@ import jax
 from bench import timing
 from bench.steps import GREEDY, decode_start, model_config, random_params
 from bench.train import Ours
-from configs import baby_gpt, gpt2, modern, modern_fewer_bytes, shakespeare
+from configs import baby_gpt, gpt2, modern, modern_b32, shakespeare
 from transformer import sampling
 from transformer.model.config import ModelConfig
 from transformer.model.param_tree import unrolled
 
-CONFIGS = {"baby_gpt": baby_gpt, "shakespeare": shakespeare, "modern": modern, "modern_fewer_bytes": modern_fewer_bytes,
+CONFIGS = {"baby_gpt": baby_gpt, "shakespeare": shakespeare, "modern": modern, "modern_b32": modern_b32,
            "gpt2": gpt2}
 # `%name = f32[4096,1536]{1,0} fusion(...), ..., metadata={op_name="jit(step)/.../dot_general" ...}`
 HLO_OP = re.compile(r'^\s*(?:ROOT )?%([\w.-]+) = (\S+) ([\w-]+)\((.*)$', re.MULTILINE)

@@ -39,7 +39,7 @@ import numpy as np
 
 from bench import timing
 from bench.steps import model_config, torch_adamw, torch_gpt2, torch_train_step, train_setup
-from configs import baby_gpt, modern, shakespeare
+from configs import baby_gpt, modern_b32, shakespeare
 from transformer.model.config import ModelConfig
 from transformer.training.loss import loss_fn
 
@@ -193,13 +193,14 @@ RECIPE_PIECES = {
 
 def recipe_pieces(steps: int, rounds: int, peak: MatmulPeak) -> tuple[dict[str, float], dict[str, float]]:
     """Seconds per step of the lecture GPT with each piece of the default recipe added alone, and of
-    the whole recipe (configs/modern.py), in alternating rounds; and the peak in those rounds."""
+    the whole recipe at the lecture's batch (configs/modern_b32.py; configs/modern.py trains at 16), in
+    alternating rounds; and the peak in those rounds."""
     runners = {}
     for name, (model, optim) in RECIPE_PIECES.items():
         config = shakespeare.get_config()
         config.optim.update(optim)
         runners[name] = Ours(config, **model).run
-    runners["default recipe (configs/modern.py)"] = Ours(modern.get_config()).run
+    runners["default recipe at batch 32 (configs/modern_b32.py)"] = Ours(modern_b32.get_config()).run
     return alternate(runners, steps, rounds, peak)
 
 

@@ -17,7 +17,7 @@ completes.
 
 4 layers x 8 heads of width 16: 32 heads, so that removing a few at random can leave retrieval
 intact and a top-k against random-k contrast has room (the one-fact needle model had 12, and 3 random
-heads off already broke it). The modern recipe of configs/modern.py (Muon, RoPE, RMSNorm, QK-norm,
+heads off already broke it). The modern recipe of configs/modern_b32.py (Muon, RoPE, RMSNorm, QK-norm,
 zero-initialised outputs); RoPE and max_seq_len 1024 so that the same model can be asked about
 documents 4x past the trained lengths.
 
@@ -33,11 +33,11 @@ and the reference attention as on a CPU: docs/experiments/retrieval_heads.md, "F
   times the answers per step. With the window, 6 of 6 seeds passed 0.98 exact match by step 1,000.
 """
 
-from configs import modern
+from configs import modern_b32
 
 
 def get_config():
-    c = modern.get_config()
+    c = modern_b32.get_config()
     c.model.update(dict(
         max_seq_len=1024,  # evaluation goes past the trained lengths; RoPE has no table to outgrow
         d_model=128,

@@ -539,25 +539,26 @@ def sinks_configs(smoke: bool = SMOKE) -> tuple[dict, dict]:
             run_fields(jobs[0].config))
 
 
-# --- looking_inside.ipynb: configs/modern.py as `make train` trains it, and the same config longer ----
+# --- looking_inside.ipynb: configs/modern_b32.py (the default until 2026-12-05), and the same longer ---
 
-LOOKING_LONG_STEPS = 2000  # ~15 minutes on 2 CPU cores: five times make train's 400 steps
+LOOKING_LONG_STEPS = 2000  # ~15 minutes on 2 CPU cores: five times configs/modern_b32.py's 400 steps
 COPYING_STEPS = 1500  # the copying run: 2 layers, ~6 minutes on 2 CPU cores
 
 
 def looking_configs(smoke: bool = SMOKE) -> dict:
-    """looking_inside.ipynb's three runs, name -> run config: 'default', configs/modern.py as `make
-    train` trains it (400 steps); 'long', the same config for LOOKING_LONG_STEPS steps; and
+    """looking_inside.ipynb's three runs, name -> run config: 'default', configs/modern_b32.py (the
+    default recipe as `make train` trained it until 2026-12-05, 400 steps of 32; it now trains 560 of
+    16, which ends no differently); 'long', the same config for LOOKING_LONG_STEPS steps; and
     'copying', the same recipe with 2 layers for COPYING_STEPS steps on the copying corpus
     (transformer/experiments/copying/copying.py, written to looking_folder()/copying.txt by `load_looking_models`),
     where only induction predicts the repeats. All evaluate every 50 steps (make train: every 100;
     the model is the same) with the induction metric on (train.eval_induction: each head's induction
     score and the repeated-tokens losses, logged). In smoke mode configs/tiny.py for 10, 20 and 20 steps."""
-    from configs import modern, tiny
+    from configs import modern_b32, tiny
 
     runs = {}
     for name in ("default", "long", "copying"):
-        c = tiny.get_config() if smoke else modern.get_config()
+        c = tiny.get_config() if smoke else modern_b32.get_config()
         if smoke:
             c.train.update(dict(steps=10 if name == "default" else 20, eval_every=5, checkpoint_every=10))
         else:

@@ -84,7 +84,7 @@ def builds_now(name):
         runs = _setup.vision_configs(smoke=False)
         return ({k: resolve_auto(ModelConfig.from_dict(c.model)).cfg for k, c in runs.items()},
                 {k: _setup.run_fields(c) for k, c in runs.items()}, None)
-    if name == "looking_inside":  # its three runs of configs/modern.py
+    if name == "looking_inside":  # its three runs of configs/modern_b32.py
         runs = _setup.looking_configs(smoke=False)
         return ({k: resolve_auto(ModelConfig.from_dict(c.model)).cfg for k, c in runs.items()},
                 {k: _setup.run_fields(c) for k, c in runs.items()}, None)

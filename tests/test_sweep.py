@@ -30,6 +30,7 @@ LECTURE = os.path.join(ROOT, "configs", "sweeps", "lecture.py")
 RECIPE = os.path.join(ROOT, "configs", "sweeps", "recipe.py")
 FEWER = os.path.join(ROOT, "configs", "sweeps", "fewer_tokens.py")
 FEWER_SEEDS = os.path.join(ROOT, "configs", "sweeps", "fewer_tokens_seeds.py")
+FEWER_BYTES = os.path.join(ROOT, "configs", "sweeps", "fewer_bytes_shorter.py")
 
 
 def run_sweep(workdir, extra) -> tuple[int, str]:
@@ -170,7 +171,7 @@ def test_the_second_seed_repeats_the_close_calls_with_seed_1():
 
 
 def test_the_recipe_sweep_takes_out_one_piece_of_the_default_recipe_per_variant(tmp_path):
-    """configs/sweeps/recipe.py: `recipe` is configs/modern.py itself (at 200 steps); every other
+    """configs/sweeps/recipe.py: `recipe` is the default recipe itself (at 200 steps); every other
     variant's model differs from it in the fields it names and nothing else, and a variant that puts
     back a lecture-GPT choice puts back configs/shakespeare.py's value."""
     from configs import modern, shakespeare
@@ -194,15 +195,15 @@ def test_the_recipe_sweep_takes_out_one_piece_of_the_default_recipe_per_variant(
 
 
 def test_the_fewer_tokens_sweep_trains_the_default_model_on_fewer_bytes(tmp_path):
-    """configs/sweeps/fewer_tokens.py: `recipe` is configs/modern.py itself; every other variant keeps
-    its model and sequence length and trains on fewer bytes (batch x steps); the seeds file repeats
-    three of its variants, unchanged, on seeds 0, 1 and 2."""
-    from configs import modern
+    """configs/sweeps/fewer_tokens.py: `recipe` is configs/modern_b32.py itself (the default when it
+    ran); every other variant keeps its model and sequence length and trains on fewer bytes (batch x
+    steps); the seeds file repeats three of its variants, unchanged, on seeds 0, 1 and 2."""
+    from configs import modern_b32
 
     jobs = sweep.plan(sweep.load_sweep(FEWER), FEWER, str(tmp_path / "one"))
     configs = {job.name: resolve(job.config, "") for job in jobs}
     model = lambda config: resolve_auto(ModelConfig.from_dict(config.model)).cfg  # noqa: E731
-    default = modern.get_config()
+    default = modern_b32.get_config()
     tokens = lambda t: t.batch_size * t.steps * t.seq_len  # noqa: E731
     assert jobs[0].name == "recipe-seed0" and not jobs[0].changes
     assert tokens(configs["recipe-seed0"].train) == tokens(default.train)
@@ -219,6 +220,27 @@ def test_the_fewer_tokens_sweep_trains_the_default_model_on_fewer_bytes(tmp_path
         variant = job.name.rsplit("-seed", 1)[0]
         assert job.config.train.seed == int(job.name[-1])
         assert job.changes == next(j for j in jobs if j.name == f"{variant}-seed0").changes
+
+
+def test_the_default_run_is_the_sweep_variant_that_matched_the_old_default(tmp_path):
+    """configs/modern.py is configs/sweeps/fewer_bytes_shorter.py's `b16_x560` (the variant whose loss
+    matched the old default's over three seeds) with the sweep's own logging overrides put back, and
+    configs/modern_b32.py, that sweep's base, is the old default: the same model and rates on 10/7 the
+    bytes. A change to either config that the sweep did not measure fails here."""
+    from configs import modern, modern_b32
+
+    jobs = {job.name: job for job in sweep.plan(sweep.load_sweep(FEWER_BYTES), FEWER_BYTES, str(tmp_path))}
+    measured, default, old = (resolve(c, "").to_dict() for c in (jobs["b16_x560-seed0"].config,
+                                                                  modern.get_config(), modern_b32.get_config()))
+    logging = ("eval_every", "checkpoint_every", "sample_tokens", "seed")
+    for name in ("model", "optim", "data"):
+        assert measured[name] == default[name], name
+    assert {k: v for k, v in measured["train"].items() if k not in logging} == \
+        {k: v for k, v in default["train"].items() if k not in logging}
+    assert old["model"] == default["model"] and old["data"] == default["data"]
+    assert {k for k in default["optim"] if default["optim"][k] != old["optim"][k]} == {"decay_fraction", "muon_momentum"}
+    tokens = lambda t: t["batch_size"] * t["steps"] * t["seq_len"]  # noqa: E731
+    assert tokens(default["train"]) * 10 == tokens(old["train"]) * 7
 
 
 def test_a_base_config_that_is_not_a_config_dict_is_a_sweep_error(tmp_path):

@@ -1,10 +1,10 @@
-"""The default recipe (configs/modern.py) on fewer training tokens: which batch size, step count and
+"""The default recipe as it was (configs/modern_b32.py) on fewer training tokens: which batch size, step count and
 schedule reach the default run's validation loss soonest (issue: time to quality).
 
     python sweep.py --sweep configs/sweeps/fewer_tokens.py --workdir runs/sweeps/fewer_tokens --jobs 2
 
 Every run: the recipe's model and optimizer, evaluated every 100 steps, no sample at the end, once per
-seed (train.seed: other initial weights and batch order). `recipe` is the default run itself (400 steps
+seed (train.seed: other initial weights and batch order). `recipe` is the default run of then itself (400 steps
 of 32 x 128 bytes); every other variant trains on fewer bytes (the fraction in its name's comment), by
 a smaller batch, fewer steps or both, some with a longer decay or a higher Muon rate. The keep rule:
 a variant replaces the default only if its mean final validation loss over the seeds is no worse than
@@ -18,7 +18,7 @@ B16_TUNED = {**B16_D50, "optim.learning_rate": 8e-3, "optim.warmup_steps": 20, "
 
 def get_config():
     return dict(
-        base="modern",
+        base="modern_b32",
         overrides={"train.eval_every": 100, "train.checkpoint_every": 200, "train.sample_tokens": 0},
         variants={
             "recipe": {},  # 400 x 32 sequences: all the bytes

@@ -1,9 +1,9 @@
-"""The modern recipe (configs/modern.py) with one piece taken out at a time: which pieces help here.
+"""The modern recipe with one piece taken out at a time: which pieces help here.
 
     make sweep SWEEP=configs/sweeps/recipe.py       # = python sweep.py --sweep configs/sweeps/recipe.py
                                                     #            --workdir runs/sweeps/recipe
 
-Every run: the recipe's model and optimizer, the same seed and data order, 200 steps of 32 x 128 bytes
+Every run: the recipe's model and optimizer (configs/modern_b32.py, the default when this ran), the same seed and data order, 200 steps of 32 x 128 bytes
 (the recipe's warm-up / stable / decay schedule spans the 200), evaluated every 50 steps, no sample at
 the end. Each variant changes one thing back to the lecture GPT's choice (configs/shakespeare.py), so
 a variant that ends *worse* than `recipe` says the piece helps. `batch_16` halves the batch and doubles
@@ -14,7 +14,7 @@ results as measured.
 
 def get_config():
     return dict(
-        base="modern",
+        base="modern_b32",
         overrides={
             "train.steps": 200,
             "train.eval_every": 50,

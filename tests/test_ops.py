@@ -384,6 +384,27 @@ def test_rope_matches_hugging_face_llama(theta):
         ops.rope(jnp.zeros((1, 2, 1, 5)), jnp.zeros((1, 2), jnp.int32))
 
 
+def test_rope_turn_is_rope_by_whole_steps_without_a_cosine_at_run_time():
+    """ops.rope_turn(x, steps) turns x as RoPE turns a key `steps` positions on: equal to the float64
+    rotation for steps up to 2^31 - 1 (every digit of its angle tables used), 0 steps the identity
+    bit for bit, a traced theta through `rope`; its compiled program evaluates no cosine or sine."""
+    x = _randn(0, 2, 4, 3, 8)
+    steps = np.array([[0, 1, 255, 256], [70_000, 2**24 + 5, 10**9, 2**31 - 1]])
+    for theta in (10000.0, 500000.0):
+        y = np.asarray(ops.rope_turn(jnp.asarray(x), jnp.asarray(steps), theta))
+        angles = steps[..., None] * theta ** (-np.arange(0, 8, 2) / 8)  # float64 throughout
+        cos, sin = np.cos(angles)[:, :, None], np.sin(angles)[:, :, None]
+        x1, x2 = np.split(x.astype(np.float64), 2, axis=-1)
+        np.testing.assert_allclose(y, np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1), atol=2e-6)
+    np.testing.assert_array_equal(np.asarray(ops.rope_turn(jnp.asarray(x), jnp.zeros((2, 4), jnp.int32))), x)
+    small = jnp.asarray(steps[:1])
+    np.testing.assert_allclose(ops.rope_turn(jnp.asarray(x[:1]), small, jnp.float32(10000.0)),
+                               ops.rope(jnp.asarray(x[:1]), small), atol=1e-6)  # traced theta: rope itself
+    hlo = jax.jit(lambda x, s: ops.rope_turn(x, s)).lower(jnp.asarray(x), jnp.asarray(steps)).as_text()
+    assert "cosine" not in hlo and "sine" not in hlo and "cosine" in jax.jit(ops.rope).lower(
+        jnp.asarray(x), jnp.asarray(steps)).as_text()
+
+
 def test_rope_preserves_norms_and_dtype():
     x = _randn(0, 2, 6, 4, 16)
     positions = np.random.default_rng(1).integers(0, 1000, (2, 6))

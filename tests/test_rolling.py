@@ -13,8 +13,9 @@ import pytest
 from tests.helpers.decoder import jit, random_params
 from transformer import ModelConfig, sampling
 from transformer.analysis.capture import sown_points
-from transformer.model import kv_cache, points
+from transformer.model import kv_cache, ops, points
 from transformer.model.decoder import Decoder
+from transformer.model.key_view import key_view
 from transformer.sampling.sampler import _start, decode, SamplingOptions
 
 CONTEXT, S = 8, 2
@@ -60,9 +61,9 @@ def test_one_rolling_layer_is_streaming_llm(kind, sinks):
 
 @pytest.mark.parametrize("kind", ["gqa-rope-registers", "mla-rope-registers"])
 def test_a_captured_step_past_the_context_computes_what_decoding_does(kind):
-    """Past the context, decoding joins the turned kept slots to the new token's key and masks
-    their cache slots (no copy of the cache); a step that captures turns them in place, one column
-    per slot. Both give the same logits, and the captured pattern has R + C + 1 columns summing to 1."""
+    """Past the context a step that captures reads what decoding reads: the kept slots in place, one
+    column per slot. Both give the same logits, and the captured pattern has R + C + 1 columns summing
+    to 1."""
     cfg = ModelConfig(**BASE, num_layers=2, **KINDS[kind])
     model = Decoder(cfg)
     params = random_params(model)
@@ -80,6 +81,31 @@ def test_a_captured_step_past_the_context_computes_what_decoding_does(kind):
         assert pattern.shape[-1] == cfg.num_registers + CONTEXT + 1
         np.testing.assert_allclose(pattern.sum(-1), 1.0, rtol=1e-5)
         cache = cache_after
+
+
+def test_the_ring_holds_its_kept_keys_turned_for_the_next_position():
+    """Under RoPE a rolling ring keeps its registers' and sinks' keys as written in `kept` (never
+    turned) and, after every call, in its own kept slots turned by the shift of the position after
+    the last one written; so a one-token step's key view reads the ring as it lies (no shift, no
+    join), and a call of several tokens joins the copy turned by its last query's shift."""
+    cfg = ModelConfig(**BASE, num_layers=1, **KINDS["gqa-rope-registers"])
+    model, r = Decoder(cfg), cfg.num_registers
+    params = random_params(model)
+    step = jit(lambda p, x, pos, c: model.apply({"params": p}, x, pos, c))
+    x = np.random.default_rng(2).integers(0, 64, (2, 30)).astype(np.int32)
+    cache = kv_cache.init_rolling_cache(cfg, 2, S)
+    _, cache = step(params, x[:, :5], np.broadcast_to(np.arange(5), (2, 5)), cache)
+    unturned = np.asarray(cache[0].kept)  # [B, G, R + S, K]
+    assert unturned.shape == (2, 2, r + S, cfg.head_dim) and np.abs(unturned).min() > 0
+    for t in range(5, 30):
+        _, cache = step(params, x[:, t : t + 1], np.full((2, 1), t), cache)
+        np.testing.assert_array_equal(cache[0].kept, unturned)
+        shift = jnp.full((2, r + S), max(t + 1 - (CONTEXT - 1), 0))  # for the query at t + 1
+        turned = ops.rope_turn(jnp.moveaxis(jnp.asarray(unturned), 1, 2), shift, cfg.rope_theta)
+        np.testing.assert_allclose(cache[0].k[:, :, : r + S], jnp.moveaxis(turned, 1, 2), rtol=1e-6, atol=1e-6)
+    one, two = (key_view(cfg, np.full((2, n), 30) + np.arange(n), cache[0]) for n in (1, 2))
+    assert one.shift is None and not one.joined and one.unturned is None and len(one.positions) == 2
+    assert two.joined and two.unturned is cache[0].kept and np.asarray(two.shift).tolist() == [24, 24]
 
 
 @pytest.mark.slow  # make test-all only (the default set's time: docs/performance.md)

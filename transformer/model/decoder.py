@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.model import kv_cache
-from transformer.model.attention import Attention, LatentAttention
+from transformer.model.attention import Attention, LatentAttention, layer_rope_theta
 from transformer.model.kv_cache import Cache
 from transformer.model.config import ModelConfig
 from transformer.model.inputs import INPUTS
@@ -152,7 +152,8 @@ class Decoder(nn.Module):
             return x, None
         logits = kind.logits(self, cfg, x, tokens, positions, cache)  # [B, T, V] float32
         if cache is not None:
-            cache = kv_cache.write(cache, new, positions_all, after=x)  # x, not logits: a NaN row would poison every row
+            thetas = tuple(layer_rope_theta(cfg, w) for w in cfg.layer_windows())  # a rolling ring's kept slots turn
+            cache = kv_cache.write(cache, new, positions_all, after=x, thetas=thetas)  # x: a NaN logit row would poison every row
             cache = tuple(c.replace(registers_written=c.registers_written or bool(r)) for c in cache)
         return logits, cache
 

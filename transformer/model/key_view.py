@@ -13,7 +13,10 @@ such a model reads its input in one pass, without a cache.
 A rolling layer with sinks or registers numbers its cache as StreamingLLM does once a query q runs
 past sinks + W - 1: the keys kept for good move `shift` = q - (sinks + W - 1) towards it, so the
 rolling keys keep their true distances: RoPE turns the kept keys by `shift`, a score bias measures
-from the shifted positions. Decoding joins the turned keys to this call's (in place: a copy of the cache).
+from the shifted positions. Under RoPE the ring's kept slots already hold them turned for the position
+after its last one (kv_cache.write), which a decoding step's one query is: it reads the ring as it
+lies. A call of several queries turns the cache's unturned copy (`kept`) by its last query's shift and
+joins it to this call's keys (in place: a copy of the cache).
 """
 
 from __future__ import annotations
@@ -35,13 +38,15 @@ Array = jax.Array
 class KeyView:
     """positions [B, S_i] and bias [B, 1 or H, T, S_i] per key segment: the cached slots, then this
     call's keys. kept: the leading cached slots kept for good (R + sinks); shift [B]: how far they
-    move, or None; joined: the kept slots come (turned) before this call's keys, masked in the cache's."""
+    move, or None; joined: the kept slots come (turned) before this call's keys, masked in the cache's;
+    unturned: the kept slots' rotary keys as written (kv_cache's `kept`), which `shift` turns."""
 
     positions: list[Array]
     bias: list[Array]
     kept: int = 0
     shift: Array | None = None
     joined: bool = False
+    unturned: Array | None = None
 
     def all_positions(self) -> Array:
         """[B, S_total]: every key's position, the segments joined (cached slots first)."""
@@ -58,10 +63,11 @@ class KeyView:
             return [cached, new]
         kept = jnp.moveaxis(jax.lax.slice_in_dim(cached, 0, self.kept, axis=slot_axis), slot_axis, 1)
         if rotary is not None:  # kept [B, R + S, G, K] or [B, R + S, C + Kr]
-            part = kept[..., rotary]
+            part = kept[..., rotary] if self.unturned is None else \
+                jnp.moveaxis(self.unturned, slot_axis, 1).astype(kept.dtype)  # the ring's own are turned
             flat = part if part.ndim == 4 else part[:, :, None]  # [B, R + S, G or 1, Kr]
             shift = jnp.broadcast_to(self.shift[:, None], flat.shape[:2])
-            turned = rotate(flat, shift, cfg, theta).reshape(part.shape)
+            turned = ops.rope_turn(flat, shift, cfg.rope_theta if theta is None else theta).reshape(part.shape)
             kept = turned if part.shape == kept.shape else kept.at[..., rotary].set(turned)  # all turned: no scatter
         if self.joined:
             return [cached, jnp.concatenate([kept.astype(new.dtype), new], axis=1)]
@@ -83,7 +89,7 @@ def key_view(cfg, positions: Array, cached: LayerCache | None = None, window: in
     `window` each or None; order [B, 1, T, T]: the input's own additive order of this call's keys (no cache).
     join: a rolling layer's turned kept slots joined to this call's keys (False: in place, one column
     per slot, as captured attention maps show them)."""
-    sinks, kept, shift = None, 0, None
+    sinks, kept, shift, unturned = None, 0, None, None
     segments = []  # per segment its parts (positions, valid or None, leading slots kept for good): cache first
     new = [(positions, None, 0)]
     if cached is not None:
@@ -99,7 +105,9 @@ def key_view(cfg, positions: Array, cached: LayerCache | None = None, window: in
             if ring_sinks or cached.registers:
                 sinks, kept = ring_sinks, cached.registers + ring_sinks
                 last = jnp.where(positions < PAD_POSITION, positions, -1).max(axis=1)  # [B]
-                shift = jnp.maximum(last - (ring_sinks + window - 1), 0)
+                shift = kv_cache.next_shift(last, window, ring_sinks)
+                if cached.kept is not None:  # under RoPE: the ring holds them turned for the next position
+                    shift, unturned = (None, None) if positions.shape[1] == 1 else (shift, cached.kept)
         valid = slots < positions[:, :1]  # slots at or after the first new position are stale
         join = join and shift is not None and scheme(cfg).rotate is not None
         if join:  # the kept slots move to this call's keys
@@ -124,7 +132,7 @@ def key_view(cfg, positions: Array, cached: LayerCache | None = None, window: in
             mask = mask + bias_of(cfg, positions, scored)  # [B, H, T, S_i]
         return mask
 
-    view = KeyView([], [], kept, shift, cached is not None and join)
+    view = KeyView([], [], kept, shift, cached is not None and join, unturned)
     for parts in segments:
         view.positions.append(jnp.concatenate([part[0] for part in parts], axis=1))
         view.bias.append(jnp.concatenate([bias(*part) for part in parts], axis=-1))

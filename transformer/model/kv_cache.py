@@ -7,7 +7,12 @@ copied a stacked [L, ...] array's slice before each attention dot (docs/performa
 A full buffer holds position p in slot p (rows of a ragged batch may sit at different positions). A
 ring (a sliding-window layer's W slots, or a rolling cache's) holds p in slot p mod W and records
 each slot's position; padding must then sit at PAD_POSITION. R register tokens take R leading slots
-at positions -R..-1, written once by the call that fills an empty cache (`registers_written`)."""
+at positions -R..-1, written once by the call that fills an empty cache (`registers_written`).
+
+A rolling ring under RoPE keeps its R + S leading slots (registers, sinks) for good, and a query past
+the context sees them turned towards it (key_view.py). `write` keeps them as the attention wrote them
+in `kept`, and in the ring's own slots turned for the position after the last one written, so that a
+decoding step reads its ring as it lies: no turn or join on the read, one small turn on the write."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer.model import ops
 from transformer.model.config import ModelConfig
 from transformer.model.positions import SCHEMES, scheme
 
@@ -41,6 +47,8 @@ class KVCache:
     # cross_attention: the encoder's keys and values [B, G, S_e, K], written by the prefill, then only read
     cross_k: Array | None = None
     cross_v: Array | None = None
+    # a rolling ring under RoPE: its R + S kept keys as written, unturned [B, G, R + S, K] (k holds them turned)
+    kept: Array | None = None
 
 
 @flax.struct.dataclass
@@ -53,6 +61,7 @@ class LatentCache:
     registers: int = flax.struct.field(pytree_node=False, default=0)
     registers_written: bool = flax.struct.field(pytree_node=False, default=False)
     sinks: int = flax.struct.field(pytree_node=False, default=0)
+    kept: Array | None = None  # as KVCache's: the kept slots' rotary keys as written [B, R + S, Kr]
 
 
 LayerCache = KVCache | LatentCache
@@ -82,7 +91,8 @@ def registers_to_run(cfg: ModelConfig, cache: Cache | None) -> int:
 
 def _empty(cfg: ModelConfig, batch: int, size: int, dtype: str | None, ring: bool, sinks: int = 0) -> LayerCache:
     """One layer's empty cache of `size` slots (zeros), with a ring's record (all PAD_POSITION but the
-    registers' -R..-1) when `ring`; dtype None: cfg.dtype."""
+    registers' -R..-1) when `ring`, and its kept keys' unturned copy when it keeps slots under RoPE;
+    dtype None: cfg.dtype."""
     if dtype is None:
         cfg.check_resolved()
     dtype, r = jnp.dtype(dtype or cfg.dtype), cfg.num_registers
@@ -92,12 +102,15 @@ def _empty(cfg: ModelConfig, batch: int, size: int, dtype: str | None, ring: boo
     # Logical axes (sharding.py): the buffers are split by batch and key/value heads; the MLA latent
     # is read by every head, so only by batch.
     zeros = lambda shape, axes: nn.with_logical_constraint(jnp.zeros(shape, dtype), axes)  # noqa: E731
+    turned = ring and r + sinks > 0 and scheme(cfg).rotate is not None  # kept slots that turn past the context
     if cfg.attention == "mla":
         width = cfg.kv_latent_dim + (cfg.rope_head_dim or 0)
         latent = zeros((batch, size, width), ("batch", "length", "latent"))
-        return LatentCache(latent=latent, positions=record, registers=r, sinks=sinks)
+        kept = zeros((batch, r + sinks, cfg.rope_head_dim), ("batch", "length", "latent")) if turned else None
+        return LatentCache(latent=latent, positions=record, registers=r, sinks=sinks, kept=kept)
     shape, axes = (batch, cfg.num_kv_heads, size, cfg.head_dim), ("batch", "kv_heads", "length", "head_dim")
-    return KVCache(k=zeros(shape, axes), v=zeros(shape, axes), positions=record, registers=r, sinks=sinks)
+    kept = zeros((*shape[:2], r + sinks, shape[3]), axes) if turned else None
+    return KVCache(k=zeros(shape, axes), v=zeros(shape, axes), positions=record, registers=r, sinks=sinks, kept=kept)
 
 
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: str | None = None) -> Cache:
@@ -132,11 +145,13 @@ def init_rolling_cache(cfg: ModelConfig, batch_size: int, sinks: int = 0, dtype:
                  else _empty(cfg, batch_size, w, dtype, ring=True) for w in cfg.layer_windows())
 
 
-def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None) -> Cache:
+def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None,
+          thetas: tuple | None = None) -> Cache:
     """This call's entries `new` (per layer [B, T, G, K] or [B, T, C + Kr]) written into `cache` at
     positions [B, T]: slot position + R, or a ring's `ring_slots`; out-of-range slots are dropped.
     after: computed from every layer's read (the final hidden state); adding 0 * one of its elements
-    orders every read before the write, so XLA updates in place (else it copies the cache twice a step)."""
+    orders every read before the write, so XLA updates in place (else it copies the cache twice a step).
+    thetas: each layer's RoPE base, needed by a rolling ring with kept slots (`turn_kept`)."""
     zero = None if after is None else 0.0 * after.reshape(-1)[0]
     rows = jnp.arange(positions.shape[0])[:, None]  # [B, 1], broadcasts against positions [B, T]
 
@@ -158,7 +173,42 @@ def write(cache: Cache, new: Cache, positions: Array, after: Array | None = None
             written.update(cross_k=n.cross_k.astype(c.k.dtype), cross_v=n.cross_v.astype(c.v.dtype))
         return c.replace(**written)
 
-    return tuple(put(c, n) for c, n in zip(cache, new, strict=True))
+    written = tuple(put(c, n) for c, n in zip(cache, new, strict=True))
+    if not any(c.kept is not None for c in cache):
+        return written
+    if thetas is None:
+        raise ValueError("a rolling cache's kept slots turn by RoPE: pass write(..., thetas=) each layer's base")
+    return tuple(c if c.kept is None else turn_kept(c, getattr(n, "k", None) if isinstance(n, KVCache) else n.latent,
+                                                     positions, theta, rows)
+                 for c, n, theta in zip(written, new, thetas, strict=True))
+
+
+def turn_kept(c: LayerCache, entries: Array, positions: Array, theta: float | Array, rows: Array) -> LayerCache:
+    """A rolling ring `c` just written with this call's `entries` [B, T, G, K] (or [B, T, C + Kr]) at
+    `positions` [B, T]: the kept slots' (registers', sinks') keys among them copied, unturned, into
+    c.kept, and the ring's kept slots set to c.kept turned by `shift` = the distance the kept slots
+    move for the next position (key_view.py), each row's after its last written position."""
+    kept = c.registers + c.sinks
+    slot = ring_slots(positions, c.positions.shape[1], c.sinks, c.registers)  # [B, T]
+    slot = jnp.where(slot < kept, slot, kept)  # only the kept slots; the rest dropped
+    rotary = entries[..., -c.kept.shape[-1]:].astype(c.kept.dtype)  # [B, T, G, K] or MLA's rotary part [B, T, Kr]
+    unturned = c.kept.at[rows, slot].set(rotary) if c.kept.ndim == 3 else c.kept.at[rows, :, slot].set(rotary)
+    last = jnp.max(jnp.where(c.positions < PAD_POSITION, c.positions, -1), axis=1)  # [B]
+    shift = next_shift(last + 1, c.positions.shape[1] - c.registers - c.sinks, c.sinks)
+    flat = unturned[:, :, None] if unturned.ndim == 3 else jnp.moveaxis(unturned, 1, 2)  # [B, R + S, G or 1, K]
+    turned = ops.rope_turn(flat, jnp.broadcast_to(shift[:, None], flat.shape[:2]), theta)
+    if c.kept.ndim == 3:  # MLA: the rotary part of the latent's kept slots
+        latent = jax.lax.dynamic_update_slice(c.latent, turned[:, :, 0].astype(c.latent.dtype),
+                                              (0, 0, c.latent.shape[-1] - c.kept.shape[-1]))
+        return c.replace(latent=latent, kept=unturned)
+    k = jax.lax.dynamic_update_slice_in_dim(c.k, jnp.moveaxis(turned, 1, 2).astype(c.k.dtype), 0, axis=2)
+    return c.replace(k=k, kept=unturned)
+
+
+def next_shift(query: Array, window: int, sinks: int) -> Array:
+    """[B] how far a rolling ring's kept slots move for a query at `query` [B]: past sinks + W - 1
+    (W: the ring's rolling slots) they sit just before the oldest rolling key (StreamingLLM)."""
+    return jnp.maximum(query - (sinks + window - 1), 0)
 
 
 def ring_slots(positions: Array, size: int, sinks: int = 0, registers: int = 0) -> Array:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 # f(name, value) -> value: how a caller sees and edits the attention's "scores" and "pattern".
@@ -263,7 +264,35 @@ def rope(x: Array, positions: Array, theta: float = 10000.0) -> Array:
         raise ValueError(f"RoPE needs an even head width, got {d_h}")
     inv_freq = theta ** (-jnp.arange(0, d_h, 2, dtype=jnp.float32) / d_h)  # [K/2]
     angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, K/2]
-    cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]  # [B, T, 1, K/2]
+    return _turn(x, jnp.cos(angles), jnp.sin(angles))
+
+
+def rope_turn(x: Array, steps: Array, theta: float | Array = 10000.0) -> Array:
+    """x [B, T, N, K] turned further by steps [B, T] (integers >= 0) as RoPE turns a key `steps`
+    positions later: what `rope` does, with cos and sin of steps * theta^(-2i/K) composed by angle
+    addition from tables of 256 angles per base-256 digit, computed in float64 when traced. No cosine
+    is evaluated at run time: on XLA:CPU the cosine of the large angles a long generation reaches made
+    the rolling cache's decoding step about 1.2x a plain ring's (docs/performance.md). A traced theta
+    (a scanned stack's per-layer base) falls back to `rope`'s cosines."""
+    d_h = x.shape[-1]
+    if not isinstance(theta, int | float):
+        return rope(x, steps, theta)
+    inv_freq = float(theta) ** (-np.arange(0, d_h, 2, dtype=np.float64) / d_h)  # [K/2]
+    steps = steps.astype(jnp.int32)
+    cos = jnp.ones((*steps.shape, d_h // 2), jnp.float32)
+    sin = jnp.zeros((*steps.shape, d_h // 2), jnp.float32)
+    for digit in range(4):  # steps = sum_d s_d 256^d, s_d in [0, 256): every int32 >= 0
+        angles = np.arange(256)[:, None] * 256.0 ** digit * inv_freq  # [256, K/2] float64
+        s_d = (steps >> (8 * digit)) & 255  # [B, T]
+        c_d, s_d = jnp.asarray(np.cos(angles), jnp.float32)[s_d], jnp.asarray(np.sin(angles), jnp.float32)[s_d]
+        cos, sin = cos * c_d - sin * s_d, sin * c_d + cos * s_d  # cos(a + b), sin(a + b)
+    return _turn(x, cos, sin)
+
+
+def _turn(x: Array, cos: Array, sin: Array) -> Array:
+    """x [B, T, N, K] with feature i of each half turned with feature i of the other by the angle whose
+    cos and sin [B, T, K/2] are given -> [B, T, N, K] in x's dtype."""
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [B, T, 1, K/2]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return rotated.astype(x.dtype)

@@ -49,6 +49,8 @@ def read_log(text: str) -> dict:
 
 def read_run(workdir: str) -> dict:
     """{steps, batch_size, seq_len, val_loss_at: {step: loss}} of a finished run."""
+    if not os.path.isfile(os.path.join(workdir, "config.json")):
+        raise FileNotFoundError(f"no run in {workdir}: run `make train` (or give --workdir the run's folder)")
     with open(os.path.join(workdir, "config.json")) as f:
         train = json.load(f)["train"]
     evals = {r["step"]: r["val_loss"] for r in read_metrics(os.path.join(workdir, "metrics.jsonl")) if "val_loss" in r}
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the summary here as JSON")
     args = p.parse_args(argv)
     try:
+        if not os.path.isfile(args.log):
+            raise FileNotFoundError(f"no log {args.log}: write it first, as the docstring shows")
         with open(args.log, encoding="utf-8", errors="replace") as f:
             log = read_log(f.read())
         result = summary(log, read_run(args.workdir), datetime.date.today().isoformat())
